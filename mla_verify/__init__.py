@@ -1,0 +1,29 @@
+"""mla_verify: autotuned Triton attention for the speculative-decoding verify
+step of absorbed-MLA models (DeepSeek-V3/R1, Kimi-K2).
+
+    from mla_verify import verify_mla_fwd   # SGLang's extend-attention convention
+
+Importing the package loads the tuned tables once; launches only look up.
+"""
+
+__version__ = "0.1.0"
+
+from .api import can_handle, set_debug, verify_mla_fwd  # noqa: E402
+from .config import VerifyConfig, default_config  # noqa: E402
+from .lookup import block_config, current_arch, resolve_config  # noqa: E402
+from .reference import verify_mla_reference  # noqa: E402
+from .workspace import prepare_workspace, workspace_bytes  # noqa: E402
+
+__all__ = [
+    "VerifyConfig",
+    "block_config",
+    "can_handle",
+    "current_arch",
+    "default_config",
+    "prepare_workspace",
+    "resolve_config",
+    "set_debug",
+    "verify_mla_fwd",
+    "verify_mla_reference",
+    "workspace_bytes",
+]

@@ -1,0 +1,336 @@
+"""The gate and the drop-in entry point, in SGLang's calling convention.
+
+``can_handle`` decides from shapes, dtypes and Python scalars alone (it works
+on ``meta`` tensors and inside CUDA/HIP graph capture). ``verify_mla_fwd``
+returns False where the gate refuses, writing nothing, so the caller falls
+back to its baseline; otherwise it validates the arguments' consistency
+(ValueError naming the argument), picks the tuned config and launches.
+
+Values that would need a GPU sync to check are trusted: every slot in
+``kv_indices[kv_indptr[0]:kv_indptr[-1]]`` must be a valid row of
+``k_buffer``, ``kv_indptr`` must be non-decreasing, and
+``qo_indptr[b] == b * max_len_extend``. Set ``MLA_VERIFY_DEBUG=1`` (or call
+``set_debug(True)``) to have them checked on every call outside graph capture.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+
+from . import kernel
+from .config import VerifyConfig, default_config, for_separate_v
+from .lookup import block_config, current_arch
+from .workspace import capturing, get_workspace
+
+logger = logging.getLogger(__name__)
+
+Q_HEAD_DIM = kernel.D_NOPE + kernel.D_ROPE
+V_HEAD_DIM = kernel.D_NOPE
+MAX_DRAFT_LEN = 16
+_Q_DTYPES = (torch.bfloat16, torch.float16)
+_KV_DTYPES = _Q_DTYPES + tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz")
+    if hasattr(torch, name)
+)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+_debug = os.environ.get("MLA_VERIFY_DEBUG", "0") not in ("", "0")
+
+
+def set_debug(enabled: bool) -> None:
+    """Check index values (a GPU sync) on every call made outside capture."""
+    global _debug
+    _debug = enabled
+
+
+def can_handle(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    is_causal: bool,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    sliding_window_size: int = -1,
+    sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    xai_temperature_len: int = -1,
+) -> bool:
+    """True when this kernel computes the call exactly. Reads no tensor value."""
+    return _refusal(
+        q_extend,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        is_causal,
+        max_len_extend,
+        sliding_window_size,
+        sinks,
+        logit_cap,
+        xai_temperature_len,
+    ) is None
+
+
+def _refusal(
+    q,
+    k_extend,
+    v_extend,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    custom_mask,
+    is_causal,
+    max_len_extend,
+    sliding_window_size,
+    sinks,
+    logit_cap,
+    xai_temperature_len,
+) -> str | None:
+    """Why the gate refuses, or None. Shapes, dtypes and scalars only."""
+    if sinks is not None:
+        return "attention sinks"
+    if sliding_window_size is not None and sliding_window_size >= 0:
+        return "sliding window"
+    if logit_cap:
+        return "logit cap"
+    if xai_temperature_len is not None and xai_temperature_len > 0:
+        return "xai temperature"
+    if not is_causal or custom_mask is not None:
+        return "non-causal or custom mask"
+    tensors = (q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return "non-tensor input"
+    if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.dim() != 3:
+        return "rank (expected [tokens, heads, dim] tensors)"
+    if k_extend.dim() != 3 or v_extend.dim() != 3:
+        return "rank of k_extend / v_extend"
+    if q.shape[-1] != Q_HEAD_DIM or v_buffer.shape[-1] != V_HEAD_DIM:
+        return f"head dims (q {q.shape[-1]}, v {v_buffer.shape[-1]}; needs 576 / 512)"
+    if k_buffer.shape[-1] != Q_HEAD_DIM or k_extend.shape[-1] != Q_HEAD_DIM:
+        return "k head dim"
+    if v_extend.shape[-1] != V_HEAD_DIM:
+        return "v_extend head dim"
+    if k_buffer.shape[1] != 1 or v_buffer.shape[1] != 1 or k_extend.shape[1] != 1:
+        return "more than one KV head"
+    if v_extend.shape[1] != 1:
+        return "more than one KV head (v_extend)"
+    if q.dtype not in _Q_DTYPES:
+        return f"q dtype {q.dtype}"
+    if k_extend.dtype != q.dtype or v_extend.dtype != q.dtype:
+        return "k_extend / v_extend dtype differs from q"
+    if k_buffer.dtype not in _KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
+        return f"kv dtype {k_buffer.dtype} / {v_buffer.dtype}"
+    if k_buffer.dtype in _Q_DTYPES and k_buffer.dtype != q.dtype:
+        return "16-bit kv dtype differs from q"
+    if any(t.stride(-1) != 1 for t in (q, k_extend, v_extend, k_buffer, v_buffer)):
+        return "last dimension not contiguous"
+    bs = qo_indptr.shape[0] - 1 if qo_indptr.dim() == 1 else -1
+    if bs < 1 or not isinstance(max_len_extend, int):
+        return "empty batch"
+    if not 1 <= max_len_extend <= MAX_DRAFT_LEN:
+        return f"draft length {max_len_extend} outside 1..{MAX_DRAFT_LEN}"
+    if q.shape[0] != bs * max_len_extend:
+        return "ragged extend (q_extend rows != batch * max_len_extend)"
+    return None
+
+
+def _expect(ok: bool, name: str, expected: str, actual: object) -> None:
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}, got {actual}")
+
+
+def _validate(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices):
+    """Consistency between arguments the gate accepted (no value reads)."""
+    tokens, heads = q.shape[0], q.shape[1]
+    _expect(heads >= 1, "q_extend", "at least one head", tuple(q.shape))
+    for name, t in (("k_extend", k_extend), ("v_extend", v_extend)):
+        _expect(t.shape[0] == tokens, f"{name}.shape[0]", f"{tokens} (q_extend rows)", t.shape[0])
+    _expect(
+        v_buffer.shape[0] == k_buffer.shape[0],
+        "v_buffer.shape[0]",
+        f"{k_buffer.shape[0]} (k_buffer slots)",
+        v_buffer.shape[0],
+    )
+    _expect(
+        kv_indptr.dim() == 1 and kv_indptr.shape == qo_indptr.shape,
+        "kv_indptr.shape",
+        f"{tuple(qo_indptr.shape)} (like qo_indptr)",
+        tuple(kv_indptr.shape),
+    )
+    _expect(kv_indices.dim() == 1, "kv_indices.dim()", "1", kv_indices.dim())
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+        _expect(t.dtype in _INDEX_DTYPES, f"{name}.dtype", "torch.int32 or torch.int64", t.dtype)
+        _expect(t.stride(0) == 1 or t.numel() <= 1, f"{name}", "a contiguous tensor", t.stride())
+    _expect(isinstance(o, torch.Tensor), "o_extend", "a tensor", type(o).__name__)
+    expected_o = (tokens, heads, V_HEAD_DIM)
+    _expect(tuple(o.shape) == expected_o, "o_extend.shape", expected_o, tuple(o.shape))
+    _expect(o.dtype == q.dtype, "o_extend.dtype", q.dtype, o.dtype)
+    _expect(o.stride(-1) == 1, "o_extend.stride(-1)", "1", o.stride(-1))
+    device = q.device
+    for name, t in (
+        ("k_extend", k_extend),
+        ("v_extend", v_extend),
+        ("o_extend", o),
+        ("k_buffer", k_buffer),
+        ("v_buffer", v_buffer),
+        ("qo_indptr", qo_indptr),
+        ("kv_indptr", kv_indptr),
+        ("kv_indices", kv_indices),
+    ):
+        _expect(t.device == device, f"{name}.device", f"{device} (q_extend's)", t.device)
+
+
+def _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, draft_len):
+    """Debug mode: the checks that need the values (synchronises)."""
+    bs = qo_indptr.shape[0] - 1
+    expected_qo = torch.arange(bs + 1, device=qo_indptr.device) * draft_len
+    if not torch.equal(qo_indptr.long(), expected_qo):
+        raise ValueError(f"qo_indptr: expected b * {draft_len} for b in 0..{bs}, got {qo_indptr}")
+    if bool((kv_indptr[1:] < kv_indptr[:-1]).any()) or int(kv_indptr[0]) < 0:
+        raise ValueError(f"kv_indptr: expected non-decreasing and >= 0, got {kv_indptr}")
+    end = int(kv_indptr[-1])
+    _expect(end <= kv_indices.numel(), "kv_indptr[-1]", f"<= {kv_indices.numel()}", end)
+    used = kv_indices[int(kv_indptr[0]) : end]
+    if used.numel():
+        lo, hi = int(used.min()), int(used.max())
+        slots = k_buffer.shape[0]
+        _expect(lo >= 0 and hi < slots, "kv_indices", f"slots in [0, {slots})", f"[{lo}, {hi}]")
+
+
+def _as_scale(value: float, name: str) -> float:
+    _expect(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        name,
+        "a finite Python float (tensor scales would need a GPU sync)",
+        repr(value),
+    )
+    return float(value)
+
+
+def verify_mla_fwd(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    is_causal: bool,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    sliding_window_size: int = -1,
+    sinks: torch.Tensor | None = None,
+    xai_temperature_len: int = -1,
+    *,
+    config: VerifyConfig | None = None,
+) -> bool:
+    """MLA target-verify attention; a drop-in for SGLang's extend attention.
+
+    Computes, for every request b with L = ``max_len_extend`` drafts, head h
+    and draft i, attention of ``q_extend[b*L + i, h]`` over the request's
+    whole prefix (latent rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
+    scores scaled by ``sm_scale * k_scale``, values by ``v_scale``) and over
+    drafts 0..i of the request (``k_extend`` / ``v_extend``, unscaled), and
+    writes the result into ``o_extend`` [bs*L, H, 512].
+
+    Shapes: q_extend [bs*L, H, 576] (bf16/fp16, any head/token strides),
+    k_extend [bs*L, 1, 576], v_extend [bs*L, 1, 512], k_buffer [slots, 1, 576]
+    (bf16/fp16 like q, or fp8 e4m3), v_buffer [slots, 1, 512] (in MLA the
+    view ``k_buffer[..., :512]``, which is then read only once), indptrs
+    [bs+1] and kv_indices int32/int64. ``sm_scale`` defaults to 1/sqrt(576).
+
+    Returns False, writing nothing, where ``can_handle`` refuses (sinks,
+    sliding window, logit cap, non-causal, ragged extend, ...); the caller
+    then runs its own kernel. Returns True after writing ``o_extend``.
+    Raises ValueError for inconsistent arguments. ``config`` overrides the
+    tuned table (for tuning and tests). Graph-capture safe once the workspace
+    is prepared (see ``prepare_workspace``).
+    """
+    reason = _refusal(
+        q_extend,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        is_causal,
+        max_len_extend,
+        sliding_window_size,
+        sinks,
+        logit_cap,
+        xai_temperature_len,
+    )
+    if reason is not None:
+        logger.debug("verify_mla_fwd refuses: %s", reason)
+        return False
+    _validate(
+        q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices
+    )
+    k_scale = _as_scale(k_scale, "k_scale")
+    v_scale = _as_scale(v_scale, "v_scale")
+    sm_scale = 1.0 / math.sqrt(Q_HEAD_DIM) if sm_scale is None else _as_scale(sm_scale, "sm_scale")
+
+    bs = qo_indptr.shape[0] - 1
+    num_heads = q_extend.shape[1]
+    if config is None:
+        config = _tuned_config(q_extend, num_heads, max_len_extend, bs, k_buffer.dtype)
+    if not kernel.v_is_k_view(k_buffer, v_buffer):
+        config = for_separate_v(config)
+    if _debug and not capturing(q_extend.device):
+        _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, max_len_extend)
+    part_o, part_lse = get_workspace(q_extend.device).views(
+        q_extend.shape[0], num_heads, config.NUM_KV_SPLITS
+    )
+    kernel.launch(
+        q_extend,
+        k_extend,
+        v_extend,
+        o_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        part_o,
+        part_lse,
+        batch_size=bs,
+        draft_len=max_len_extend,
+        sm_scale=sm_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        config=config,
+    )
+    return True
+
+
+def _tuned_config(q, num_heads, draft_len, batch_size, kv_dtype) -> VerifyConfig:
+    if q.device.type != "cuda":  # Triton's CPU interpreter: no GPU to tune for
+        return default_config(num_heads, draft_len, batch_size, "cpu")
+    return block_config(num_heads, draft_len, batch_size, kv_dtype, current_arch(q.device))

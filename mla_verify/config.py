@@ -1,0 +1,240 @@
+"""Launch configuration of the verify kernel: the frozen config object, the
+built-in default heuristic (split by vendor) and the tuner's search space.
+
+Field names are spelled exactly as the kernel's constexpr / launch arguments,
+so ``launch(..., config)`` feeds them straight through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Key names of the KV dtypes the tables distinguish.
+KV_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float8_e4m3fn: "fp8_e4m3",
+}
+if hasattr(torch, "float8_e4m3fnuz"):  # MI300's fp8 flavour
+    KV_DTYPE_NAMES[torch.float8_e4m3fnuz] = "fp8_e4m3fnuz"
+
+# Multiprocessor / compute-unit counts of the archs we know; the default split
+# heuristic sizes its grid from them. Unknown archs get DEFAULT_SM_COUNT.
+SM_COUNT: dict[str, int] = {
+    "sm80": 108,
+    "sm86": 84,
+    "sm89": 128,
+    "sm90": 132,
+    "sm100": 148,
+    "gfx942": 304,
+    "gfx950": 256,
+}
+DEFAULT_SM_COUNT = 128
+
+# Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
+# 8 warps' registers (see PERF_NOTES); 128 rows spills.
+MAX_ROWS = 64
+MAX_KV_SPLITS = 64
+
+
+def kv_dtype_name(dtype: torch.dtype | str) -> str:
+    """Table key of a KV dtype ('bf16', 'fp16', 'fp8_e4m3', ...)."""
+    if isinstance(dtype, str):
+        if dtype not in KV_DTYPE_NAMES.values():
+            raise ValueError(
+                f"kv_dtype: expected one of {sorted(KV_DTYPE_NAMES.values())}, got {dtype!r}"
+            )
+        return dtype
+    try:
+        return KV_DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(
+            f"kv_dtype: expected one of {list(KV_DTYPE_NAMES)}, got {dtype}"
+        ) from None
+
+
+def is_amd_arch(arch: str) -> bool:
+    return arch.startswith("gfx")
+
+
+def rows_per_program(block_h: int, draft_len: int) -> int:
+    """Query rows one stage-1 program holds: BLOCK_H heads x all drafts,
+    padded to a power of two and to the 16-row minimum of ``tl.dot``."""
+    return max(16, triton_next_pow2(block_h * draft_len))
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """One launch of the two-stage kernel.
+
+    BLOCK_H        heads per stage-1 program (all drafts of those heads share
+                   one latent tile)
+    BLOCK_N        prefix tokens per inner-loop step
+    NUM_KV_SPLITS  programs the prefix of one request is split over
+    num_warps      warps of a stage-1 program
+    num_stages     software-pipelining depth of the KV stream
+    waves_per_eu, matrix_instr_nonkdim, kpack
+                   AMD-only compiler options; None leaves them to Triton
+    """
+
+    BLOCK_H: int
+    BLOCK_N: int
+    NUM_KV_SPLITS: int
+    num_warps: int
+    num_stages: int
+    waves_per_eu: int | None = None
+    matrix_instr_nonkdim: int | None = None
+    kpack: int | None = None
+
+    def __post_init__(self) -> None:
+        def check(name: str, ok: bool, expected: str) -> None:
+            if not ok:
+                raise ValueError(
+                    f"VerifyConfig.{name}: expected {expected}, got {getattr(self, name)!r}"
+                )
+
+        check("BLOCK_H", isinstance(self.BLOCK_H, int) and self.BLOCK_H >= 1, "an int >= 1")
+        check("BLOCK_N", self.BLOCK_N in (16, 32, 64, 128), "one of 16, 32, 64, 128")
+        check(
+            "NUM_KV_SPLITS",
+            isinstance(self.NUM_KV_SPLITS, int) and 1 <= self.NUM_KV_SPLITS <= 1024,
+            "an int in 1..1024",
+        )
+        check("num_warps", self.num_warps in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16")
+        check(
+            "num_stages",
+            isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6,
+            "an int in 1..6",
+        )
+
+    def launch_options(self) -> dict[str, int]:
+        """Keyword options for the Triton launch (AMD ones only where set)."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
+            value = getattr(self, name)
+            if value is not None:
+                opts[name] = value
+        return opts
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VerifyConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"config: unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+    def with_splits(self, num_kv_splits: int) -> VerifyConfig:
+        return dataclasses.replace(self, NUM_KV_SPLITS=num_kv_splits)
+
+
+def default_num_kv_splits(
+    num_heads: int, batch_size: int, block_h: int, rows: int, arch: str
+) -> int:
+    """Splits that bring the grid to about one full wave: one CTA per SM for
+    64-row tiles (registers pin occupancy at 1), two for smaller tiles."""
+    sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
+    ctas_per_sm = 1 if rows >= 64 else 2
+    head_blocks = math.ceil(num_heads / block_h)
+    programs = max(1, batch_size * head_blocks)
+    return max(1, min(MAX_KV_SPLITS, math.ceil(sms * ctas_per_sm / programs)))
+
+
+def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -> VerifyConfig:
+    """Built-in config: sound on any GPU, used where no table entry applies.
+
+    Rows per program follow H*L (16 rows for small products, 64 for large);
+    64-row tiles need 8 warps for their [64, 512] fp32 accumulator.
+    """
+    rows = min(MAX_ROWS, max(16, triton_next_pow2(num_heads * draft_len)))
+    block_h = max(1, min(num_heads, rows // draft_len))
+    rows = rows_per_program(block_h, draft_len)
+    splits = default_num_kv_splits(num_heads, batch_size, block_h, rows, arch)
+    if is_amd_arch(arch):
+        return reported_amd_config(num_heads, batch_size)
+    return VerifyConfig(
+        BLOCK_H=block_h,
+        BLOCK_N=64,
+        NUM_KV_SPLITS=splits,
+        num_warps=8 if rows >= 64 else 4,
+        num_stages=2,
+    )
+
+
+def reported_amd_config(num_heads: int, batch_size: int) -> VerifyConfig:
+    """The configuration publicly reported as validated on MI355X (gfx950):
+    4 heads per program, BLOCK_N 64, 8 warps, one stage, and as many splits
+    as bring the grid to 512 programs, at most 32."""
+    block_h = min(4, num_heads)
+    programs = batch_size * math.ceil(num_heads / block_h)
+    splits = max(1, min(32, 512 // programs))
+    return VerifyConfig(
+        BLOCK_H=block_h, BLOCK_N=64, NUM_KV_SPLITS=splits, num_warps=8, num_stages=1
+    )
+
+
+def for_separate_v(config: VerifyConfig) -> VerifyConfig:
+    """The config to launch when V is not a view of K's latent columns.
+
+    A separate V tile doubles the KV bytes a stage holds in shared memory
+    (measured on the H200: 344 KB for 2 stages of 64 tokens, over the 227 KB
+    limit), so such calls run one stage of at most 32 tokens. MLA engines
+    pass the view and never take this path.
+    """
+    return dataclasses.replace(config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32))
+
+
+def tile_candidates(num_heads: int, draft_len: int, arch: str) -> list[VerifyConfig]:
+    """Stage-1 tile shapes the tuner tries (NUM_KV_SPLITS left at 1; the
+    tuner searches splits separately). Pruned where the answer is known:
+    accumulator registers and shared memory for the KV ring."""
+    out: list[VerifyConfig] = []
+    block_hs = sorted(
+        {max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)}
+    )
+    amd = is_amd_arch(arch)
+    for block_h in block_hs:
+        rows = rows_per_program(block_h, draft_len)
+        if rows > MAX_ROWS:
+            continue
+        for block_n in (32, 64):
+            for num_warps in (4, 8):
+                # fp32 accumulator words per thread; > 128 spills.
+                if rows * 512 // (32 * num_warps) > 128:
+                    continue
+                for num_stages in (1, 2) if amd else (1, 2, 3):
+                    # The KV ring: num_stages tiles of BLOCK_N x 576 bf16.
+                    if num_stages * block_n * 576 * 2 > 220 * 1024:
+                        continue
+                    out.append(
+                        VerifyConfig(
+                            BLOCK_H=block_h,
+                            BLOCK_N=block_n,
+                            NUM_KV_SPLITS=1,
+                            num_warps=num_warps,
+                            num_stages=num_stages,
+                        )
+                    )
+    return out
+
+
+def split_candidates(num_heads: int, batch_size: int, block_h: int, arch: str) -> list[int]:
+    """Split counts worth timing: around 0.5 to 4 waves of the grid."""
+    sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
+    programs = batch_size * math.ceil(num_heads / block_h)
+    cands = {1}
+    for waves in (0.5, 1, 2, 3, 4):
+        cands.add(max(1, min(MAX_KV_SPLITS, round(sms * waves / programs))))
+    return sorted(cands)

@@ -1,0 +1,341 @@
+"""Triton kernels for MLA target-verify attention (absorbed MLA, one latent head).
+
+Tensors (T = bs * L query rows, H heads, D = 576 = 512 latent + 64 rope):
+    q        [T, H, D]        query rows, request b owns rows qo_indptr[b] .. + L
+    k_buffer [slots, 1, D]    paged latent pool, page size 1
+    v_buffer [slots, 1, 512]  usually the view k_buffer[..., :512]
+    k_ext    [T, 1, D]        the drafts' own latent
+    v_ext    [T, 1, 512]
+    o        [T, H, 512]
+    part_o   [T, H, S, 512]   fp32 workspace: normalised output of each KV split
+    part_lse [T, H, S]        fp32 workspace: log2-sum-exp2 of each KV split
+
+Algorithm: stage 1 runs one program per (request, head block, KV split) and
+streams that split of the prefix once for BLOCK_H heads x L drafts, with an
+online softmax; stage 2 runs one program per (request, head), merges the
+non-empty splits and adds the causal L x L draft-draft block.
+
+Scores are kept in the log2 domain (exp2 is one instruction). Split ranges
+are recomputed identically by both stages from the request's prefix length,
+so empty splits are neither written nor read: stale workspace never leaks.
+Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import triton
+import triton.language as tl
+
+from .config import VerifyConfig, rows_per_program, triton_next_pow2
+
+D_NOPE = 512
+D_ROPE = 64
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _split_len(kv_len, num_kv_splits, BLOCK_N: tl.constexpr):
+    # Tokens per split, rounded up to whole BLOCK_N tiles.
+    return tl.cdiv(tl.cdiv(kv_len, num_kv_splits), BLOCK_N) * BLOCK_N
+
+
+@triton.jit(do_not_specialize=["num_kv_splits"])
+def _prefix_kernel(
+    Q,
+    K_BUF,
+    V_BUF,
+    QO_INDPTR,
+    KV_INDPTR,
+    KV_INDICES,
+    PART_O,
+    PART_LSE,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_slot,
+    stride_v_slot,
+    num_heads,
+    num_kv_splits,
+    score_scale,
+    DRAFT_LEN: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head_block = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_start = tl.load(KV_INDPTR + req)
+    kv_len = tl.load(KV_INDPTR + req + 1) - kv_start
+    split_len = _split_len(kv_len, num_kv_splits, BLOCK_N)
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, kv_len)
+    if lo >= hi:
+        return
+
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+    offs_i = offs_m % DRAFT_LEN
+    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+
+    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+    ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
+    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, 512]
+    q_pe = tl.load(ptr_q + D_NOPE + offs_r[None, :], mask=mask_m[:, None], other=0.0)  # [M, 64]
+    if DOT_FP32:
+        q_nope = q_nope.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
+
+    for start in tl.range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+        ptr_k = K_BUF + slot[:, None] * stride_k_slot
+        kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, 512]
+        k_pe = tl.load(ptr_k + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+        kv_c = kv_c.to(q_nope.dtype)
+        k_pe = k_pe.to(q_nope.dtype)
+
+        qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
+        qk += tl.dot(q_pe, tl.trans(k_pe))
+        qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        if V_FROM_K:
+            v = kv_c  # MLA: V is the first 512 latent columns, already loaded
+        else:
+            v = tl.load(
+                V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
+                mask=mask_n[:, None],
+                other=0.0,
+            ).to(q_nope.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, 512]
+        m_i = m_new
+
+    part_row = (q_row * num_heads + offs_h) * num_kv_splits + split  # [M] int64
+    tl.store(
+        PART_O + part_row[:, None] * D_NOPE + offs_d[None, :],
+        acc / l_i[:, None],
+        mask=mask_m[:, None],
+    )
+    tl.store(PART_LSE + part_row, m_i + tl.log2(l_i), mask=mask_m)
+
+
+@triton.jit(do_not_specialize=["num_kv_splits"])
+def _merge_extend_kernel(
+    Q,
+    K_EXT,
+    V_EXT,
+    O,
+    QO_INDPTR,
+    KV_INDPTR,
+    PART_O,
+    PART_LSE,
+    stride_q_tok,
+    stride_q_head,
+    stride_ke_tok,
+    stride_ve_tok,
+    stride_o_tok,
+    stride_o_head,
+    num_heads,
+    num_kv_splits,
+    ext_scale,
+    v_scale,
+    DRAFT_LEN: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+
+    offs_i = tl.arange(0, BLOCK_L)
+    mask_i = offs_i < DRAFT_LEN
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+
+    # Prefix: merge the splits stage 1 wrote (log2-sum-exp2 weights).
+    kv_len = tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)
+    split_len = tl.maximum(_split_len(kv_len, num_kv_splits, BLOCK_N), 1)
+    num_written = tl.cdiv(kv_len, split_len)
+    m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_L, D_NOPE], dtype=tl.float32)
+    part_row = (q_row * num_heads + head) * num_kv_splits  # [L] int64
+    for split in range(0, num_written):
+        lse = tl.load(PART_LSE + part_row + split, mask=mask_i, other=0.0)
+        part = tl.load(
+            PART_O + (part_row + split)[:, None] * D_NOPE + offs_d[None, :],
+            mask=mask_i[:, None],
+            other=0.0,
+        )
+        m_new = tl.maximum(m_i, lse)
+        alpha = tl.exp2(m_i - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + w[:, None] * part
+        l_i = l_i * alpha + w
+        m_i = m_new
+    acc = acc * v_scale  # the KV-cache scale applies to the prefix values only
+
+    # Drafts: row i attends to drafts 0..i of its own request.
+    ptr_q = Q + q_row[:, None] * stride_q_tok + head * stride_q_head
+    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_i[:, None], other=0.0)  # [L, 512]
+    q_pe = tl.load(ptr_q + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
+    ptr_ke = K_EXT + q_row[:, None] * stride_ke_tok
+    k_nope = tl.load(ptr_ke + offs_d[None, :], mask=mask_i[:, None], other=0.0)
+    k_pe = tl.load(ptr_ke + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
+    v_ext = tl.load(
+        V_EXT + q_row[:, None] * stride_ve_tok + offs_d[None, :], mask=mask_i[:, None], other=0.0
+    )
+    if DOT_FP32:
+        q_nope = q_nope.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+        k_nope = k_nope.to(tl.float32)
+        k_pe = k_pe.to(tl.float32)
+        v_ext = v_ext.to(tl.float32)
+    qk = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_pe, tl.trans(k_pe))  # [L, L]
+    # Padding rows (i >= L) keep every j < L so their max stays finite.
+    causal = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
+    qk = tl.where(causal, qk * ext_scale, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext)
+
+    ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
+    tl.store(ptr_o, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_i[:, None])
+
+
+# Under TRITON_INTERPRET=1 the decorators return interpreter functions; the
+# interpreter's bf16 tl.dot is wrong, so dots then run on fp32 operands.
+INTERPRETED = not isinstance(_prefix_kernel, triton.runtime.JITFunction)
+
+# Identifies the kernel code a tuned table was measured with.
+KERNEL_HASH = hashlib.sha256(
+    "\n".join(
+        getattr(fn, "src", "") for fn in (_split_len, _prefix_kernel, _merge_extend_kernel)
+    ).encode()
+).hexdigest()[:16]
+
+
+def v_is_k_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
+    """MLA passes V as the view k_buffer[..., :512]: then one load feeds both
+    dots (metadata only: safe under graph capture)."""
+    return (
+        v_buffer.data_ptr() == k_buffer.data_ptr()
+        and v_buffer.stride(0) == k_buffer.stride(0)
+        and v_buffer.dtype == k_buffer.dtype
+    )
+
+
+def workspace_numel(num_tokens: int, num_heads: int, num_kv_splits: int) -> tuple[int, int]:
+    """fp32 elements of (part_o, part_lse) for one launch."""
+    rows = num_tokens * num_heads * num_kv_splits
+    return rows * D_NOPE, rows
+
+
+def launch(
+    q: torch.Tensor,
+    k_ext: torch.Tensor,
+    v_ext: torch.Tensor,
+    o: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    *,
+    batch_size: int,
+    draft_len: int,
+    sm_scale: float,
+    k_scale: float,
+    v_scale: float,
+    config: VerifyConfig,
+) -> None:
+    """Launch both stages. Inputs are trusted (the API validates them);
+    ``part_o`` / ``part_lse`` hold at least ``workspace_numel(...)`` elements.
+    Looks nothing up, allocates nothing, never synchronises."""
+    num_heads = q.shape[1]
+    splits = config.NUM_KV_SPLITS
+    v_from_k = v_is_k_view(k_buffer, v_buffer)
+    block_m = rows_per_program(config.BLOCK_H, draft_len)
+    grid = (batch_size, triton.cdiv(num_heads, config.BLOCK_H), splits)
+    _prefix_kernel[grid](
+        q,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        v_buffer.stride(0),
+        num_heads,
+        splits,
+        sm_scale * k_scale * LOG2E,
+        DRAFT_LEN=draft_len,
+        BLOCK_H=config.BLOCK_H,
+        BLOCK_M=block_m,
+        BLOCK_N=config.BLOCK_N,
+        D_NOPE=D_NOPE,
+        D_ROPE=D_ROPE,
+        V_FROM_K=v_from_k,
+        DOT_FP32=INTERPRETED,
+        **config.launch_options(),
+    )
+    _merge_extend_kernel[(batch_size, num_heads)](
+        q,
+        k_ext,
+        v_ext,
+        o,
+        qo_indptr,
+        kv_indptr,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        k_ext.stride(0),
+        v_ext.stride(0),
+        o.stride(0),
+        o.stride(1),
+        num_heads,
+        splits,
+        sm_scale * LOG2E,
+        v_scale,
+        DRAFT_LEN=draft_len,
+        BLOCK_L=max(16, triton_next_pow2(draft_len)),
+        BLOCK_N=config.BLOCK_N,
+        D_NOPE=D_NOPE,
+        D_ROPE=D_ROPE,
+        DOT_FP32=INTERPRETED,
+        num_warps=4,
+        num_stages=1,
+    )

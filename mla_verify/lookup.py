@@ -1,0 +1,274 @@
+"""Runtime config lookup: (arch, heads, draft length, batch size, KV dtype)
+-> ``VerifyConfig`` for one launch.
+
+The tables are loaded once, at import (``tables.load_tables``). After that a
+lookup is pure: no file access, no tuning, no GPU sync; results are memoized,
+so a launch pays a dict hit. This module never imports the tuner.
+
+Lookup rules
+------------
+Tables are keyed by arch (``sm90``, ``gfx950``, ...), per-rank head count H,
+draft length L and KV dtype, with batch-size buckets inside each entry.
+Lookup never fails; it takes the first rule that applies:
+
+a. Exact entry (arch, H, L, KV dtype): the bucket nearest to the batch size
+   in log2 distance; a tie (e.g. batch 32 between buckets 16 and 64) goes to
+   the larger bucket. Its config is used as tuned.
+b. No exact entry, but the arch has tuned entries: the nearest one.
+   Candidates are the entries of the same KV dtype; if the arch has none of
+   that dtype, fp16 and fp8 (e4m3, e4m3fnuz) fall back to the bf16 entries.
+   Among candidates the same H is preferred, with the nearest L (ties: the
+   larger L); without the same H, the nearest H in log2 distance (ties: the
+   larger H), and within it the nearest L. Its nearest batch bucket (rule a)
+   is then adapted to the requested shape:
+       BLOCK_H' = max(1, min(H, BLOCK_H * L_tuned // L))
+   so a program's rows (BLOCK_H x L) stay within the tuned tile, and
+       NUM_KV_SPLITS' = clamp(round(NUM_KV_SPLITS * ceil(H_tuned / BLOCK_H)
+                                    / ceil(H / BLOCK_H')), 1, 64)
+   (halves round up) so the grid keeps about the tuned number of programs.
+   BLOCK_N, num_warps, num_stages and the AMD options are kept. Logged once
+   per (arch, H, L, dtype) at INFO.
+c. No entry for the arch at all (or no candidate under rule b): the built-in
+   ``default_config(H, L, batch, arch)``, with one warning per
+   (arch, H, L, dtype) naming the command that tunes it.
+
+Where tables come from: each dir of ``$MLA_VERIFY_CONFIG_DIR`` (os.pathsep-
+separated), then the user dir (``platformdirs.user_data_dir("mla_verify")/
+configs``), then the tables shipped in the package. Merged per entry: the
+first dir holding an (arch, H, L, dtype) entry supplies all of its buckets;
+entries it lacks still come from the dirs below.
+
+Tables whose kernel hash differs from this kernel's are still used (their
+configs are valid launches; only their timings may be off); loading warns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import operator
+from collections.abc import Iterable
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+from . import tables
+from .config import MAX_KV_SPLITS, VerifyConfig, default_config, kv_dtype_name
+from .kernel import KERNEL_HASH
+from .tables import LoadedEntry, entry_key
+
+logger = logging.getLogger(__name__)
+
+# KV dtypes that may borrow bf16 tuning when their own is missing: the tile
+# shapes that pay are the same, only the bytes streamed differ.
+_DTYPE_FALLBACK = {"fp16": "bf16", "fp8_e4m3": "bf16", "fp8_e4m3fnuz": "bf16"}
+TUNE_COMMAND = "python -m mla_verify.tune --heads {H} --draft-lens {L} --kv-dtype {dtype}"
+
+_tables: dict[str, dict[str, LoadedEntry]] = tables.load_tables(KERNEL_HASH)
+_reported: set[tuple[str, str]] = set()  # (arch, entry key) already logged once
+
+
+def reload_tables() -> None:
+    """Re-read every table (after tuning, or in tests). Reads files: never
+    call it on the launch path."""
+    global _tables
+    _tables = tables.load_tables(KERNEL_HASH)
+    _reported.clear()
+    _resolve.cache_clear()
+
+
+# --- arch -----------------------------------------------------------------------
+
+
+def current_arch(device: torch.device | int | str | None = None) -> str:
+    """Arch name of a GPU as the tables spell it: ``sm90`` on NVIDIA, the
+    ``gcnArchName`` before any ':' (``gfx942``) on ROCm."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "mla_verify: no CUDA or ROCm GPU is visible, so the arch cannot be "
+            "detected; pass arch=... explicitly (e.g. 'sm90', 'gfx950')"
+        )
+    return _arch_of(_device_index(device))
+
+
+def _device_index(device: torch.device | int | str | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device: expected a CUDA/ROCm device, got {device}")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+@functools.cache
+def _arch_of(index: int) -> str:
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
+# --- lookup ---------------------------------------------------------------------
+
+
+def resolve_config(
+    num_heads: int,
+    draft_len: int,
+    batch_size: int,
+    kv_dtype: torch.dtype | str = torch.bfloat16,
+    arch: str | None = None,
+) -> tuple[VerifyConfig, str]:
+    """The config for one launch and where it came from, in words (a table
+    entry and bucket, ``nearest: ...`` or ``built-in default``). See the
+    module docstring for the rules. ``arch=None`` detects the current GPU."""
+    dtype = kv_dtype_name(kv_dtype)
+    if arch is None:
+        arch = current_arch()
+    return _resolve(arch, num_heads, draft_len, batch_size, dtype)
+
+
+def block_config(
+    num_heads: int,
+    draft_len: int,
+    batch_size: int,
+    kv_dtype: torch.dtype | str = torch.bfloat16,
+    arch: str | None = None,
+) -> VerifyConfig:
+    """The config for one launch (``resolve_config`` without the source)."""
+    return resolve_config(num_heads, draft_len, batch_size, kv_dtype, arch)[0]
+
+
+@functools.cache  # an lru_cache without bound: shapes x batch sizes are few
+def _resolve(
+    arch: str, num_heads: int, draft_len: int, batch_size: int, dtype: str
+) -> tuple[VerifyConfig, str]:
+    for name, value in (
+        ("num_heads", num_heads),
+        ("draft_len", draft_len),
+        ("batch_size", batch_size),
+    ):
+        if operator.index(value) < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {value}")
+    entries = _tables.get(arch, {})
+    key = entry_key(num_heads, draft_len, dtype)
+    if key in entries:
+        entry = entries[key]
+        bucket = _nearest_bucket(entry.buckets, batch_size)
+        return entry.buckets[bucket], _describe(entry, bucket)
+    near = _nearest_entry(entries.values(), num_heads, draft_len, dtype)
+    if near is not None:
+        bucket = _nearest_bucket(near.buckets, batch_size)
+        config = adapt_config(
+            near.buckets[bucket], near.num_heads, near.draft_len, num_heads, draft_len
+        )
+        source = f"nearest: {_describe(near, bucket)}, adapted to {key}"
+        _report_once(
+            logging.INFO, arch, key, "mla_verify: no %s entry %s; using %s", arch, key, source
+        )
+        return config, source
+    command = TUNE_COMMAND.format(H=num_heads, L=draft_len, dtype=dtype)
+    _report_once(
+        logging.WARNING,
+        arch,
+        key,
+        "mla_verify: no tuned config for %s %s; using the built-in default, which may "
+        "be slow. Tune it on this GPU with: %s",
+        arch,
+        key,
+        command,
+    )
+    return default_config(num_heads, draft_len, batch_size, arch), "built-in default"
+
+
+def _log2_distance(a: int, b: int) -> Fraction:
+    """Orders like |log2 a - log2 b|, but exact (ties stay ties)."""
+    return Fraction(max(a, b), min(a, b))
+
+
+def _nearest_bucket(buckets: Iterable[int], batch_size: int) -> int:
+    # Ties go to the larger bucket.
+    return min(buckets, key=lambda b: (_log2_distance(b, batch_size), -b))
+
+
+def _nearest_entry(
+    entries: Iterable[LoadedEntry], num_heads: int, draft_len: int, dtype: str
+) -> LoadedEntry | None:
+    entries = list(entries)
+    candidates = [e for e in entries if e.kv_dtype == dtype]
+    if not candidates and dtype in _DTYPE_FALLBACK:
+        candidates = [e for e in entries if e.kv_dtype == _DTYPE_FALLBACK[dtype]]
+    if not candidates:
+        return None
+    # Same H has distance 1, the minimum, so it is preferred by construction.
+    return min(
+        candidates,
+        key=lambda e: (
+            _log2_distance(e.num_heads, num_heads),
+            -e.num_heads,
+            abs(e.draft_len - draft_len),
+            -e.draft_len,
+        ),
+    )
+
+
+def adapt_config(
+    config: VerifyConfig, tuned_heads: int, tuned_draft_len: int, num_heads: int, draft_len: int
+) -> VerifyConfig:
+    """A config tuned for (tuned_heads, tuned_draft_len) carried over to
+    (num_heads, draft_len): rows per program at or below the tuned tile, and
+    about the tuned grid size."""
+    block_h = max(1, min(num_heads, config.BLOCK_H * tuned_draft_len // draft_len))
+    tuned_blocks = math.ceil(tuned_heads / config.BLOCK_H)
+    blocks = math.ceil(num_heads / block_h)
+    # round(splits * tuned_blocks / blocks), halves up, in exact integers.
+    splits = (2 * config.NUM_KV_SPLITS * tuned_blocks + blocks) // (2 * blocks)
+    splits = max(1, min(MAX_KV_SPLITS, splits))
+    return dataclasses.replace(config, BLOCK_H=block_h, NUM_KV_SPLITS=splits)
+
+
+def _describe(entry: LoadedEntry, bucket: int) -> str:
+    key = entry_key(entry.num_heads, entry.draft_len, entry.kv_dtype)
+    stale = ", stale" if entry.stale else ""
+    return f"{Path(entry.source).name} entry {key}, bucket {bucket} ({entry.source}{stale})"
+
+
+def _report_once(level: int, arch: str, key: str, msg: str, *args: object) -> None:
+    # Once per shape, not per batch size: a server sees many batch sizes.
+    if (arch, key) not in _reported:
+        _reported.add((arch, key))
+        logger.log(level, msg, *args)
+
+
+# --- inspection -----------------------------------------------------------------
+
+
+def describe_tables() -> str:
+    """Loaded arches, entries, source files and stale flags (for ``--show``).
+    Lists the config dirs too, which touches the file system."""
+    lines = ["config dirs, highest precedence first:"]
+    lines += [f"  {label}: {directory}" for label, directory in tables.config_dirs()]
+    if not _tables:
+        lines.append("no tables loaded")
+    for arch in sorted(_tables):
+        entries = _tables[arch]
+        lines.append(f"{arch}: {_count(len(entries))}")
+        by_source: dict[str, list[LoadedEntry]] = {}
+        for entry in entries.values():
+            by_source.setdefault(entry.source, []).append(entry)
+        for source in sorted(by_source):
+            group = sorted(by_source[source], key=lambda e: (e.kv_dtype, e.num_heads, e.draft_len))
+            stale = " (stale)" if group[0].stale else ""
+            lines.append(f"  {source}: {_count(len(group))}{stale}")
+            for e in group:
+                key = entry_key(e.num_heads, e.draft_len, e.kv_dtype)
+                lines.append(f"    {key}: buckets {', '.join(map(str, e.buckets))}")
+    return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"

@@ -1,0 +1,349 @@
+"""Tuned-config tables on disk: the JSON format, validating, reading, writing
+and loading them from every config directory. The only module that touches
+table files; the tuner writes through ``write_entries`` and the runtime reads
+through ``load_tables``, so writer and reader cannot drift.
+
+One file per arch, ``<arch>.json``::
+
+    {"schema_version": 1, "arch": "sm90",
+     "metadata": {"kernel_hash": "<16 hex>", "measured": true, ...free-form},
+     "entries": {"H128_L4_bf16": {"num_heads": 128, "draft_len": 4, "kv_dtype": "bf16",
+                 "buckets": {"32": {"config": {...VerifyConfig.to_dict()},
+                                    "tuned_us": 12.3, "default_us": 15.0,
+                                    "context_lens": [2048, 8192]}}}}}
+
+Bucket keys are batch sizes as decimal strings; ``tuned_us``/``default_us``
+may be null (reported, unmeasured configs). ``context_lens`` is optional.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+import platformdirs
+
+from .config import VerifyConfig, kv_dtype_name
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+ENV_VAR = "MLA_VERIFY_CONFIG_DIR"
+
+_TOP_KEYS = {"schema_version", "arch", "metadata", "entries"}
+_ENTRY_KEYS = {"num_heads", "draft_len", "kv_dtype", "buckets"}
+_BUCKET_KEYS = {"config", "tuned_us", "default_us"}
+_BUCKET_OPTIONAL = {"context_lens"}
+
+
+class TableError(ValueError):
+    """A table file's content does not follow the format."""
+
+
+@dataclass(frozen=True)
+class LoadedEntry:
+    """One (H, L, kv dtype) entry of a loaded table, ready for lookup."""
+
+    num_heads: int
+    draft_len: int
+    kv_dtype: str
+    buckets: dict[int, VerifyConfig]  # batch size -> config, ascending
+    times: dict[int, tuple[float | None, float | None]]  # batch -> (tuned_us, default_us)
+    source: str  # path of the file it came from
+    stale: bool  # measured with different kernel code than this one
+
+
+def entry_key(num_heads: int, draft_len: int, kv_dtype: str) -> str:
+    """Table key of one shape, e.g. ``H128_L4_bf16``."""
+    return f"H{num_heads}_L{draft_len}_{kv_dtype}"
+
+
+# --- validation ---------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(ok: bool, where: str, reason: str) -> None:
+    if not ok:
+        raise TableError(f"{where}: {reason}")
+
+
+def _check_keys(data: Any, required: set[str], optional: set[str], where: str) -> None:
+    _check(isinstance(data, dict), where, f"expected an object, got {type(data).__name__}")
+    missing = required - set(data)
+    _check(not missing, where, f"missing keys {sorted(missing)}")
+    unknown = set(data) - required - optional
+    _check(not unknown, where, f"unknown keys {sorted(unknown)}")
+
+
+def _check_time(value: Any, where: str) -> None:
+    ok = value is None or (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+    _check(ok, where, f"expected a positive number or null, got {value!r}")
+
+
+def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
+    # Canonical decimal only ("32", not "032" or " 32"), so keys never collide.
+    ok = (
+        isinstance(key, str)
+        and key.isascii()
+        and key.isdigit()
+        and str(int(key)) == key
+        and int(key) >= 1
+    )
+    _check(ok, where, f"bucket key {key!r} is not a positive integer in decimal")
+    where = f"{where}.buckets[{key}]"
+    _check_keys(bucket, _BUCKET_KEYS, _BUCKET_OPTIONAL, where)
+    config = bucket["config"]
+    _check(isinstance(config, dict), f"{where}.config", "expected an object")
+    for name, value in config.items():
+        _check(_is_int(value), f"{where}.config.{name}", f"expected an integer, got {value!r}")
+    try:
+        VerifyConfig.from_dict(config)
+    except (TypeError, ValueError) as exc:
+        raise TableError(f"{where}.config: {exc}") from None
+    _check_time(bucket["tuned_us"], f"{where}.tuned_us")
+    _check_time(bucket["default_us"], f"{where}.default_us")
+    if "context_lens" in bucket:
+        lens = bucket["context_lens"]
+        ok = isinstance(lens, list) and all(_is_int(n) and n >= 0 for n in lens)
+        _check(ok, f"{where}.context_lens", f"expected a list of lengths, got {lens!r}")
+
+
+def _validate_entry(key: Any, entry: Any) -> None:
+    where = f"entries[{key!r}]"
+    _check_keys(entry, _ENTRY_KEYS, set(), where)
+    for name in ("num_heads", "draft_len"):
+        value = entry[name]
+        _check(
+            _is_int(value) and value >= 1, f"{where}.{name}", f"expected an int >= 1, got {value!r}"
+        )
+    try:
+        kv_dtype_name(entry["kv_dtype"])
+    except ValueError as exc:
+        raise TableError(f"{where}.{exc}") from None
+    expected = entry_key(entry["num_heads"], entry["draft_len"], entry["kv_dtype"])
+    _check(key == expected, where, f"key does not match its fields (expected {expected!r})")
+    buckets = entry["buckets"]
+    _check(isinstance(buckets, dict) and buckets, f"{where}.buckets", "expected a non-empty object")
+    for bucket_key, bucket in buckets.items():
+        _validate_bucket(bucket_key, bucket, where)
+
+
+def validate_table(data: Any, *, expected_arch: str | None = None) -> None:
+    """Raise ``TableError`` naming the first thing in ``data`` that breaks the
+    format; ``expected_arch`` is the arch the file name promises."""
+    _check(isinstance(data, dict), "table", f"expected an object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    _check(
+        version == SCHEMA_VERSION and _is_int(version),
+        "schema_version",
+        f"expected {SCHEMA_VERSION}, got {version!r}",
+    )
+    _check_keys(data, _TOP_KEYS, set(), "table")
+    arch = data["arch"]
+    _check(isinstance(arch, str) and arch != "", "arch", f"expected a name, got {arch!r}")
+    if expected_arch is not None:
+        _check(arch == expected_arch, "arch", f"{arch!r} in a file for {expected_arch!r}")
+    metadata = data["metadata"]
+    _check(isinstance(metadata, dict), "metadata", "expected an object")
+    meta_arch = metadata.get("arch", arch)
+    _check(meta_arch == arch, "metadata.arch", f"{meta_arch!r} differs from arch {arch!r}")
+    hash_ = metadata.get("kernel_hash")
+    _check(hash_ is None or isinstance(hash_, str), "metadata.kernel_hash", "expected a string")
+    measured = metadata.get("measured", True)
+    _check(isinstance(measured, bool), "metadata.measured", f"expected a bool, got {measured!r}")
+    _check(isinstance(data["entries"], dict), "entries", "expected an object")
+    for key, entry in data["entries"].items():
+        _validate_entry(key, entry)
+
+
+# --- reading and writing ------------------------------------------------------
+
+
+def read_table(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The validated table in ``path``, or None (with one warning naming the
+    file and the reason) when it is missing, unreadable, corrupt, of another
+    schema, of a foreign arch or otherwise invalid. Never raises for content."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        validate_table(data, expected_arch=path.stem)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TableError) as exc:
+        logger.warning("mla_verify: ignoring config table %s: %s", path, exc)
+        return None
+    return data
+
+
+def _merge_entries(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Per entry and per bucket: new buckets replace old ones of the same
+    batch size; every other bucket and entry is kept."""
+    merged = dict(old)
+    for key, entry in new.items():
+        buckets = dict(old[key]["buckets"]) if key in old else {}
+        buckets.update(entry["buckets"])
+        merged[key] = {**entry, "buckets": buckets}
+    return merged
+
+
+def _canonical(arch: str, metadata: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
+    """Sorted for stable diffs: entries by key, buckets by batch size."""
+    ordered = {
+        key: {
+            **entries[key],
+            "buckets": dict(sorted(entries[key]["buckets"].items(), key=lambda kv: int(kv[0]))),
+        }
+        for key in sorted(entries)
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "arch": arch,
+        "metadata": metadata,
+        "entries": ordered,
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # Temp file in the same directory, so os.replace is an atomic rename:
+    # readers see the old table or the new one, never half of one.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; tables are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_entries(
+    path: str | os.PathLike[str],
+    arch: str,
+    metadata: dict[str, Any],
+    entries: dict[str, Any],
+) -> None:
+    """Merge ``entries`` (entry key -> entry, in the file format) into the
+    table at ``path`` and set its metadata to ``metadata``. Safe for several
+    processes writing the same file: the read-merge-write runs under a lock
+    file ``<path>.lock`` and the write is atomic. Raises ``TableError`` if the
+    result would not be a valid table."""
+    path = Path(path)
+    _check(path.stem == arch, "write_entries", f"file {path.name} must be named {arch}.json")
+    new = {"schema_version": SCHEMA_VERSION, "arch": arch, "metadata": metadata, "entries": entries}
+    validate_table(new, expected_arch=arch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(f"{path}.lock"):
+        old = read_table(path) if path.exists() else None
+        merged = _merge_entries(old["entries"] if old else {}, entries)
+        table = _canonical(arch, metadata, merged)
+        _atomic_write(path, json.dumps(table, indent=2) + "\n")
+
+
+# --- directories and loading --------------------------------------------------
+
+
+def user_table_dir() -> Path:
+    """Per-user tables, written by ``python -m mla_verify.tune`` by default."""
+    return Path(platformdirs.user_data_dir("mla_verify")) / "configs"
+
+
+def shipped_table_dir() -> Path:
+    """Tables shipped inside the package (``mla_verify.configs``); in a source
+    checkout, the top-level ``configs/`` next to the package."""
+    try:
+        spec = importlib.util.find_spec("mla_verify.configs")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parent.parent / "configs"
+
+
+def config_dirs() -> list[tuple[str, Path]]:
+    """(source label, directory), highest precedence first: each path of
+    ``$MLA_VERIFY_CONFIG_DIR`` (os.pathsep-separated), the user dir, the
+    shipped dir."""
+    env = os.environ.get(ENV_VAR, "")
+    dirs = [("env", Path(p)) for p in env.split(os.pathsep) if p]
+    dirs.append(("user", user_table_dir()))
+    dirs.append(("shipped", shipped_table_dir()))
+    return dirs
+
+
+def _staleness(metadata: dict[str, Any], kernel_hash: str) -> str | None:
+    """Why a table's timings may no longer hold, or None if they do."""
+    if metadata.get("measured", True) is False:
+        return None  # reported configs, not timings of a particular kernel build
+    table_hash = metadata.get("kernel_hash")
+    if table_hash is None:
+        return "its metadata names no kernel_hash"
+    if table_hash == kernel_hash:
+        return None
+    return f"tuned for kernel {table_hash}, this kernel is {kernel_hash}"
+
+
+def _loaded_entries(path: Path, table: dict[str, Any], stale: bool) -> dict[str, LoadedEntry]:
+    out = {}
+    for key, entry in table["entries"].items():
+        buckets = sorted(entry["buckets"].items(), key=lambda kv: int(kv[0]))
+        out[key] = LoadedEntry(
+            num_heads=entry["num_heads"],
+            draft_len=entry["draft_len"],
+            kv_dtype=entry["kv_dtype"],
+            buckets={int(b): VerifyConfig.from_dict(v["config"]) for b, v in buckets},
+            times={int(b): (v["tuned_us"], v["default_us"]) for b, v in buckets},
+            source=str(path),
+            stale=stale,
+        )
+    return out
+
+
+def _table_files(directory: Path) -> list[Path]:
+    try:
+        return sorted(p for p in directory.glob("*.json") if p.is_file())
+    except OSError as exc:
+        logger.warning("mla_verify: cannot list config dir %s: %s", directory, exc)
+        return []
+
+
+def load_tables(kernel_hash: str) -> dict[str, dict[str, LoadedEntry]]:
+    """arch -> entry key -> entry, from every table in every config dir.
+
+    Merged per entry by precedence: an entry of a higher-precedence dir wins
+    whole over the same key lower down; entries it lacks come from below.
+    Bad files are skipped with a warning; a table measured with other kernel
+    code is still used, marked stale, with one warning. Never raises."""
+    merged: dict[str, dict[str, LoadedEntry]] = {}
+    for _label, directory in reversed(config_dirs()):  # lowest first; higher overwrite
+        for path in _table_files(directory):
+            table = read_table(path)
+            if table is None:
+                continue
+            reason = _staleness(table["metadata"], kernel_hash)
+            if reason is not None:
+                logger.warning(
+                    "mla_verify: config table %s is stale (%s); its configs are still "
+                    "used but its timings may no longer hold: re-tune to refresh",
+                    path,
+                    reason,
+                )
+            entries = _loaded_entries(path, table, stale=reason is not None)
+            merged.setdefault(table["arch"], {}).update(entries)
+    return merged

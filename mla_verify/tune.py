@@ -1,0 +1,490 @@
+"""``python -m mla_verify.tune``: search launch configs on this GPU and write
+the JSON table the runtime loads at import.
+
+Per (heads H, draft length L, KV dtype) entry the search runs in two steps:
+  1. tile search at one representative batch size: every stage-1 tile from
+     ``config.tile_candidates`` (BLOCK_H, BLOCK_N, num_warps, num_stages),
+     each with the default split rule; the fastest ``--top-k`` go on;
+  2. per batch bucket: those tiles x ``config.split_candidates``, and the
+     built-in default, timed side by side in the same run.
+A bucket keeps a tuned config only where it beats the default by
+``--margin``; the table records both times either way.
+
+Every candidate's output is checked against the float32 reference before it
+is timed. Timing: CUDA-graph replays, median, geometric mean over
+``--contexts`` prefix lengths, KV slots scattered over a pool larger than L2.
+All tile shapes are compiled up front in parallel worker processes (they
+fill Triton's on-disk cache). Each bucket is written as soon as it is
+measured, under a file lock, so an interrupted run loses at most the bucket
+in flight; a rerun resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import __version__, tables
+from .config import (
+    VerifyConfig,
+    default_config,
+    default_num_kv_splits,
+    kv_dtype_name,
+    rows_per_program,
+    split_candidates,
+    tile_candidates,
+)
+from .kernel import KERNEL_HASH
+
+logger = logging.getLogger("mla_verify.tune")
+
+DEFAULT_HEADS = (8, 12, 16, 32, 64, 128)
+DEFAULT_DRAFT_LENS = (1, 2, 3, 4, 5, 6, 7, 8)
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_CONTEXTS = (2048, 8192)
+# Prefix tokens one timed problem may hold: long contexts at large batches
+# are cut to this, which keeps a bucket's timing under a second or so.
+MAX_PROBLEM_TOKENS = 1 << 20
+# Batches rotated through one graph until their KV spans this many bytes.
+L2_DEFEAT_BYTES = 256 << 20
+FULL_GRID = {
+    "heads": DEFAULT_HEADS,
+    "draft_lens": DEFAULT_DRAFT_LENS,
+    "batch_sizes": DEFAULT_BATCH_SIZES,
+    "contexts": DEFAULT_CONTEXTS,
+}
+QUICK_GRID = {"heads": (16, 128), "draft_lens": (1, 4), "batch_sizes": (1, 32), "contexts": (4096,)}
+KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+
+# A timer maps (config, batches) to microseconds per launch; tests inject one.
+Timer = Callable[[VerifyConfig, Sequence["object"]], float]
+
+
+@dataclass
+class BucketResult:
+    key: str
+    batch_size: int
+    config: VerifyConfig
+    tuned_us: float
+    default_us: float
+    contexts: list[int] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        return self.default_us / self.tuned_us
+
+
+# --------------------------------------------------------------------- problems
+
+
+class Problems:
+    """The batches one bucket is timed on, built once, with their
+    references; KV slots are drawn from one shared pool per dtype."""
+
+    def __init__(self, pool, num_heads, draft_len, batch_size, contexts, device, seed=0):
+        from .testing import make_batch
+
+        self.sets = []  # per context: batches rotated through one graph
+        for ctx in contexts:
+            elem = pool.element_size()
+            per_batch = max(1, batch_size * ctx * 576 * elem)
+            copies = 1 if device == "cpu" else min(32, math.ceil(L2_DEFEAT_BYTES / per_batch))
+            batches = [
+                make_batch(
+                    num_heads,
+                    draft_len,
+                    [ctx] * batch_size,
+                    kv_dtype=pool.dtype,
+                    pool=pool,
+                    device=device,
+                    seed=seed + 7919 * i + ctx,
+                )
+                for i in range(copies)
+            ]
+            self.sets.append(batches)
+        self.references = [batches[0].reference() for batches in self.sets]
+        self.contexts = list(contexts)
+
+
+def contexts_for(batch_size: int, contexts: Sequence[int]) -> list[int]:
+    """The timing contexts of a bucket, each cut to MAX_PROBLEM_TOKENS total."""
+    cap = max(64, MAX_PROBLEM_TOKENS // batch_size)
+    return sorted({min(c, cap) for c in contexts})
+
+
+# ------------------------------------------------------------------- measuring
+
+
+def check_and_time(config: VerifyConfig, problems: Problems, timer: Timer) -> float | None:
+    """Geometric-mean time over the problem's contexts, or None when the
+    config fails to compile, runs out of resources or computes wrongly."""
+    from .testing import check_close
+
+    logs = []
+    try:
+        for batches, ref in zip(problems.sets, problems.references):
+            out = batches[0].new_output()
+            batches[0].run(out, config)
+            check_close(out, ref, what=str(config))
+            logs.append(math.log(timer(config, batches)))
+    except AssertionError as exc:
+        logger.warning("wrong output, candidate dropped: %s", exc)
+        return None
+    except Exception as exc:  # compile errors, out of resources
+        logger.info("candidate %s skipped: %s: %s", config.to_dict(), type(exc).__name__, exc)
+        return None
+    return math.exp(sum(logs) / len(logs))
+
+
+def graph_timer(config: VerifyConfig, batches: Sequence[object]) -> float:
+    from .timing import graph_time_us
+
+    outs = [b.new_output() for b in batches]
+    return graph_time_us([lambda b=b, o=o: b.run(o, config) for b, o in zip(batches, outs)])
+
+
+# ---------------------------------------------------------------- compilation
+
+
+def _compile_worker(jobs: list[tuple[int, int, str, dict]]) -> int:
+    """Run each (H, L, kv dtype, config) once on a tiny batch: Triton writes
+    the compiled kernels to its cache for the tuning process to load."""
+    from .testing import make_batch
+
+    done = 0
+    for heads, draft_len, dtype_name, cfg in jobs:
+        config = VerifyConfig.from_dict(cfg)
+        batch = make_batch(
+            heads, draft_len, [2 * config.BLOCK_N + 1], kv_dtype=KV_DTYPES[dtype_name],
+            device="cuda",
+        )
+        try:
+            batch.run(batch.new_output(), config)
+            torch.cuda.synchronize()
+            done += 1
+        except Exception as exc:  # reported again, with context, when timed
+            logging.getLogger("mla_verify.tune").debug("compile failed %s: %s", cfg, exc)
+    return done
+
+
+def precompile(entries, arch: str, workers: int) -> None:
+    """Compile every tile shape of every entry in parallel processes."""
+    jobs = []
+    seen = set()
+    for heads, draft_len, dtype_name in entries:
+        for tile in tile_candidates(heads, draft_len, arch) + [
+            default_config(heads, draft_len, 1, arch)
+        ]:
+            # Triton specialises ints on divisibility by 16: H=8 and H=12
+            # compile alike, as do 16, 32, 64, 128.
+            spec = (heads % 16 == 0, draft_len, dtype_name, dataclasses.replace(tile, NUM_KV_SPLITS=2))
+            if spec not in seen:
+                seen.add(spec)
+                jobs.append((heads, draft_len, dtype_name, spec[3].to_dict()))
+    if workers <= 1 or len(jobs) < 2:
+        _compile_worker(jobs)
+        return
+    chunks = [jobs[i::workers] for i in range(workers)]
+    start = time.perf_counter()
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        compiled = sum(pool.map(_compile_worker, chunks))
+    logger.info(
+        "compiled %d/%d kernel variants in %.0f s on %d workers",
+        compiled, len(jobs), time.perf_counter() - start, workers,
+    )
+
+
+# ---------------------------------------------------------------------- search
+
+
+def tune_entry(
+    heads: int,
+    draft_len: int,
+    dtype_name: str,
+    batch_sizes: Sequence[int],
+    contexts: Sequence[int],
+    *,
+    arch: str,
+    pool: torch.Tensor,
+    device: str,
+    timer: Timer,
+    top_k: int,
+    margin: float,
+    on_bucket: Callable[[BucketResult], None],
+) -> None:
+    key = tables.entry_key(heads, draft_len, dtype_name)
+    tiles = tile_candidates(heads, draft_len, arch)
+    rep_bs = min(batch_sizes, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
+    rep = Problems(pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device)
+    ranked = []
+    for tile in tiles:
+        rows = rows_per_program(tile.BLOCK_H, draft_len)
+        splits = default_num_kv_splits(heads, rep_bs, tile.BLOCK_H, rows, arch)
+        t = check_and_time(tile.with_splits(splits), rep, timer)
+        if t is not None:
+            ranked.append((t, tile))
+    ranked.sort(key=lambda x: x[0])
+    finalists = [tile for _, tile in ranked[:top_k]]
+    logger.debug("%s finalists: %s", key, [t.to_dict() for t in finalists])
+
+    for bs in batch_sizes:
+        problems = Problems(pool, heads, draft_len, bs, contexts_for(bs, contexts), device)
+        default = default_config(heads, draft_len, bs, arch)
+        default_us = check_and_time(default, problems, timer)
+        if default_us is None:
+            raise RuntimeError(f"{key} batch {bs}: the built-in default {default} failed")
+        best, best_us = default, default_us
+        for tile in finalists:
+            for splits in split_candidates(heads, bs, tile.BLOCK_H, arch):
+                cand = tile.with_splits(splits)
+                if cand == default:
+                    continue
+                t = check_and_time(cand, problems, timer)
+                if t is not None and t < best_us:
+                    best, best_us = cand, t
+        if best_us > default_us * (1 - margin):
+            best, best_us = default, default_us
+        on_bucket(BucketResult(key, bs, best, best_us, default_us, problems.contexts))
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m mla_verify.tune",
+        description="Tune mla_verify launch configs on this GPU and write its JSON table.",
+    )
+    p.add_argument("--heads", type=_ints, help=f"per-rank head counts (default {DEFAULT_HEADS})")
+    p.add_argument("--draft-lens", type=_ints, help=f"draft lengths (default {DEFAULT_DRAFT_LENS})")
+    p.add_argument("--batch-sizes", type=_ints, help=f"batch buckets (default {DEFAULT_BATCH_SIZES})")
+    p.add_argument("--contexts", type=_ints,
+                   help=f"prefix lengths each bucket is timed on (default {DEFAULT_CONTEXTS})")
+    p.add_argument("--kv-dtype", default="bf16",
+                   help=f"comma-separated KV dtypes from {sorted(KV_DTYPES)} (default bf16)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default: the user table directory)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small grid (H 16,128; L 1,4; batch 1,32; one context) to try things")
+    p.add_argument("--top-k", type=int, default=2, help="tiles carried to the split search")
+    p.add_argument("--margin", type=float, default=0.03,
+                   help="keep a tuned config only if faster than the default by this fraction")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="stop cleanly after this many seconds (rerun to resume)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="parallel compile workers (default: CPU cores, at most 16)")
+    p.add_argument("--redo", action="store_true", help="re-tune buckets already in the table")
+    p.add_argument("--check", action="store_true",
+                   help="validate the loaded tables against this machine and software")
+    p.add_argument("--show", action="store_true",
+                   help="show the loaded tables and the config each given shape gets")
+    p.add_argument("--arch", default=None,
+                   help="with --show: the arch to look up (default: this GPU's)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    args.kv_dtypes = [kv_dtype_name(d.strip()) for d in args.kv_dtype.split(",")]
+    for d in args.kv_dtypes:
+        if d not in KV_DTYPES:
+            p.error(f"--kv-dtype: expected one of {sorted(KV_DTYPES)}, got {d!r}")
+    grid = QUICK_GRID if args.quick else FULL_GRID
+    for name, default in grid.items():
+        if getattr(args, name) is None:
+            setattr(args, name, list(default))
+    return args
+
+
+def table_metadata(arch: str, device_name: str, sm_count: int, args) -> dict:
+    import triton
+
+    return {
+        "device": device_name,
+        "arch": arch,
+        "multiprocessor_count": sm_count,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "mla_verify": __version__,
+        "kernel_hash": KERNEL_HASH,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "timing": (
+            "CUDA-graph replays, median of 7, per launch; geometric mean over the "
+            "bucket's contexts; uniform prefixes, slots scattered over a pool > L2; "
+            "default timed in the same run"
+        ),
+        "measured": True,
+        "grid": {
+            "contexts": list(args.contexts),
+            "max_problem_tokens": MAX_PROBLEM_TOKENS,
+            "top_k": args.top_k,
+            "margin": args.margin,
+        },
+    }
+
+
+def bucket_json(result: BucketResult) -> dict:
+    return {
+        "config": result.config.to_dict(),
+        "tuned_us": round(result.tuned_us, 2),
+        "default_us": round(result.default_us, 2),
+        "context_lens": result.contexts,
+    }
+
+
+def pending_work(args, out_path: Path) -> list[tuple[int, int, str, list[int]]]:
+    """(H, L, dtype, batch sizes still to tune) per entry, for resuming."""
+    done: dict[str, set[int]] = {}
+    existing = tables.read_table(out_path) if out_path.exists() else None
+    if existing and not args.redo and existing["metadata"].get("kernel_hash") == KERNEL_HASH:
+        done = {k: {int(b) for b in e["buckets"]} for k, e in existing["entries"].items()}
+    work = []
+    for dtype_name in args.kv_dtypes:
+        for heads in args.heads:
+            for draft_len in args.draft_lens:
+                key = tables.entry_key(heads, draft_len, dtype_name)
+                todo = [b for b in args.batch_sizes if b not in done.get(key, set())]
+                if todo:
+                    work.append((heads, draft_len, dtype_name, todo))
+    return work
+
+
+def run_tuning(
+    args: argparse.Namespace,
+    *,
+    arch: str,
+    device: str,
+    device_name: str,
+    sm_count: int,
+    timer: Timer,
+    out_dir: Path,
+) -> list[BucketResult]:
+    """The tuning loop; ``timer`` and ``device`` are injectable for tests."""
+    from tqdm import tqdm
+
+    out_path = out_dir / f"{arch}.json"
+    work = pending_work(args, out_path)
+    total = sum(len(b) for *_, b in work)
+    logger.info("%d buckets to tune in %d entries -> %s", total, len(work), out_path)
+    if device == "cuda" and work:
+        workers = args.jobs or min(16, os.cpu_count() or 1)
+        precompile([(h, l, d) for h, l, d, _ in work], arch, workers)
+
+    metadata = table_metadata(arch, device_name, sm_count, args)
+    results: list[BucketResult] = []
+    start = time.perf_counter()
+    pools: dict[str, torch.Tensor] = {}
+
+    def record(result: BucketResult) -> None:
+        entry = dict(zip(("num_heads", "draft_len", "kv_dtype"), _key_fields(result.key)))
+        entry["buckets"] = {str(result.batch_size): bucket_json(result)}
+        tables.write_entries(out_path, arch, metadata, {result.key: entry})
+        results.append(result)
+        bar.update(1)
+
+    with tqdm(total=total, desc="tuning buckets", unit="bucket", file=sys.stderr) as bar:
+        for heads, draft_len, dtype_name, batch_sizes in work:
+            if args.time_limit and time.perf_counter() - start > args.time_limit:
+                logger.warning("time limit reached; rerun the same command to resume")
+                break
+            if dtype_name not in pools:
+                pools[dtype_name] = _make_pool(args, dtype_name, device)
+            try:
+                tune_entry(
+                    heads, draft_len, dtype_name, batch_sizes, args.contexts,
+                    arch=arch, pool=pools[dtype_name], device=device, timer=timer,
+                    top_k=args.top_k, margin=args.margin, on_bucket=record,
+                )
+            except (RuntimeError, ValueError) as exc:  # one bad entry must not end the run
+                logger.error("H%d L%d %s not tuned: %s", heads, draft_len, dtype_name, exc)
+    logger.info("tuning took %.0f s for %d buckets", time.perf_counter() - start, len(results))
+    return results
+
+
+def _key_fields(key: str) -> tuple[int, int, str]:
+    h, l, dtype = key.split("_", 2)
+    return int(h[1:]), int(l[1:]), dtype
+
+
+def _make_pool(args, dtype_name: str, device: str) -> torch.Tensor:
+    from .testing import make_pool
+
+    needed = max(b * c for b in args.batch_sizes for c in contexts_for(b, args.contexts))
+    # Room for the rotated copies of small problems, and always > L2.
+    slots = needed if device == "cpu" else max(needed, L2_DEFEAT_BYTES // 576) * 2
+    return make_pool(slots, KV_DTYPES[dtype_name], device)
+
+
+def print_summary(results: list[BucketResult]) -> None:
+    if not results:
+        print("nothing tuned (every bucket already in the table; --redo re-tunes)")
+        return
+    print(f"{'entry':<16}{'batch':>6}{'tuned us':>11}{'default us':>12}{'speed-up':>10}  config")
+    for r in results:
+        cfg = r.config.to_dict()
+        print(f"{r.key:<16}{r.batch_size:>6}{r.tuned_us:>11.1f}{r.default_us:>12.1f}"
+              f"{r.speedup:>9.2f}x  {cfg}")
+    geo = math.exp(sum(math.log(r.speedup) for r in results) / len(results))
+    print(f"geometric-mean speed-up over the default: {geo:.3f}x ({len(results)} buckets)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from . import lookup
+
+    if args.show:
+        from .tune_report import show
+
+        return show(args)
+    if args.check:
+        from .tune_report import check
+
+        return check(args)
+    if not torch.cuda.is_available():
+        print("python -m mla_verify.tune needs a GPU (this machine has none)", file=sys.stderr)
+        return 2
+    arch = lookup.current_arch()
+    props = torch.cuda.get_device_properties(0)
+    out_dir = args.out or tables.user_table_dir()
+    try:
+        results = run_tuning(
+            args, arch=arch, device="cuda", device_name=props.name,
+            sm_count=props.multi_processor_count, timer=graph_timer, out_dir=out_dir,
+        )
+    except KeyboardInterrupt:
+        print("interrupted: every bucket finished so far is saved; rerun to resume",
+              file=sys.stderr)
+        return 130
+    print_summary(results)
+    print(f"table: {out_dir / (arch + '.json')} (loaded at the next import of mla_verify)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Kernel vs the float32 reference, on fresh random inputs, poisoned outputs
+and a poisoned workspace. CPU lane: real dims, small batches, through
+Triton's interpreter. GPU lane (marked): realistic sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mla_verify import VerifyConfig, verify_mla_fwd
+from mla_verify.config import tile_candidates
+from mla_verify.testing import check_close, make_batch
+from mla_verify.workspace import get_workspace
+
+SMALL = VerifyConfig(BLOCK_H=4, BLOCK_N=16, NUM_KV_SPLITS=3, num_warps=4, num_stages=1)
+
+
+def _poison_workspace(device) -> None:
+    ws = get_workspace(torch.device(device))
+    ws.reserve(1 << 16)
+    ws.part_o.fill_(float("nan"))
+    ws.part_lse.fill_(float("nan"))
+
+
+def _run_and_check(batch, config, device) -> float:
+    _poison_workspace(device)
+    out = batch.new_output()
+    assert batch.run(out, config) is True
+    return check_close(out, batch.reference())
+
+
+# (id, heads, draft_len, prefix_lens, make_batch kwargs, config)
+CPU_CASES = [
+    ("prefix0", 4, 1, [0], {}, SMALL),
+    ("prefix0_and_1", 3, 2, [0, 1], {}, SMALL),
+    ("around_block_n", 2, 2, [15, 16, 17, 32, 33], {}, SMALL),
+    ("heads_not_multiple_of_block_h", 5, 3, [20, 9], {}, SMALL),
+    ("draft_len_16", 2, 16, [10], {}, dataclasses.replace(SMALL, BLOCK_H=1)),
+    ("draft_len_7", 3, 7, [25], {}, dataclasses.replace(SMALL, BLOCK_H=2)),
+    (
+        "ragged_with_empty_splits",
+        4,
+        2,
+        [1, 70, 0, 3],
+        {},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=8),
+    ),
+    ("one_split_block_n_64", 4, 4, [100, 7], {}, dataclasses.replace(SMALL, NUM_KV_SPLITS=1, BLOCK_N=64)),
+    ("strided_q", 4, 2, [30, 12], {"strided_q": True}, SMALL),
+    ("separate_v_buffer", 4, 2, [30, 12], {"separate_v": True}, SMALL),
+    ("fp16", 4, 2, [30, 12], {"dtype": torch.float16}, SMALL),
+    (
+        "fp8_kv_scaled",
+        4,
+        2,
+        [30, 12],
+        {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 1.5},
+        SMALL,
+    ),
+    ("sm_scale_custom", 4, 2, [30], {"sm_scale": 0.11}, SMALL),
+    ("lookup_config", 4, 2, [30, 5], {}, None),
+]
+
+
+@pytest.mark.parametrize(
+    "heads,draft_len,prefix_lens,kwargs,config",
+    [c[1:] for c in CPU_CASES],
+    ids=[c[0] for c in CPU_CASES],
+)
+def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device):
+    batch = make_batch(heads, draft_len, prefix_lens, device=device, **kwargs)
+    _run_and_check(batch, config, device)
+
+
+def test_int64_index_tensors(device):
+    batch = make_batch(4, 2, [21, 3], device=device)
+    batch.kv_indices = batch.kv_indices.long()
+    batch.kv_indptr = batch.kv_indptr.long()
+    batch.qo_indptr = batch.qo_indptr.long()
+    _run_and_check(batch, SMALL, device)
+
+
+def test_stale_workspace_never_leaks(device):
+    """A short request after a long one: splits the short one leaves empty
+    still hold the long call's partials (and then NaN); neither may leak."""
+    long = make_batch(4, 2, [90, 90], device=device)
+    _run_and_check(long, SMALL, device)
+    short = make_batch(4, 2, [2, 90], device=device)
+    out = short.new_output()
+    short.run(out, SMALL)  # workspace not re-poisoned: stale partials remain
+    check_close(out, short.reference())
+
+
+def test_pool_over_2_pow_31_elements(device):
+    """Slots past 2**31 / 576: slot * stride must be 64-bit."""
+    slots = (1 << 31) // 576 + 4096
+    big = torch.empty(slots, 1, 576, dtype=torch.bfloat16, device=device)
+    batch = make_batch(2, 2, [20, 13], device=device)
+    high = torch.arange(slots - 40, slots - 7, device=device, dtype=torch.int32)
+    big[high] = batch.k_buffer[batch.kv_indices]
+    batch.k_buffer, batch.v_buffer = big, big[..., :512]
+    batch.kv_indices = high
+    _run_and_check(batch, SMALL, device)
+
+
+def test_every_tile_candidate_is_correct(device):
+    """Whatever the tuner may pick computes the same function."""
+    batch = make_batch(8, 2, [70, 5], device=device)
+    ref = batch.reference()
+    for cand in tile_candidates(8, 2, "sm90") + tile_candidates(8, 2, "gfx950"):
+        for splits in (1, 3):
+            config = cand.with_splits(splits)
+            _poison_workspace(device)
+            out = batch.new_output()
+            batch.run(out, config)
+            check_close(out, ref, what=str(config))
+
+
+# --------------------------------------------------------------------- GPU lane
+
+GPU_SHAPES = [
+    # heads, draft_len, prefix_lens
+    (8, 2, [65536] * 4),
+    (16, 4, [16384] * 16),
+    (128, 2, [4096] * 8),
+    (64, 8, [8192] * 4),
+    (12, 3, [3000, 1, 0, 16384, 77]),
+    (128, 1, [100, 20000]),
+    (32, 5, [512] * 7),
+    (128, 4, [2048] * 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "heads,draft_len,prefix_lens",
+    GPU_SHAPES,
+    ids=[f"H{h}_L{l}_bs{len(p)}_max{max(p)}" for h, l, p in GPU_SHAPES],
+)
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_gpu_matches_reference(heads, draft_len, prefix_lens, kv_dtype):
+    batch = make_batch(
+        heads,
+        draft_len,
+        prefix_lens,
+        kv_dtype=kv_dtype,
+        device="cuda",
+        pool_slots=sum(prefix_lens) * 2,
+        k_scale=0.75 if kv_dtype != torch.bfloat16 else 1.0,
+        v_scale=1.25 if kv_dtype != torch.bfloat16 else 1.0,
+    )
+    _run_and_check(batch, None, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_strided_separate_v_fp16():
+    batch = make_batch(16, 4, [5000, 33, 64], dtype=torch.float16, strided_q=True,
+                       separate_v=True, device="cuda")
+    _run_and_check(batch, None, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_every_tile_candidate_is_correct():
+    batch = make_batch(16, 4, [3000, 64, 1], device="cuda")
+    ref = batch.reference()
+    for cand in tile_candidates(16, 4, "sm90"):
+        for splits in (1, 7):
+            _poison_workspace("cuda")
+            out = batch.new_output()
+            batch.run(out, cand.with_splits(splits))
+            check_close(out, ref, what=str(cand))
+
+
+@pytest.mark.gpu
+def test_gpu_pool_over_2_pow_31_elements():
+    slots = 3_800_000  # 2.19e9 elements of 576
+    batch = make_batch(32, 2, [4096] * 8, device="cuda", pool_slots=slots)
+    assert batch.k_buffer.numel() > 2**31
+    _run_and_check(batch, None, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_after_lengths_change():
+    """Capture once; the engine then rewrites prefix lengths, slots and
+    contents in place (same batch size); replay gives the new answer."""
+    import mla_verify
+
+    heads, draft_len, bs = 16, 4, 8
+    first = make_batch(heads, draft_len, [4000] * bs, device="cuda", pool_slots=80_000, seed=1)
+    second = make_batch(heads, draft_len, [7000, 1, 0, 513, 64, 9000, 3, 2048],
+                        device="cuda", pool_slots=80_000, seed=2)
+    mla_verify.prepare_workspace(bs, heads, draft_len)
+    # Static buffers the graph reads, sized for the larger index list.
+    kv_indices = torch.zeros(80_000, dtype=torch.int32, device="cuda")
+    kv_indices[: first.kv_indices.numel()] = first.kv_indices
+    out = first.new_output()
+
+    def call():
+        verify_mla_fwd(first.q, first.k_extend, first.v_extend, out, first.k_buffer,
+                       first.v_buffer, first.qo_indptr, first.kv_indptr, kv_indices,
+                       None, True, None, draft_len, sm_scale=first.sm_scale)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compile and warm up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    out.fill_(float("nan"))
+    graph.replay()
+    check_close(out, first.reference(), what="first replay")
+
+    for name in ("q", "k_extend", "v_extend", "k_buffer", "kv_indptr"):
+        getattr(first, name).copy_(getattr(second, name))
+    kv_indices[: second.kv_indices.numel()] = second.kv_indices
+    out.fill_(float("nan"))
+    graph.replay()
+    second.kv_indices = kv_indices[: second.kv_indices.numel()]
+    check_close(out, second.reference(), what="replay after lengths changed")

@@ -1,0 +1,433 @@
+"""Runtime lookup: exact entries and batch buckets, nearest-entry adaptation,
+dtype fallback, the built-in default with one warning, purity (no file
+access, no tuner import). CPU only."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import json
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mla_verify import lookup, tables
+from mla_verify.config import VerifyConfig, default_config
+from mla_verify.kernel import KERNEL_HASH
+
+PACKAGE_DIR = Path(lookup.__file__).parent
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def cfg(block_h: int = 4, splits: int = 8, **kw: int) -> VerifyConfig:
+    fields = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2} | kw
+    return VerifyConfig(BLOCK_H=block_h, NUM_KV_SPLITS=splits, **fields)
+
+
+def entry(h: int, l: int, dtype: str, buckets: dict[int, VerifyConfig]) -> tuple[str, dict]:
+    body = {
+        "num_heads": h,
+        "draft_len": l,
+        "kv_dtype": dtype,
+        "buckets": {
+            str(b): {"config": c.to_dict(), "tuned_us": 10.0, "default_us": 12.0}
+            for b, c in buckets.items()
+        },
+    }
+    return tables.entry_key(h, l, dtype), body
+
+
+def write_table(directory: Path, arch: str, entries: list, kernel_hash: str = KERNEL_HASH) -> Path:
+    path = directory / f"{arch}.json"
+    meta = {"arch": arch, "kernel_hash": kernel_hash, "measured": True}
+    tables.write_entries(path, arch, meta, dict(entries))
+    return path
+
+
+def lookup_records(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "mla_verify.lookup" and r.levelno == level
+    ]
+
+
+@pytest.fixture
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Isolated env / user / shipped dirs; tables reloaded from them. Call
+    ``lookup.reload_tables()`` after writing tables."""
+    d = SimpleNamespace(env=tmp_path / "env", user=tmp_path / "user", shipped=tmp_path / "shipped")
+    for p in vars(d).values():
+        p.mkdir()
+    monkeypatch.setenv(tables.ENV_VAR, str(d.env))
+    monkeypatch.setattr(tables, "user_table_dir", lambda: d.user)
+    monkeypatch.setattr(tables, "shipped_table_dir", lambda: d.shipped)
+    lookup.reload_tables()
+    yield d
+    monkeypatch.undo()
+    lookup.reload_tables()
+
+
+H128 = {"BLOCK_N": 32, "num_warps": 8, "num_stages": 1}  # unlike any default_config
+
+
+@pytest.fixture
+def sm90(dirs) -> Path:
+    """sm90 table: H128 L4 bf16 with buckets 1..256, and H16/H64 L4 entries."""
+    path = write_table(
+        dirs.shipped,
+        "sm90",
+        [
+            entry(128, 4, "bf16", {b: cfg(16, b % 64 + 1, **H128) for b in (1, 4, 16, 64, 256)}),
+            entry(16, 4, "bf16", {8: cfg(16, 5, BLOCK_N=32)}),
+            entry(64, 4, "bf16", {8: cfg(16, 3, BLOCK_N=32, num_stages=3)}),
+        ],
+    )
+    lookup.reload_tables()
+    return path
+
+
+# --- exact entries and buckets ----------------------------------------------------
+
+
+def test_exact_entry(sm90):
+    config, source = lookup.resolve_config(128, 4, 16, torch.bfloat16, arch="sm90")
+    assert config == cfg(16, 17, **H128)
+    assert source == f"sm90.json entry H128_L4_bf16, bucket 16 ({sm90})"
+    assert lookup.block_config(128, 4, 16, "bf16", arch="sm90") is config
+
+
+BUCKETS = {  # buckets are 1, 4, 16, 64, 256
+    "bs1_exact": (1, 1),
+    "bs2_tie_goes_larger": (2, 4),
+    "bs3_nearer_4": (3, 4),
+    "bs5_nearer_4": (5, 4),
+    "bs8_tie_goes_larger": (8, 16),
+    "bs100_nearer_64": (100, 64),
+    "bs128_tie_goes_larger": (128, 256),
+    "bs1000_above_all": (1000, 256),
+}
+
+
+@pytest.mark.parametrize("batch, bucket", BUCKETS.values(), ids=BUCKETS.keys())
+def test_bucket_nearest_in_log2(sm90, batch, bucket):
+    config, source = lookup.resolve_config(128, 4, batch, arch="sm90")
+    assert f"bucket {bucket} " in source
+    assert config == cfg(16, bucket % 64 + 1, **H128)  # as the sm90 fixture wrote it
+
+
+def test_bucket_tie_is_exact_for_non_powers_of_two(dirs):
+    # 10/5 == 20/10, but float log2 makes 5 look nearer by 4e-16.
+    write_table(dirs.env, "sm90", [entry(8, 2, "bf16", {5: cfg(splits=1), 20: cfg(splits=2)})])
+    lookup.reload_tables()
+    assert lookup.block_config(8, 2, 10, arch="sm90") == cfg(splits=2)
+
+
+def test_stale_entry_still_used(dirs):
+    path = write_table(dirs.user, "sm90", [entry(8, 2, "bf16", {4: cfg(splits=7)})], "0" * 16)
+    lookup.reload_tables()
+    config, source = lookup.resolve_config(8, 2, 4, arch="sm90")
+    assert config == cfg(splits=7)
+    assert source == f"sm90.json entry H8_L2_bf16, bucket 4 ({path}, stale)"
+
+
+def test_memoized_and_dtype_spellings_agree(sm90):
+    a = lookup.resolve_config(128, 4, 16, torch.bfloat16, arch="sm90")
+    b = lookup.resolve_config(128, 4, 16, "bf16", arch="sm90")
+    assert a is b
+    with pytest.raises(ValueError, match="kv_dtype"):
+        lookup.resolve_config(128, 4, 16, torch.float32, arch="sm90")
+
+
+def test_rejects_non_positive_shapes(sm90):
+    with pytest.raises(ValueError, match="batch_size"):
+        lookup.block_config(128, 4, 0, arch="sm90")
+    with pytest.raises(ValueError, match="draft_len"):
+        lookup.block_config(128, 0, 1, arch="sm90")
+
+
+# --- nearest entries ----------------------------------------------------------------
+
+
+ADAPT = {
+    # tuned H128 L4: BLOCK_H 16 (64 rows), 8 head blocks, bucket 16 -> 17 splits
+    "L3_more_heads_per_block": (128, 3, VerifyConfig(21, 32, 19, 8, 1)),  # 17*8/7 = 19.4
+    "L8_fewer_heads_per_block": (128, 8, VerifyConfig(8, 32, 9, 8, 1)),  # 17*8/16 = 8.5 -> 9
+    "L64_one_head_per_block": (128, 64, VerifyConfig(1, 32, 1, 8, 1)),  # 17*8/128 = 1.06
+    "L2_block_h_capped": (128, 2, VerifyConfig(32, 32, 34, 8, 1)),  # 17*8/4
+}
+
+
+@pytest.mark.parametrize("heads, draft_len, expected", ADAPT.values(), ids=ADAPT.keys())
+def test_unseen_draft_len_adapts_nearest(sm90, heads, draft_len, expected):
+    config, source = lookup.resolve_config(heads, draft_len, 16, arch="sm90")
+    assert config == expected
+    assert config != default_config(heads, draft_len, 16, "sm90")
+    assert source.startswith("nearest: sm90.json entry H128_L4_bf16, bucket 16 (")
+    assert source.endswith(f"adapted to H{heads}_L{draft_len}_bf16")
+
+
+HEADS = {
+    # sm90 has H16, H64, H128 at L4 (BLOCK_H 16 everywhere)
+    "H32_tie_goes_larger_H64": (32, 8, VerifyConfig(16, 32, 6, 4, 3)),  # 3 * 4/2 splits
+    "H24_nearer_H16": (24, 8, VerifyConfig(16, 32, 3, 4, 2)),  # 5 * 1/2 = 2.5 -> 3
+    "H8_nearest_H16": (8, 8, VerifyConfig(8, 32, 5, 4, 2)),  # BLOCK_H capped at H
+    "H96_nearer_H128": (96, 16, VerifyConfig(16, 32, 23, 8, 1)),  # 17 * 8/6 = 22.7
+}
+
+
+@pytest.mark.parametrize("heads, batch, expected", HEADS.values(), ids=HEADS.keys())
+def test_unseen_head_count_adapts_nearest(sm90, heads, batch, expected):
+    config, source = lookup.resolve_config(heads, 4, batch, arch="sm90")
+    assert config == expected
+    assert source.startswith("nearest: ")
+
+
+def _source_key(heads: int, draft_len: int, arch: str = "sm90", dtype: str = "bf16") -> str:
+    source = lookup.resolve_config(heads, draft_len, 1, dtype, arch=arch)[1]
+    return source.split(" entry ")[1].split(",")[0]
+
+
+def test_nearest_prefers_same_heads_then_nearest_draft_len(dirs):
+    write_table(
+        dirs.env,
+        "sm90",
+        [
+            entry(128, 2, "bf16", {1: cfg()}),
+            entry(128, 4, "bf16", {1: cfg()}),
+            entry(64, 3, "bf16", {1: cfg()}),
+            entry(16, 2, "bf16", {1: cfg()}),
+            entry(16, 6, "bf16", {1: cfg()}),
+            entry(8, 5, "bf16", {1: cfg()}),
+        ],
+    )
+    lookup.reload_tables()
+    assert _source_key(128, 3) == "H128_L4_bf16"  # same H beats exact L; |dL| tie -> larger L
+    assert _source_key(128, 1) == "H128_L2_bf16"
+    assert _source_key(32, 1) == "H64_L3_bf16"  # H tie 16/64 -> larger H, then its L
+    assert _source_key(12, 3) == "H16_L2_bf16"  # nearer H16 (12/8 > 16/12), then nearest L
+    assert _source_key(16, 4) == "H16_L6_bf16"  # |dL| tie within H16 -> larger L
+
+
+KV_FALLBACK = ["fp16", "fp8_e4m3"] + (["fp8_e4m3fnuz"] if hasattr(torch, "float8_e4m3fnuz") else [])
+
+
+@pytest.mark.parametrize("dtype", KV_FALLBACK)
+def test_missing_kv_dtype_falls_back_to_bf16(sm90, dtype):
+    config, source = lookup.resolve_config(128, 4, 64, dtype, arch="sm90")
+    assert config == lookup.block_config(128, 4, 64, "bf16", arch="sm90")
+    assert source.startswith("nearest: sm90.json entry H128_L4_bf16, bucket 64")
+
+
+def test_own_kv_dtype_entries_win_over_bf16(dirs):
+    write_table(
+        dirs.env,
+        "sm90",
+        [entry(128, 4, "bf16", {1: cfg(16)}), entry(64, 4, "fp8_e4m3", {1: cfg(8, 2)})],
+    )
+    lookup.reload_tables()
+    config, source = lookup.resolve_config(128, 4, 1, torch.float8_e4m3fn, arch="sm90")
+    assert "H64_L4_fp8_e4m3" in source
+    assert config == cfg(8, 1)  # twice the head blocks, half the splits
+
+
+def test_bf16_does_not_borrow_fp8_entries(dirs, caplog):
+    write_table(dirs.env, "sm90", [entry(128, 4, "fp8_e4m3", {1: cfg(16)})])
+    lookup.reload_tables()
+    assert lookup.resolve_config(128, 4, 1, arch="sm90") == (
+        default_config(128, 4, 1, "sm90"),
+        "built-in default",
+    )
+
+
+def test_nearest_logs_one_info_per_shape(sm90, caplog):
+    with caplog.at_level(logging.INFO, logger="mla_verify.lookup"):
+        for batch in (1, 2, 3, 1):
+            lookup.block_config(128, 3, batch, arch="sm90")
+        lookup.block_config(128, 5, 1, arch="sm90")
+    infos = lookup_records(caplog, logging.INFO)
+    assert len(infos) == 2
+    assert "H128_L3_bf16" in infos[0] and "H128_L5_bf16" in infos[1]
+    assert lookup_records(caplog, logging.WARNING) == []
+
+
+# --- built-in default -------------------------------------------------------------
+
+
+def test_no_entry_uses_default_with_one_warning(sm90, caplog):
+    with caplog.at_level(logging.INFO, logger="mla_verify.lookup"):
+        first = lookup.resolve_config(16, 2, 8, "fp8_e4m3", arch="sm100")
+        again = lookup.resolve_config(16, 2, 8, "fp8_e4m3", arch="sm100")
+        other_batch = lookup.resolve_config(16, 2, 64, "fp8_e4m3", arch="sm100")
+    assert first == again == (default_config(16, 2, 8, "sm100"), "built-in default")
+    assert other_batch[0] == default_config(16, 2, 64, "sm100")
+    [warning] = lookup_records(caplog, logging.WARNING)
+    assert "sm100 H16_L2_fp8_e4m3" in warning
+    assert "python -m mla_verify.tune --heads 16 --draft-lens 2 --kv-dtype fp8_e4m3" in warning
+
+
+def test_no_tables_at_all_uses_default(dirs, caplog):
+    with caplog.at_level(logging.WARNING, logger="mla_verify.lookup"):
+        config = lookup.block_config(128, 4, 32, arch="gfx950")
+    assert config == default_config(128, 4, 32, "gfx950")
+    assert len(lookup_records(caplog, logging.WARNING)) == 1
+
+
+def test_reload_picks_up_new_tables_and_warns_again(dirs, caplog):
+    with caplog.at_level(logging.WARNING, logger="mla_verify.lookup"):
+        assert lookup.resolve_config(8, 4, 1, arch="sm90")[1] == "built-in default"
+        write_table(dirs.user, "sm90", [entry(8, 4, "bf16", {1: cfg(splits=3)})])
+        assert lookup.resolve_config(8, 4, 1, arch="sm90")[1] == "built-in default"  # memoized
+        lookup.reload_tables()
+        assert lookup.block_config(8, 4, 1, arch="sm90") == cfg(splits=3)
+        assert lookup.resolve_config(8, 2, 1, "fp16", arch="sm100")[1] == "built-in default"
+    assert len(lookup_records(caplog, logging.WARNING)) == 2
+
+
+def test_bad_tables_never_break_reload(dirs, caplog):
+    (dirs.env / "sm90.json").write_text('{"schema_version": 1, "ar')
+    (dirs.user / "sm90.json").write_text(json.dumps({"schema_version": 2}))
+    write_table(dirs.shipped, "sm90", [entry(8, 4, "bf16", {1: cfg(splits=3)})])
+    with caplog.at_level(logging.WARNING):
+        lookup.reload_tables()
+    assert lookup.block_config(8, 4, 1, arch="sm90") == cfg(splits=3)
+    warned = sorted(r.getMessage() for r in caplog.records if r.name == "mla_verify.tables")
+    assert len(warned) == 2
+    assert str(dirs.env / "sm90.json") in warned[0]
+    assert str(dirs.user / "sm90.json") in warned[1]
+
+
+# --- purity ---------------------------------------------------------------------
+
+
+def test_lookups_touch_no_files(sm90, monkeypatch):
+    def no_io(*args, **kwargs):
+        raise AssertionError(f"file access during lookup: {args}")
+
+    with monkeypatch.context() as m:
+        for owner, name in (
+            (builtins, "open"),
+            (io, "open"),
+            (os, "open"),
+            (os, "stat"),
+            (os, "listdir"),
+            (os, "scandir"),
+            (pathlib.Path, "open"),
+        ):
+            m.setattr(owner, name, no_io)
+        exact = lookup.resolve_config(128, 4, 32, arch="sm90")
+        nearest = lookup.resolve_config(128, 3, 32, "fp8_e4m3", arch="sm90")
+        default = lookup.block_config(7, 3, 5, "fp16", arch="gfx942")
+    assert exact[1].startswith("sm90.json")
+    assert nearest[1].startswith("nearest:")
+    assert default == default_config(7, 3, 5, "gfx942")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            names |= {base} | {f"{base}.{alias.name}".replace("..", ".") for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize("module", ["lookup.py", "tables.py"])
+def test_runtime_modules_do_not_import_tuner(module):
+    names = _imported_modules(PACKAGE_DIR / module)
+    assert ".config" in names or ".tables" in names  # the parser does see our imports
+    assert not any("tune" in name for name in names), names
+
+
+def test_fresh_import_is_pure(tmp_path):
+    """In a fresh interpreter: import with a corrupt table present never
+    raises, lookups work, and the tuner is never imported."""
+    env = tmp_path / "env"
+    # Made-up arch names, so shipped tables in the checkout cannot interfere.
+    write_table(env, "sm999", [entry(8, 4, "bf16", {1: cfg(splits=3)})])
+    (env / "sm998.json").write_text("{corrupt")
+    script = textwrap.dedent(
+        """
+        import sys
+        import mla_verify.lookup as lookup
+        print(lookup.block_config(8, 4, 1, arch="sm999").NUM_KV_SPLITS)
+        print(lookup.resolve_config(8, 2, 1, "fp8_e4m3", arch="sm999")[1].split(":")[0])
+        print(lookup.resolve_config(8, 4, 1, arch="sm998")[1])
+        print("mla_verify.tune" in sys.modules)
+        """
+    )
+    run_env = os.environ | {
+        tables.ENV_VAR: str(env),
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=run_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:4] == ["3", "nearest", "built-in default", "False"]
+    assert f"ignoring config table {env / 'sm998.json'}" in proc.stderr
+
+
+# --- arch detection ------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    lookup._arch_of.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    yield monkeypatch
+    lookup._arch_of.cache_clear()
+
+
+def test_current_arch_nvidia(fake_gpu):
+    fake_gpu.setattr(torch.version, "hip", None)
+    fake_gpu.setattr(torch.cuda, "get_device_capability", lambda i: {0: (9, 0), 1: (10, 0)}[i])
+    assert lookup.current_arch() == "sm90"
+    assert lookup.current_arch(1) == "sm100"
+    assert lookup.current_arch("cuda:1") == "sm100"
+    assert lookup.current_arch(torch.device("cuda")) == "sm90"
+
+
+def test_current_arch_rocm(fake_gpu):
+    fake_gpu.setattr(torch.version, "hip", "6.3.0")
+    props = SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-")
+    fake_gpu.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    assert lookup.current_arch() == "gfx942"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_current_arch_without_gpu_asks_for_arch():
+    with pytest.raises(RuntimeError, match="pass arch=... explicitly"):
+        lookup.current_arch()
+    with pytest.raises(RuntimeError, match="pass arch"):
+        lookup.block_config(128, 4, 1)
+
+
+# --- describe ----------------------------------------------------------------------
+
+
+def test_describe_tables(dirs):
+    fresh = write_table(dirs.user, "sm90", [entry(8, 4, "bf16", {1: cfg(), 32: cfg()})])
+    stale = write_table(dirs.shipped, "gfx950", [entry(16, 2, "fp8_e4m3", {4: cfg()})], "0" * 16)
+    lookup.reload_tables()
+    text = lookup.describe_tables()
+    assert f"  user: {dirs.user}" in text
+    assert "sm90: 1 entry" in text and "gfx950: 1 entry" in text
+    assert f"  {fresh}: 1 entry\n    H8_L4_bf16: buckets 1, 32" in text
+    assert f"  {stale}: 1 entry (stale)" in text
+    assert f"{fresh}: 1 entry (stale)" not in text

@@ -1,0 +1,443 @@
+"""Table format: validation, reading, atomic merged writes, config dirs and
+loading with precedence and staleness. CPU only."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import multiprocessing
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mla_verify import tables
+from mla_verify.config import VerifyConfig
+from mla_verify.tables import TableError
+
+HASH = "0123456789abcdef"
+OTHER_HASH = "fedcba9876543210"
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def cfg(block_h: int = 4, splits: int = 8, **kw: int) -> dict:
+    fields = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2} | kw
+    return VerifyConfig(BLOCK_H=block_h, NUM_KV_SPLITS=splits, **fields).to_dict()
+
+
+def bucket(config: dict, tuned: float | None = 10.0, default: float | None = 12.0) -> dict:
+    return {"config": config, "tuned_us": tuned, "default_us": default, "context_lens": [2048]}
+
+
+def entry(h: int, l: int, dtype: str, buckets: dict[int, dict]) -> tuple[str, dict]:
+    body = {"num_heads": h, "draft_len": l, "kv_dtype": dtype}
+    body["buckets"] = {str(b): v for b, v in buckets.items()}
+    return tables.entry_key(h, l, dtype), body
+
+
+def meta(arch: str = "sm90", kernel_hash: str | None = HASH, **kw: object) -> dict:
+    out = {"device": "test", "arch": arch, "measured": True} | kw
+    if kernel_hash is not None:
+        out["kernel_hash"] = kernel_hash
+    return out
+
+
+def table(arch: str = "sm90", entries: list | None = None, **meta_kw: object) -> dict:
+    if entries is None:
+        entries = [entry(128, 4, "bf16", {1: bucket(cfg()), 32: bucket(cfg(splits=2))})]
+    return {
+        "schema_version": 1,
+        "arch": arch,
+        "metadata": meta(arch, **meta_kw),
+        "entries": dict(entries),
+    }
+
+
+def write_json(path: Path, data: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def warnings_from(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if r.name == "mla_verify.tables" and r.levelno == logging.WARNING
+    ]
+
+
+@pytest.fixture
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """Isolated env / user / shipped config dirs."""
+    d = SimpleNamespace(env=tmp_path / "env", user=tmp_path / "user", shipped=tmp_path / "shipped")
+    for p in vars(d).values():
+        p.mkdir()
+    monkeypatch.setenv(tables.ENV_VAR, str(d.env))
+    monkeypatch.setattr(tables, "user_table_dir", lambda: d.user)
+    monkeypatch.setattr(tables, "shipped_table_dir", lambda: d.shipped)
+    return d
+
+
+# --- keys and validation ----------------------------------------------------------
+
+
+def test_entry_key():
+    assert tables.entry_key(128, 4, "bf16") == "H128_L4_bf16"
+    assert tables.entry_key(12, 1, "fp8_e4m3") == "H12_L1_fp8_e4m3"
+
+
+def test_validate_accepts_good_and_unmeasured_tables():
+    tables.validate_table(table(), expected_arch="sm90")
+    unmeasured = table(
+        entries=[entry(16, 2, "fp8_e4m3", {8: bucket(cfg(), tuned=None, default=None)})],
+        measured=False,
+        free_form={"any": ["thing"]},
+    )
+    tables.validate_table(unmeasured)
+    amd = table("gfx950", [entry(8, 4, "bf16", {1: bucket(cfg(waves_per_eu=2, kpack=2))})])
+    tables.validate_table(amd, expected_arch="gfx950")
+
+
+def _set(path: list, value: object):
+    def mutate(t: dict) -> None:
+        for part in path[:-1]:
+            t = t[part]
+        t[path[-1]] = value
+
+    return mutate
+
+
+def _delete(path: list):
+    def mutate(t: dict) -> None:
+        for part in path[:-1]:
+            t = t[part]
+        del t[path[-1]]
+
+    return mutate
+
+
+E = ["entries", "H128_L4_bf16"]
+B = [*E, "buckets", "1"]
+C = [*B, "config"]
+
+BAD_TABLES = {
+    "schema_version_2": (_set(["schema_version"], 2), "schema_version"),
+    "schema_version_missing": (_delete(["schema_version"]), "schema_version"),
+    "schema_version_bool": (_set(["schema_version"], True), "schema_version"),
+    "entries_missing": (_delete(["entries"]), "missing keys ['entries']"),
+    "unknown_top_key": (_set(["extra"], 1), "unknown keys ['extra']"),
+    "arch_empty": (_set(["arch"], ""), "arch"),
+    "metadata_not_object": (_set(["metadata"], []), "metadata"),
+    "metadata_arch_differs": (_set(["metadata", "arch"], "sm100"), "metadata.arch"),
+    "kernel_hash_not_str": (_set(["metadata", "kernel_hash"], 5), "kernel_hash"),
+    "measured_not_bool": (_set(["metadata", "measured"], "yes"), "measured"),
+    "entries_not_object": (_set(["entries"], []), "entries"),
+    "entry_key_mismatch": (_set([*E, "num_heads"], 64), "expected 'H64_L4_bf16'"),
+    "entry_missing_buckets": (_delete([*E, "buckets"]), "missing keys ['buckets']"),
+    "entry_unknown_key": (_set([*E, "note"], "x"), "unknown keys ['note']"),
+    "entry_heads_zero": (_set([*E, "num_heads"], 0), "num_heads"),
+    "entry_draft_len_str": (_set([*E, "draft_len"], "4"), "draft_len"),
+    "entry_dtype_unknown": (_set([*E, "kv_dtype"], "fp32"), "kv_dtype"),
+    "buckets_empty": (_set([*E, "buckets"], {}), "non-empty"),
+    "bucket_key_zero": (_set([*E, "buckets", "0"], {}), "bucket key '0'"),
+    "bucket_key_negative": (_set([*E, "buckets", "-4"], {}), "bucket key '-4'"),
+    "bucket_key_leading_zero": (_set([*E, "buckets", "08"], {}), "bucket key '08'"),
+    "bucket_key_not_number": (_set([*E, "buckets", "big"], {}), "bucket key 'big'"),
+    "bucket_key_superscript": (_set([*E, "buckets", "\u00b2"], {}), "bucket key '\u00b2'"),
+    "bucket_missing_config": (_delete(C), "missing keys ['config']"),
+    "bucket_missing_tuned_us": (_delete([*B, "tuned_us"]), "missing keys ['tuned_us']"),
+    "config_not_object": (_set(C, [4, 64]), "config"),
+    "config_bad_block_n": (_set([*C, "BLOCK_N"], 48), "BLOCK_N"),
+    "config_zero_splits": (_set([*C, "NUM_KV_SPLITS"], 0), "NUM_KV_SPLITS"),
+    "config_unknown_field": (_set([*C, "BLOCK_M"], 16), "unknown fields ['BLOCK_M']"),
+    "config_missing_field": (_delete([*C, "num_warps"]), "num_warps"),
+    "config_float_value": (_set([*C, "BLOCK_H"], 4.0), "BLOCK_H"),
+    "tuned_us_negative": (_set([*B, "tuned_us"], -1.0), "tuned_us"),
+    "tuned_us_string": (_set([*B, "tuned_us"], "fast"), "tuned_us"),
+    "default_us_nan": (_set([*B, "default_us"], float("nan")), "default_us"),
+    "context_lens_not_list": (_set([*B, "context_lens"], 2048), "context_lens"),
+}
+
+
+@pytest.mark.parametrize("mutate, reason", BAD_TABLES.values(), ids=BAD_TABLES.keys())
+def test_validate_rejects(mutate, reason):
+    data = copy.deepcopy(table())
+    mutate(data)
+    with pytest.raises(TableError) as info:
+        tables.validate_table(data)
+    assert reason in str(info.value)
+
+
+def test_validate_rejects_non_object_and_foreign_arch():
+    with pytest.raises(TableError, match="expected an object"):
+        tables.validate_table([])
+    with pytest.raises(TableError, match="'sm100' in a file for 'sm90'"):
+        tables.validate_table(table("sm100"), expected_arch="sm90")
+
+
+# --- reading --------------------------------------------------------------------
+
+
+def test_read_table_round_trips(tmp_path: Path):
+    data = table()
+    path = write_json(tmp_path / "sm90.json", data)
+    assert tables.read_table(path) == data
+
+
+BAD_FILES = {
+    "corrupt": (lambda p: p.write_text("{not json"), "Expecting property name"),
+    "truncated": (lambda p: p.write_text(json.dumps(table())[:80]), "line 1"),
+    "empty": (lambda p: p.write_text(""), "Expecting value"),
+    "not_utf8": (lambda p: p.write_bytes(b"\xff\xfe{}"), "codec"),
+    "foreign_arch": (lambda p: write_json(p, table("sm100")), "'sm100' in a file for 'sm90'"),
+    "wrong_schema": (lambda p: write_json(p, table() | {"schema_version": 2}), "schema_version"),
+    "invalid_config": (
+        lambda p: write_json(p, table(entries=[entry(8, 4, "bf16", {1: bucket({"BLOCK_H": 4})})])),
+        "config",
+    ),
+    "missing": (lambda p: None, "No such file"),
+}
+
+
+@pytest.mark.parametrize("make, reason", BAD_FILES.values(), ids=BAD_FILES.keys())
+def test_read_table_bad_file_warns_once(tmp_path, caplog, make, reason):
+    path = tmp_path / "sm90.json"
+    make(path)
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        assert tables.read_table(path) is None
+    [record] = warnings_from(caplog)
+    assert str(path) in record.getMessage()
+    assert reason in record.getMessage()
+
+
+# --- writing --------------------------------------------------------------------
+
+
+def test_write_entries_round_trip(tmp_path: Path):
+    path = tmp_path / "new" / "dir" / "sm90.json"  # directory is created
+    entries = dict([entry(128, 4, "bf16", {32: bucket(cfg(splits=2)), 1: bucket(cfg())})])
+    tables.write_entries(path, "sm90", meta(), entries)
+    data = tables.read_table(path)
+    assert data == {"schema_version": 1, "arch": "sm90", "metadata": meta(), "entries": entries}
+    assert list(data["entries"]["H128_L4_bf16"]["buckets"]) == ["1", "32"]  # sorted numerically
+    assert sorted(p.name for p in path.parent.iterdir()) == ["sm90.json", "sm90.json.lock"]
+
+
+def test_write_entries_merges_per_entry_and_bucket(tmp_path: Path):
+    path = tmp_path / "sm90.json"
+    first = dict([entry(128, 4, "bf16", {1: bucket(cfg(splits=1)), 8: bucket(cfg(splits=8))})])
+    tables.write_entries(path, "sm90", meta(run=1), first)
+    second = dict(
+        [
+            entry(128, 4, "bf16", {8: bucket(cfg(splits=3)), 64: bucket(cfg(splits=64))}),
+            entry(16, 2, "fp8_e4m3", {4: bucket(cfg())}),
+        ]
+    )
+    tables.write_entries(path, "sm90", meta(run=2), second)
+    data = tables.read_table(path)
+    assert data["metadata"]["run"] == 2
+    assert set(data["entries"]) == {"H128_L4_bf16", "H16_L2_fp8_e4m3"}
+    buckets = data["entries"]["H128_L4_bf16"]["buckets"]
+    splits = {b: v["config"]["NUM_KV_SPLITS"] for b, v in buckets.items()}
+    assert splits == {"1": 1, "8": 3, "64": 64}
+
+
+def test_write_entries_rejects_bad_input(tmp_path: Path):
+    path = tmp_path / "sm90.json"
+    with pytest.raises(TableError, match="must be named sm100.json"):
+        tables.write_entries(path, "sm100", meta("sm100"), {})
+    bad = dict([entry(8, 4, "bf16", {1: bucket({"BLOCK_H": 4})})])
+    with pytest.raises(TableError, match="config"):
+        tables.write_entries(path, "sm90", meta(), bad)
+    with pytest.raises(TableError, match="bucket key 'big'"):
+        tables.write_entries(
+            path,
+            "sm90",
+            meta(),
+            {"H8_L4_bf16": entry(8, 4, "bf16", {})[1] | {"buckets": {"big": {}}}},
+        )
+    assert not path.exists()
+
+
+def test_write_entries_replaces_corrupt_file(tmp_path: Path, caplog):
+    path = tmp_path / "sm90.json"
+    path.write_text("{trunc")
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        tables.write_entries(path, "sm90", meta(), dict([entry(8, 4, "bf16", {1: bucket(cfg())})]))
+    assert len(warnings_from(caplog)) == 1
+    assert list(tables.read_table(path)["entries"]) == ["H8_L4_bf16"]
+
+
+WORKERS = 4
+ROUNDS = 25
+
+
+def _writer(path: str, worker: int, start) -> None:
+    """One tuner process: its own entry gains a bucket per round; a shared
+    entry gets this worker's bucket rewritten every round."""
+    start.wait()  # all workers write at once, not staggered by their imports
+    for r in range(ROUNDS):
+        entries = dict(
+            [
+                entry(8 * (worker + 1), 4, "bf16", {r + 1: bucket(cfg(splits=r + 1))}),
+                entry(128, 4, "bf16", {worker + 1: bucket(cfg(splits=r + 1))}),
+            ]
+        )
+        tables.write_entries(path, "sm90", meta(worker=worker, round=r), entries)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path):
+    path = tmp_path / "sm90.json"
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(WORKERS)
+    procs = [ctx.Process(target=_writer, args=(str(path), w, start)) for w in range(WORKERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * WORKERS
+
+    data = json.loads(path.read_text())
+    tables.validate_table(data, expected_arch="sm90")
+    expected_keys = {f"H{8 * (w + 1)}_L4_bf16" for w in range(WORKERS)} | {"H128_L4_bf16"}
+    assert set(data["entries"]) == expected_keys
+    for w in range(WORKERS):
+        own = data["entries"][f"H{8 * (w + 1)}_L4_bf16"]["buckets"]
+        assert sorted(map(int, own)) == list(range(1, ROUNDS + 1))
+    shared = data["entries"]["H128_L4_bf16"]["buckets"]
+    # Every worker's last round survives.
+    assert {b: v["config"]["NUM_KV_SPLITS"] for b, v in shared.items()} == {
+        str(w + 1): ROUNDS for w in range(WORKERS)
+    }
+    assert data["metadata"]["round"] == ROUNDS - 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sm90.json", "sm90.json.lock"]
+
+
+# --- directories --------------------------------------------------------------------
+
+
+def test_config_dirs_order(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv(tables.ENV_VAR, f"{a}{os.pathsep}{b}")
+    monkeypatch.setattr(tables.platformdirs, "user_data_dir", lambda app: str(tmp_path / app))
+    labels, paths = zip(*tables.config_dirs(), strict=True)
+    assert labels == ("env", "env", "user", "shipped")
+    assert paths[:3] == (a, b, tmp_path / "mla_verify" / "configs")
+    assert paths[3] == tables.shipped_table_dir()
+
+
+def test_config_dirs_without_env(monkeypatch):
+    monkeypatch.delenv(tables.ENV_VAR, raising=False)
+    assert [label for label, _ in tables.config_dirs()] == ["user", "shipped"]
+
+
+def test_shipped_dir_from_package_spec(tmp_path, monkeypatch):
+    spec = SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(tables.importlib.util, "find_spec", lambda name: spec)
+    assert tables.shipped_table_dir() == tmp_path
+
+
+def test_shipped_dir_source_checkout_fallback(monkeypatch):
+    monkeypatch.setattr(tables.importlib.util, "find_spec", lambda name: None)
+    expected = Path(tables.__file__).resolve().parent.parent / "configs"
+    assert tables.shipped_table_dir() == expected
+
+
+# --- loading --------------------------------------------------------------------
+
+
+def test_load_tables_builds_entries(dirs):
+    write_json(dirs.user / "sm90.json", table())
+    loaded = tables.load_tables(HASH)
+    e = loaded["sm90"]["H128_L4_bf16"]
+    assert (e.num_heads, e.draft_len, e.kv_dtype, e.stale) == (128, 4, "bf16", False)
+    assert e.buckets == {
+        1: VerifyConfig.from_dict(cfg()),
+        32: VerifyConfig.from_dict(cfg(splits=2)),
+    }
+    assert e.times == {1: (10.0, 12.0), 32: (10.0, 12.0)}
+    assert e.source == str(dirs.user / "sm90.json")
+
+
+def test_load_tables_precedence_is_per_entry(dirs):
+    def one(h: int, splits: int, buckets=(1,)) -> tuple[str, dict]:
+        return entry(h, 4, "bf16", {b: bucket(cfg(splits=splits)) for b in buckets})
+
+    write_json(dirs.env / "sm90.json", table(entries=[one(128, 1)]))
+    write_json(dirs.user / "sm90.json", table(entries=[one(128, 2, (1, 64)), one(64, 2)]))
+    write_json(dirs.shipped / "sm90.json", table(entries=[one(128, 3), one(64, 3), one(32, 3)]))
+    write_json(dirs.shipped / "gfx950.json", table("gfx950", entries=[one(16, 3)]))
+    loaded = tables.load_tables(HASH)
+
+    assert set(loaded) == {"sm90", "gfx950"}
+    got = {
+        k: (e.buckets[1].NUM_KV_SPLITS, Path(e.source).parent) for k, e in loaded["sm90"].items()
+    }
+    assert got == {
+        "H128_L4_bf16": (1, dirs.env),
+        "H64_L4_bf16": (2, dirs.user),
+        "H32_L4_bf16": (3, dirs.shipped),
+    }
+    # The winning entry replaces the lower one whole: the user's bucket 64 is gone.
+    assert list(loaded["sm90"]["H128_L4_bf16"].buckets) == [1]
+
+
+def test_load_tables_first_env_path_wins(dirs, tmp_path, monkeypatch):
+    second = tmp_path / "env2"
+    monkeypatch.setenv(tables.ENV_VAR, f"{dirs.env}{os.pathsep}{second}")
+    write_json(
+        dirs.env / "sm90.json", table(entries=[entry(8, 4, "bf16", {1: bucket(cfg(splits=1))})])
+    )
+    write_json(
+        second / "sm90.json", table(entries=[entry(8, 4, "bf16", {1: bucket(cfg(splits=2))})])
+    )
+    assert tables.load_tables(HASH)["sm90"]["H8_L4_bf16"].buckets[1].NUM_KV_SPLITS == 1
+
+
+def test_load_tables_skips_bad_files_with_one_warning_each(dirs, caplog):
+    bad_env = dirs.env / "sm90.json"
+    bad_env.write_text('{"schema_version": 1, "arch": "sm9')
+    write_json(dirs.env / "sm100.json", table("sm90"))  # foreign arch
+    write_json(dirs.user / "sm90.json", table())
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        loaded = tables.load_tables(HASH)
+    assert set(loaded) == {"sm90"}
+    assert loaded["sm90"]["H128_L4_bf16"].source == str(dirs.user / "sm90.json")
+    messages = sorted(r.getMessage() for r in warnings_from(caplog))
+    assert len(messages) == 2
+    assert str(dirs.env / "sm100.json") in messages[0]
+    assert str(bad_env) in messages[1]
+
+
+def test_load_tables_tolerates_missing_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv(tables.ENV_VAR, str(tmp_path / "nope"))
+    monkeypatch.setattr(tables, "user_table_dir", lambda: tmp_path / "also-nope")
+    monkeypatch.setattr(tables, "shipped_table_dir", lambda: tmp_path / "file.json")
+    (tmp_path / "file.json").write_text("{}")
+    assert tables.load_tables(HASH) == {}
+
+
+STALENESS = {
+    "same_hash": ({"kernel_hash": HASH}, False),
+    "other_hash": ({"kernel_hash": OTHER_HASH}, True),
+    "no_hash": ({"kernel_hash": None}, True),
+    "other_hash_unmeasured": ({"kernel_hash": OTHER_HASH, "measured": False}, False),
+}
+
+
+@pytest.mark.parametrize("meta_kw, stale", STALENESS.values(), ids=STALENESS.keys())
+def test_load_tables_staleness(dirs, caplog, meta_kw, stale):
+    path = write_json(dirs.shipped / "sm90.json", table(**meta_kw))
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        loaded = tables.load_tables(HASH)
+    e = loaded["sm90"]["H128_L4_bf16"]  # used either way
+    assert e.stale is stale
+    assert e.buckets[32] == VerifyConfig.from_dict(cfg(splits=2))
+    records = warnings_from(caplog)
+    assert len(records) == int(stale)
+    if stale:
+        assert str(path) in records[0].getMessage()
+        assert "stale" in records[0].getMessage()
