@@ -64,10 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         import triton.testing
 
         mla_verify.prepare_workspace(bs, heads, draft_len, kv_dtype)
-        ms = triton.testing.do_bench_cudagraph(lambda: batch.run(out), rep=100, return_mode="median")
+        ms = triton.testing.do_bench_cudagraph(
+            lambda: batch.run(out), rep=100, return_mode="median"
+        )
         kv_bytes = bs * context * 576 * batch.k_buffer.element_size()
-        print(f"time     {ms * 1e3:.1f} us (CUDA-graph replays, median), "
-              f"prefix KV read at {kv_bytes / ms / 1e6:.0f} GB/s")
+        print(
+            f"time     {ms * 1e3:.1f} us (CUDA-graph replays, median), "
+            f"prefix KV read at {kv_bytes / ms / 1e6:.0f} GB/s"
+        )
     return 0
 
 

@@ -33,9 +33,7 @@ V_HEAD_DIM = kernel.D_NOPE
 MAX_DRAFT_LEN = 16
 _Q_DTYPES = (torch.bfloat16, torch.float16)
 _KV_DTYPES = _Q_DTYPES + tuple(
-    getattr(torch, name)
-    for name in ("float8_e4m3fn", "float8_e4m3fnuz")
-    if hasattr(torch, name)
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
 )
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -67,23 +65,26 @@ def can_handle(
     xai_temperature_len: int = -1,
 ) -> bool:
     """True when this kernel computes the call exactly. Reads no tensor value."""
-    return _refusal(
-        q_extend,
-        k_extend,
-        v_extend,
-        k_buffer,
-        v_buffer,
-        qo_indptr,
-        kv_indptr,
-        kv_indices,
-        custom_mask,
-        is_causal,
-        max_len_extend,
-        sliding_window_size,
-        sinks,
-        logit_cap,
-        xai_temperature_len,
-    ) is None
+    return (
+        _refusal(
+            q_extend,
+            k_extend,
+            v_extend,
+            k_buffer,
+            v_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            custom_mask,
+            is_causal,
+            max_len_extend,
+            sliding_window_size,
+            sinks,
+            logit_cap,
+            xai_temperature_len,
+        )
+        is None
+    )
 
 
 def _refusal(

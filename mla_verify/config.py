@@ -53,9 +53,7 @@ def kv_dtype_name(dtype: torch.dtype | str) -> str:
     try:
         return KV_DTYPE_NAMES[dtype]
     except KeyError:
-        raise ValueError(
-            f"kv_dtype: expected one of {list(KV_DTYPE_NAMES)}, got {dtype}"
-        ) from None
+        raise ValueError(f"kv_dtype: expected one of {list(KV_DTYPE_NAMES)}, got {dtype}") from None
 
 
 def is_amd_arch(arch: str) -> bool:
@@ -201,9 +199,7 @@ def tile_candidates(num_heads: int, draft_len: int, arch: str) -> list[VerifyCon
     tuner searches splits separately). Pruned where the answer is known:
     accumulator registers and shared memory for the KV ring."""
     out: list[VerifyConfig] = []
-    block_hs = sorted(
-        {max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)}
-    )
+    block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)
     for block_h in block_hs:
         rows = rows_per_program(block_h, draft_len)

@@ -24,6 +24,9 @@ Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
 from __future__ import annotations
 
 import hashlib
+import inspect
+import re
+import textwrap
 
 import torch
 import triton
@@ -233,10 +236,18 @@ def _merge_extend_kernel(
 # interpreter's bf16 tl.dot is wrong, so dots then run on fp32 operands.
 INTERPRETED = not isinstance(_prefix_kernel, triton.runtime.JITFunction)
 
+
+def _kernel_source(jitted) -> str:
+    # The function's text from its `def` on, whether Triton compiles it or
+    # interprets it, so the hash is the same on a GPU and in CI.
+    src = textwrap.dedent(inspect.getsource(jitted.fn))
+    return src[re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE).start() :]
+
+
 # Identifies the kernel code a tuned table was measured with.
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
-        getattr(fn, "src", "") for fn in (_split_len, _prefix_kernel, _merge_extend_kernel)
+        _kernel_source(fn) for fn in (_split_len, _prefix_kernel, _merge_extend_kernel)
     ).encode()
 ).hexdigest()[:16]
 

@@ -42,6 +42,7 @@ from .config import (
     default_config,
     default_num_kv_splits,
     kv_dtype_name,
+    reported_amd_config,
     rows_per_program,
     split_candidates,
     tile_candidates,
@@ -66,6 +67,8 @@ FULL_GRID = {
     "contexts": DEFAULT_CONTEXTS,
 }
 QUICK_GRID = {"heads": (16, 128), "draft_lens": (1, 4), "batch_sizes": (1, 32), "contexts": (4096,)}
+# Archs whose shipped table holds reported, not measured, configs.
+REPORTED_DEVICES = {"gfx950": "AMD Instinct MI355X"}
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 # A timer maps (config, batches) to microseconds per launch; tests inject one.
@@ -167,7 +170,10 @@ def _compile_worker(jobs: list[tuple[int, int, str, dict]]) -> int:
     for heads, draft_len, dtype_name, cfg in jobs:
         config = VerifyConfig.from_dict(cfg)
         batch = make_batch(
-            heads, draft_len, [2 * config.BLOCK_N + 1], kv_dtype=KV_DTYPES[dtype_name],
+            heads,
+            draft_len,
+            [2 * config.BLOCK_N + 1],
+            kv_dtype=KV_DTYPES[dtype_name],
             device="cuda",
         )
         try:
@@ -189,7 +195,12 @@ def precompile(entries, arch: str, workers: int) -> None:
         ]:
             # Triton specialises ints on divisibility by 16: H=8 and H=12
             # compile alike, as do 16, 32, 64, 128.
-            spec = (heads % 16 == 0, draft_len, dtype_name, dataclasses.replace(tile, NUM_KV_SPLITS=2))
+            spec = (
+                heads % 16 == 0,
+                draft_len,
+                dtype_name,
+                dataclasses.replace(tile, NUM_KV_SPLITS=2),
+            )
             if spec not in seen:
                 seen.add(spec)
                 jobs.append((heads, draft_len, dtype_name, spec[3].to_dict()))
@@ -205,7 +216,10 @@ def precompile(entries, arch: str, workers: int) -> None:
         compiled = sum(pool.map(_compile_worker, chunks))
     logger.info(
         "compiled %d/%d kernel variants in %.0f s on %d workers",
-        compiled, len(jobs), time.perf_counter() - start, workers,
+        compiled,
+        len(jobs),
+        time.perf_counter() - start,
+        workers,
     )
 
 
@@ -269,7 +283,9 @@ def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
@@ -282,29 +298,70 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--heads", type=_ints, help=f"per-rank head counts (default {DEFAULT_HEADS})")
     p.add_argument("--draft-lens", type=_ints, help=f"draft lengths (default {DEFAULT_DRAFT_LENS})")
-    p.add_argument("--batch-sizes", type=_ints, help=f"batch buckets (default {DEFAULT_BATCH_SIZES})")
-    p.add_argument("--contexts", type=_ints,
-                   help=f"prefix lengths each bucket is timed on (default {DEFAULT_CONTEXTS})")
-    p.add_argument("--kv-dtype", default="bf16",
-                   help=f"comma-separated KV dtypes from {sorted(KV_DTYPES)} (default bf16)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output directory (default: the user table directory)")
-    p.add_argument("--quick", action="store_true",
-                   help="a small grid (H 16,128; L 1,4; batch 1,32; one context) to try things")
+    p.add_argument(
+        "--batch-sizes", type=_ints, help=f"batch buckets (default {DEFAULT_BATCH_SIZES})"
+    )
+    p.add_argument(
+        "--contexts",
+        type=_ints,
+        help=f"prefix lengths each bucket is timed on (default {DEFAULT_CONTEXTS})",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        default="bf16",
+        help=f"comma-separated KV dtypes from {sorted(KV_DTYPES)} (default bf16)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: the user table directory)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small grid (H 16,128; L 1,4; batch 1,32; one context) to try things",
+    )
     p.add_argument("--top-k", type=int, default=2, help="tiles carried to the split search")
-    p.add_argument("--margin", type=float, default=0.03,
-                   help="keep a tuned config only if faster than the default by this fraction")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="stop cleanly after this many seconds (rerun to resume)")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="parallel compile workers (default: CPU cores, at most 16)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.03,
+        help="keep a tuned config only if faster than the default by this fraction",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="stop cleanly after this many seconds (rerun to resume)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="parallel compile workers (default: CPU cores, at most 16)",
+    )
     p.add_argument("--redo", action="store_true", help="re-tune buckets already in the table")
-    p.add_argument("--check", action="store_true",
-                   help="validate the loaded tables against this machine and software")
-    p.add_argument("--show", action="store_true",
-                   help="show the loaded tables and the config each given shape gets")
-    p.add_argument("--arch", default=None,
-                   help="with --show: the arch to look up (default: this GPU's)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the loaded tables against this machine and software",
+    )
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help="show the loaded tables and the config each given shape gets",
+    )
+    p.add_argument(
+        "--arch", default=None, help="with --show: the arch to look up (default: this GPU's)"
+    )
+    p.add_argument(
+        "--write-reported",
+        metavar="ARCH",
+        choices=sorted(REPORTED_DEVICES),
+        help="write (unmeasured) the table of publicly reported configs for ARCH "
+        "over the grid, for hardware we cannot tune on",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     args.kv_dtypes = [kv_dtype_name(d.strip()) for d in args.kv_dtype.split(",")]
@@ -343,6 +400,54 @@ def table_metadata(arch: str, device_name: str, sm_count: int, args) -> dict:
             "margin": args.margin,
         },
     }
+
+
+def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> Path:
+    """A table for hardware we cannot measure: every bucket holds the config
+    publicly reported as validated there; no times. Tuning on the hardware
+    replaces it (user tables take precedence; or tune with --out configs)."""
+    import triton
+
+    metadata = {
+        "device": f"{REPORTED_DEVICES[arch]} (NOT MEASURED by this project)",
+        "arch": arch,
+        "multiprocessor_count": None,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "mla_verify": __version__,
+        "kernel_hash": KERNEL_HASH,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "timing": "none: no hardware to measure on",
+        "measured": False,
+        "provenance": (
+            "The configuration publicly reported as validated on MI355X for the Triton "
+            "MLA verify kernel this project grew from: BLOCK_H 4, BLOCK_N 64, 8 warps, "
+            "1 stage, splits = 512 programs / (batch x head blocks), at most 32. "
+            "Replace it by running python -m mla_verify.tune on the hardware."
+        ),
+    }
+    entries = {}
+    for dtype_name in args.kv_dtypes:
+        for heads in args.heads:
+            for draft_len in args.draft_lens:
+                key = tables.entry_key(heads, draft_len, dtype_name)
+                buckets = {
+                    str(bs): {
+                        "config": reported_amd_config(heads, bs).to_dict(),
+                        "tuned_us": None,
+                        "default_us": None,
+                    }
+                    for bs in args.batch_sizes
+                }
+                entries[key] = {
+                    "num_heads": heads,
+                    "draft_len": draft_len,
+                    "kv_dtype": dtype_name,
+                    "buckets": buckets,
+                }
+    path = out_dir / f"{arch}.json"
+    tables.write_entries(path, arch, metadata, entries)
+    return path
 
 
 def bucket_json(result: BucketResult) -> dict:
@@ -413,9 +518,18 @@ def run_tuning(
                 pools[dtype_name] = _make_pool(args, dtype_name, device)
             try:
                 tune_entry(
-                    heads, draft_len, dtype_name, batch_sizes, args.contexts,
-                    arch=arch, pool=pools[dtype_name], device=device, timer=timer,
-                    top_k=args.top_k, margin=args.margin, on_bucket=record,
+                    heads,
+                    draft_len,
+                    dtype_name,
+                    batch_sizes,
+                    args.contexts,
+                    arch=arch,
+                    pool=pools[dtype_name],
+                    device=device,
+                    timer=timer,
+                    top_k=args.top_k,
+                    margin=args.margin,
+                    on_bucket=record,
                 )
             except (RuntimeError, ValueError) as exc:  # one bad entry must not end the run
                 logger.error("H%d L%d %s not tuned: %s", heads, draft_len, dtype_name, exc)
@@ -444,8 +558,10 @@ def print_summary(results: list[BucketResult]) -> None:
     print(f"{'entry':<16}{'batch':>6}{'tuned us':>11}{'default us':>12}{'speed-up':>10}  config")
     for r in results:
         cfg = r.config.to_dict()
-        print(f"{r.key:<16}{r.batch_size:>6}{r.tuned_us:>11.1f}{r.default_us:>12.1f}"
-              f"{r.speedup:>9.2f}x  {cfg}")
+        print(
+            f"{r.key:<16}{r.batch_size:>6}{r.tuned_us:>11.1f}{r.default_us:>12.1f}"
+            f"{r.speedup:>9.2f}x  {cfg}"
+        )
     geo = math.exp(sum(math.log(r.speedup) for r in results) / len(results))
     print(f"geometric-mean speed-up over the default: {geo:.3f}x ({len(results)} buckets)")
 
@@ -466,6 +582,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .tune_report import check
 
         return check(args)
+    if args.write_reported:
+        out_dir = args.out or tables.user_table_dir()
+        path = write_reported_table(args, args.write_reported, out_dir)
+        print(f"wrote {path} (reported configs, not measured)")
+        return 0
     if not torch.cuda.is_available():
         print("python -m mla_verify.tune needs a GPU (this machine has none)", file=sys.stderr)
         return 2
@@ -474,12 +595,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = args.out or tables.user_table_dir()
     try:
         results = run_tuning(
-            args, arch=arch, device="cuda", device_name=props.name,
-            sm_count=props.multi_processor_count, timer=graph_timer, out_dir=out_dir,
+            args,
+            arch=arch,
+            device="cuda",
+            device_name=props.name,
+            sm_count=props.multi_processor_count,
+            timer=graph_timer,
+            out_dir=out_dir,
         )
     except KeyboardInterrupt:
-        print("interrupted: every bucket finished so far is saved; rerun to resume",
-              file=sys.stderr)
+        print(
+            "interrupted: every bucket finished so far is saved; rerun to resume", file=sys.stderr
+        )
         return 130
     print_summary(results)
     print(f"table: {out_dir / (arch + '.json')} (loaded at the next import of mla_verify)")

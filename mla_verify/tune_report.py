@@ -29,8 +29,10 @@ def show(args: argparse.Namespace) -> int:
             for draft_len in args.draft_lens:
                 for bs in args.batch_sizes:
                     config, source = lookup.resolve_config(heads, draft_len, bs, dtype_name, arch)
-                    print(f"  H{heads} L{draft_len} bs{bs} {dtype_name}: "
-                          f"{config.to_dict()}  <- {source}")
+                    print(
+                        f"  H{heads} L{draft_len} bs{bs} {dtype_name}: "
+                        f"{config.to_dict()}  <- {source}"
+                    )
     return 0
 
 
@@ -63,17 +65,25 @@ def check(args: argparse.Namespace) -> int:
                 print(f"[{label}] {path}: UNREADABLE (see the warning above)")
                 failures += 1
                 continue
-            notes = _metadata_mismatches(table["metadata"], device_name if table["arch"] == arch else None)
-            print(f"[{label}] {path}: {len(table['entries'])} entries; "
-                  + ("; ".join(notes) if notes else "matches this machine and software"))
+            notes = _metadata_mismatches(
+                table["metadata"], device_name if table["arch"] == arch else None
+            )
+            print(
+                f"[{label}] {path}: {len(table['entries'])} entries; "
+                + ("; ".join(notes) if notes else "matches this machine and software")
+            )
             if table["arch"] != arch:
                 continue
             for key, entry in table["entries"].items():
                 for bs_key, bucket in entry["buckets"].items():
                     config = VerifyConfig.from_dict(bucket["config"])
-                    batch = make_batch(entry["num_heads"], entry["draft_len"],
-                                       [1500, 1, 0, 700][: min(int(bs_key), 4)],
-                                       kv_dtype=_torch_dtype(entry["kv_dtype"]), device="cuda")
+                    batch = make_batch(
+                        entry["num_heads"],
+                        entry["draft_len"],
+                        [1500, 1, 0, 700][: min(int(bs_key), 4)],
+                        kv_dtype=_torch_dtype(entry["kv_dtype"]),
+                        device="cuda",
+                    )
                     out = batch.new_output()
                     try:
                         batch.run(out, config)

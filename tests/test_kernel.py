@@ -47,7 +47,14 @@ CPU_CASES = [
         {},
         dataclasses.replace(SMALL, NUM_KV_SPLITS=8),
     ),
-    ("one_split_block_n_64", 4, 4, [100, 7], {}, dataclasses.replace(SMALL, NUM_KV_SPLITS=1, BLOCK_N=64)),
+    (
+        "one_split_block_n_64",
+        4,
+        4,
+        [100, 7],
+        {},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=1, BLOCK_N=64),
+    ),
     ("strided_q", 4, 2, [30, 12], {"strided_q": True}, SMALL),
     ("separate_v_buffer", 4, 2, [30, 12], {"separate_v": True}, SMALL),
     ("fp16", 4, 2, [30, 12], {"dtype": torch.float16}, SMALL),
@@ -156,8 +163,9 @@ def test_gpu_matches_reference(heads, draft_len, prefix_lens, kv_dtype):
 
 @pytest.mark.gpu
 def test_gpu_strided_separate_v_fp16():
-    batch = make_batch(16, 4, [5000, 33, 64], dtype=torch.float16, strided_q=True,
-                       separate_v=True, device="cuda")
+    batch = make_batch(
+        16, 4, [5000, 33, 64], dtype=torch.float16, strided_q=True, separate_v=True, device="cuda"
+    )
     _run_and_check(batch, None, "cuda")
 
 
@@ -189,8 +197,14 @@ def test_gpu_graph_replay_after_lengths_change():
 
     heads, draft_len, bs = 16, 4, 8
     first = make_batch(heads, draft_len, [4000] * bs, device="cuda", pool_slots=80_000, seed=1)
-    second = make_batch(heads, draft_len, [7000, 1, 0, 513, 64, 9000, 3, 2048],
-                        device="cuda", pool_slots=80_000, seed=2)
+    second = make_batch(
+        heads,
+        draft_len,
+        [7000, 1, 0, 513, 64, 9000, 3, 2048],
+        device="cuda",
+        pool_slots=80_000,
+        seed=2,
+    )
     mla_verify.prepare_workspace(bs, heads, draft_len)
     # Static buffers the graph reads, sized for the larger index list.
     kv_indices = torch.zeros(80_000, dtype=torch.int32, device="cuda")
@@ -198,9 +212,22 @@ def test_gpu_graph_replay_after_lengths_change():
     out = first.new_output()
 
     def call():
-        verify_mla_fwd(first.q, first.k_extend, first.v_extend, out, first.k_buffer,
-                       first.v_buffer, first.qo_indptr, first.kv_indptr, kv_indices,
-                       None, True, None, draft_len, sm_scale=first.sm_scale)
+        verify_mla_fwd(
+            first.q,
+            first.k_extend,
+            first.v_extend,
+            out,
+            first.k_buffer,
+            first.v_buffer,
+            first.qo_indptr,
+            first.kv_indptr,
+            kv_indices,
+            None,
+            True,
+            None,
+            draft_len,
+            sm_scale=first.sm_scale,
+        )
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

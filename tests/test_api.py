@@ -1,0 +1,170 @@
+"""The gate (shapes and scalars only, meta tensors too), the drop-in's
+refusals, and the errors for malformed input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_verify import can_handle, set_debug, verify_mla_fwd
+from mla_verify.testing import make_batch
+
+BS, L, H = 2, 3, 4
+
+
+def gate_args(device="meta", **over):
+    """can_handle's arguments for a valid call, built on ``device``."""
+    t = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
+    k_buffer = t(100, 1, 576)
+    args = dict(
+        q_extend=t(BS * L, H, 576),
+        k_extend=t(BS * L, 1, 576),
+        v_extend=t(BS * L, 1, 512),
+        k_buffer=k_buffer,
+        v_buffer=k_buffer[..., :512],
+        qo_indptr=t(BS + 1, dtype=torch.int32),
+        kv_indptr=t(BS + 1, dtype=torch.int32),
+        kv_indices=t(50, dtype=torch.int32),
+        custom_mask=None,
+        is_causal=True,
+        mask_indptr=None,
+        max_len_extend=L,
+    )
+    args.update(over)
+    return args
+
+
+def test_gate_accepts_mla_on_meta_tensors():
+    assert can_handle(**gate_args())
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"sinks": torch.empty(H, device="meta")},
+        {"sliding_window_size": 128},
+        {"logit_cap": 30.0},
+        {"xai_temperature_len": 4},
+        {"is_causal": False},
+        {"custom_mask": torch.empty(10, dtype=torch.bool, device="meta")},
+        {"max_len_extend": L + 1},  # ragged extend: rows != bs * max_len_extend
+        {"max_len_extend": 0},
+        {"q_extend": torch.empty(BS * L, H, 192, dtype=torch.bfloat16, device="meta")},
+        {"k_buffer": torch.empty(100, 2, 576, dtype=torch.bfloat16, device="meta")},
+        {"q_extend": torch.empty(BS * L, H, 576, dtype=torch.float32, device="meta")},
+        {"k_buffer": torch.empty(100, 1, 576, dtype=torch.float16, device="meta")},
+        {"q_extend": torch.empty(BS * L, 576, H, dtype=torch.bfloat16).transpose(1, 2)},
+    ],
+    ids=[
+        "sinks",
+        "sliding_window",
+        "logit_cap",
+        "xai_temperature",
+        "non_causal",
+        "custom_mask",
+        "ragged_extend",
+        "draft_len_0",
+        "q_head_dim_192",
+        "two_kv_heads",
+        "fp32_q",
+        "fp16_kv_with_bf16_q",
+        "q_last_dim_strided",
+    ],
+)
+def test_gate_refuses(over):
+    assert not can_handle(**gate_args(**over))
+
+
+def test_gate_accepts_draft_len_16_and_fp8_kv():
+    fp8 = torch.empty(100, 1, 576, dtype=torch.float8_e4m3fn, device="meta")
+    args = gate_args(k_buffer=fp8, v_buffer=fp8[..., :512])
+    assert can_handle(**args)
+    q = torch.empty(BS * 16, H, 576, dtype=torch.bfloat16, device="meta")
+    ke = torch.empty(BS * 16, 1, 576, dtype=torch.bfloat16, device="meta")
+    ve = torch.empty(BS * 16, 1, 512, dtype=torch.bfloat16, device="meta")
+    assert can_handle(**gate_args(q_extend=q, k_extend=ke, v_extend=ve, max_len_extend=16))
+
+
+def test_gate_reads_no_values(monkeypatch):
+    """No .item() / .tolist() / .cpu() on any argument."""
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__"):
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda *a, **k: pytest.fail("gate read a value"), raising=True
+        )
+    assert can_handle(**gate_args(device="cpu"))
+
+
+def _call(batch, out, **over):
+    args = dict(
+        q_extend=batch.q,
+        k_extend=batch.k_extend,
+        v_extend=batch.v_extend,
+        o_extend=out,
+        k_buffer=batch.k_buffer,
+        v_buffer=batch.v_buffer,
+        qo_indptr=batch.qo_indptr,
+        kv_indptr=batch.kv_indptr,
+        kv_indices=batch.kv_indices,
+        custom_mask=None,
+        is_causal=True,
+        mask_indptr=None,
+        max_len_extend=batch.draft_len,
+    )
+    args.update(over)
+    return verify_mla_fwd(**args)
+
+
+def test_refusal_writes_nothing(device):
+    batch = make_batch(H, L, [10, 5], device=device)
+    out = batch.new_output()
+    assert _call(batch, out, sliding_window_size=64) is False
+    assert bool(out.isnan().all())
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (lambda b: {"o_extend": torch.empty(BS * L, H, 576, dtype=b.q.dtype)}, "o_extend.shape"),
+        (lambda b: {"o_extend": torch.empty(BS * L, H, 512, dtype=torch.float16)}, "o_extend.dtype"),
+        (lambda b: {"kv_indices": b.kv_indices.float()}, "kv_indices.dtype"),
+        (lambda b: {"kv_indptr": b.kv_indptr.to(torch.int16)}, "kv_indptr.dtype"),
+        (lambda b: {"kv_indptr": b.kv_indptr[:-1]}, "kv_indptr.shape"),
+        (lambda b: {"k_extend": b.k_extend[:-1]}, "k_extend.shape"),
+        (lambda b: {"v_buffer": b.v_buffer[:-1]}, "v_buffer.shape"),
+        (lambda b: {"kv_indices": b.kv_indices.to("meta")}, "kv_indices.device"),
+        (lambda b: {"k_scale": torch.tensor(1.0)}, "k_scale"),
+        (lambda b: {"sm_scale": float("nan")}, "sm_scale"),
+    ],
+    ids=[
+        "o_wrong_shape",
+        "o_wrong_dtype",
+        "float_indices",
+        "int16_indptr",
+        "indptr_length",
+        "k_extend_rows",
+        "v_buffer_slots",
+        "indices_on_other_device",
+        "tensor_scale",
+        "nan_sm_scale",
+    ],
+)
+def test_malformed_input_names_the_argument(over, match):
+    batch = make_batch(H, L, [10, 5])
+    with pytest.raises(ValueError, match=match) as info:
+        _call(batch, batch.new_output(), **over(batch))
+    assert "expected" in str(info.value) and "got" in str(info.value)
+
+
+def test_debug_mode_checks_values():
+    batch = make_batch(H, L, [10, 5])
+    bad = batch.kv_indices.clone()
+    bad[3] = batch.k_buffer.shape[0]  # one past the pool
+    set_debug(True)
+    try:
+        with pytest.raises(ValueError, match="kv_indices"):
+            _call(batch, batch.new_output(), kv_indices=bad)
+        shuffled = batch.qo_indptr.flip(0)
+        with pytest.raises(ValueError, match="qo_indptr"):
+            _call(batch, batch.new_output(), qo_indptr=shuffled)
+    finally:
+        set_debug(False)

@@ -1,0 +1,251 @@
+"""The tuner end to end (CPU interpreter, injected timer), resuming after a
+kill, the reported-config table, and the shipped tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from mla_verify import lookup, tables, tune
+from mla_verify.config import VerifyConfig
+from mla_verify.kernel import KERNEL_HASH
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--heads", "2", "--draft-lens", "2", "--batch-sizes", "1,2", "--contexts", "40"]
+
+
+def fake_timer(config: VerifyConfig, batches) -> float:
+    """Deterministic 'time' that favours BLOCK_N 32, 3 stages, 2 splits."""
+    return (
+        100.0
+        + (config.BLOCK_N != 32) * 30
+        + (config.num_stages != 3) * 20
+        + abs(config.NUM_KV_SPLITS - 2) * 10
+        + (config.num_warps != 4) * 5
+    )
+
+
+def run(argv, out_dir, timer=fake_timer):
+    args = tune.parse_args(argv)
+    return tune.run_tuning(
+        args,
+        arch="cpu_test",
+        device="cpu",
+        device_name="CPU interpreter",
+        sm_count=2,
+        timer=timer,
+        out_dir=out_dir,
+    )
+
+
+@pytest.fixture
+def table_env(tmp_path, monkeypatch):
+    """Lookups see only the tables under tmp_path/out."""
+    out = tmp_path / "out"
+    monkeypatch.setenv(tables.ENV_VAR, str(out))
+    monkeypatch.setattr(tables, "user_table_dir", lambda: tmp_path / "user")
+    monkeypatch.setattr(tables, "shipped_table_dir", lambda: tmp_path / "shipped")
+    yield out
+    lookup.reload_tables()
+
+
+def test_tiny_tune_writes_a_table_the_lookup_reads(table_env):
+    results = run(TINY, table_env)
+    assert [(r.key, r.batch_size) for r in results] == [("H2_L2_bf16", 1), ("H2_L2_bf16", 2)]
+    for r in results:
+        # The fake timer's optimum among the candidates, found by the search.
+        assert (r.config.BLOCK_N, r.config.num_stages, r.config.num_warps) == (32, 3, 4)
+        assert r.tuned_us < r.default_us * 0.97
+    table = json.loads((table_env / "cpu_test.json").read_text())
+    tables.validate_table(table, expected_arch="cpu_test")
+    bucket = table["entries"]["H2_L2_bf16"]["buckets"]["2"]
+    assert bucket["tuned_us"] == pytest.approx(results[1].tuned_us, abs=0.01)
+    assert table["metadata"]["kernel_hash"] == KERNEL_HASH
+
+    lookup.reload_tables()
+    config, source = lookup.resolve_config(2, 2, 2, arch="cpu_test")
+    assert config == results[1].config
+    assert "cpu_test.json entry H2_L2_bf16, bucket 2" in source
+
+
+def test_default_kept_when_tuning_does_not_beat_it(table_env):
+    flat = lambda config, batches: 50.0  # noqa: E731
+    results = run(TINY, table_env, timer=flat)
+    for r in results:
+        assert r.config == tune.default_config(2, 2, r.batch_size, "cpu_test")
+        assert r.tuned_us == r.default_us == pytest.approx(50.0)
+
+
+def test_resume_after_kill(table_env, tmp_path):
+    """A tuner killed (no clean-up at all) after its second bucket keeps the
+    buckets written so far; a rerun tunes only the rest."""
+    grid = ["--heads", "2", "--draft-lens", "1,2", "--batch-sizes", "1,2", "--contexts", "40"]
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from pathlib import Path
+        from mla_verify import tune
+        calls = []
+        def timer(config, batches):
+            calls.append(config)
+            return 100.0
+        buckets = []
+        def killing_record_timer(config, batches):
+            return timer(config, batches)
+        args = tune.parse_args({grid!r})
+        original = tune.tables.write_entries
+        def write_then_maybe_die(*a, **k):
+            original(*a, **k)
+            buckets.append(1)
+            if len(buckets) == 2:
+                os._exit(9)  # as SIGKILL: nothing after this runs
+        tune.tables.write_entries = write_then_maybe_die
+        tune.run_tuning(args, arch="cpu_test", device="cpu", device_name="cpu", sm_count=2,
+                        timer=timer, out_dir=Path({str(table_env)!r}))
+        """
+    )
+    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 9, proc.stderr
+    table = tables.read_table(table_env / "cpu_test.json")
+    assert {k: sorted(e["buckets"]) for k, e in table["entries"].items()} == {
+        "H2_L1_bf16": ["1", "2"]
+    }
+    results = run(grid, table_env)
+    assert [(r.key, r.batch_size) for r in results] == [("H2_L2_bf16", 1), ("H2_L2_bf16", 2)]
+    table = tables.read_table(table_env / "cpu_test.json")
+    assert sorted(table["entries"]) == ["H2_L1_bf16", "H2_L2_bf16"]
+
+
+def test_reported_table_is_marked_unmeasured(tmp_path):
+    assert tune.main(["--write-reported", "gfx950", "--out", str(tmp_path), *TINY[:4]]) == 0
+    table = tables.read_table(tmp_path / "gfx950.json")
+    assert table["metadata"]["measured"] is False
+    assert "NOT MEASURED" in table["metadata"]["device"]
+    for entry in table["entries"].values():
+        for bucket in entry["buckets"].values():
+            assert bucket["tuned_us"] is None and bucket["default_us"] is None
+            assert bucket["config"]["BLOCK_H"] == min(4, entry["num_heads"])
+
+
+# ------------------------------------------------------------ shipped tables
+
+SHIPPED = sorted((REPO / "configs").glob("*.json"))
+PROVENANCE = {"device", "arch", "triton", "torch", "kernel_hash", "date", "timing", "measured"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_table_is_valid_and_says_where_it_came_from(path):
+    data = json.loads(path.read_text())
+    tables.validate_table(data, expected_arch=path.stem)
+    assert PROVENANCE <= set(data["metadata"])
+    if data["metadata"]["measured"]:
+        # A kernel change without re-tuning leaves the shipped table stale.
+        assert data["metadata"]["kernel_hash"] == KERNEL_HASH
+        for entry in data["entries"].values():
+            for bucket in entry["buckets"].values():
+                assert bucket["tuned_us"] > 0 and bucket["default_us"] > 0
+
+
+def test_shipped_tables_cover_the_default_grid():
+    expected = {
+        tables.entry_key(h, l, "bf16") for h in tune.DEFAULT_HEADS for l in tune.DEFAULT_DRAFT_LENS
+    }
+    for arch in ("sm90", "gfx950"):
+        data = json.loads((REPO / "configs" / f"{arch}.json").read_text())
+        assert set(data["entries"]) == expected
+        for entry in data["entries"].values():
+            assert sorted(map(int, entry["buckets"])) == list(tune.DEFAULT_BATCH_SIZES)
+
+
+def test_shipped_tables_load_from_a_wheel(tmp_path):
+    """Build the wheel, install it without -e into a folder of its own and
+    import from there, away from the checkout."""
+    wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(REPO)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    wheel = next(wheel_dir.glob("mla_verify-*.whl"))
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    script = textwrap.dedent(
+        """
+        import mla_verify
+        from mla_verify import lookup
+        print(mla_verify.__file__)
+        for arch in ("sm90", "gfx950"):
+            print(lookup.resolve_config(128, 4, 32, arch=arch)[1])
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != tables.ENV_VAR}
+    env |= {"PYTHONPATH": str(site), "TRITON_INTERPRET": "1", "XDG_DATA_HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(str(site))
+    for line, arch in zip(lines[1:], ("sm90", "gfx950")):
+        assert f"{arch}.json entry H128_L4_bf16, bucket 32 ({site}/mla_verify/configs/" in line
+
+
+# ------------------------------------------------------------------ GPU lane
+
+
+@pytest.mark.gpu
+def test_gpu_capture_uses_the_table_and_never_tunes(monkeypatch):
+    """Graph capture with the shipped table: the config comes from it, and
+    nothing during capture reads a file or imports the tuner."""
+    import builtins
+
+    import mla_verify
+    from mla_verify.testing import check_close, make_batch
+
+    heads, draft_len, bs = 128, 4, 8
+    config, source = mla_verify.resolve_config(heads, draft_len, bs)
+    assert "sm90.json entry H128_L4_bf16" in source
+    batch = make_batch(heads, draft_len, [3000] * bs, device="cuda")
+    mla_verify.prepare_workspace(bs, heads, draft_len)
+    out = batch.new_output()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        batch.run(out)
+    torch.cuda.current_stream().wait_stream(stream)
+
+    def no_files(*args, **kwargs):
+        raise AssertionError("file access during capture")
+
+    sys.modules.pop("mla_verify.tune", None)
+    graph = torch.cuda.CUDAGraph()
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "open", no_files)
+        m.setattr(os, "open", no_files)
+        with torch.cuda.graph(graph):
+            batch.run(out)
+    assert "mla_verify.tune" not in sys.modules
+    out.fill_(float("nan"))
+    graph.replay()
+    check_close(out, batch.reference())
