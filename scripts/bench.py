@@ -1,0 +1,1478 @@
+"""Benchmark of MLA target-verify attention: the project's one source of speed numbers.
+
+    python scripts/bench.py --quick --out bench_out/quick
+    python scripts/bench.py --shapes H16L4B32C16384 H16L4B32Rlognormal16384 --out DIR
+    python scripts/bench.py --out DIR                     # the full grid (long)
+
+Measures, in one run on one GPU:
+
+- the ceilings: device-to-device copy bandwidth (an SM-kernel copy timed
+  inside a CUDA graph, read + write bytes; a graph-captured ``copy_`` becomes a
+  copy-engine memcpy and is not a valid ceiling) and the bf16 ``torch.mm``
+  rate on random 8192^3 operands;
+- per shape, the contenders ``tuned`` (the tuned table), ``default`` (the
+  built-in default config), ``mha`` (the same kernel with BLOCK_H=1, the
+  MHA-style baseline), ``torch_ref`` (the float32 reference on the GPU) and
+  ``flashinfer`` (``BatchMLAPagedAttentionWrapper``, fa3 backend), each
+  checked against the float32 reference before it is timed.
+
+Shape specs: ``H{heads}L{drafts}B{batch}`` then the prefix lengths, one of
+``C{ctx}`` (uniform), ``Rlognormal{mean}`` (lognormal lengths, sigma 1, the
+same mean) or ``Rlong{long}x{short}`` (one request of ``long`` tokens among
+``batch - 1`` of ``short``; ``x{short}`` defaults to 512). Lengths take an
+optional ``K`` (x1024): ``H16L4B32C16K``.
+
+Timing: CUDA-graph replays of N back-to-back launches, each launch reading a
+different set of scattered KV slots (sets rotate so the KV read per replay is
+a few times the L2), reported as median, p20 and p80 over replays in
+microseconds per launch. ``torch_ref`` syncs, so it is timed eagerly.
+
+Writes under --out: results.csv, results.json (one row per shape x contender,
+each with device, versions, commit, date, config, times, error), summary.md
+and roofline*.png (if matplotlib is installed), then prints a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import random
+import re
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU machine has triton; guard anyway so --help always works
+    triton = None
+    tl = None
+
+SCRIPTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = SCRIPTS_DIR.parent
+sys.path.insert(0, str(REPO_ROOT))  # the checkout's mla_verify, installed or not
+sys.path.insert(0, str(SCRIPTS_DIR))  # bench_plot
+
+logger = logging.getLogger("bench")
+
+D_QK = 576  # latent 512 + rope 64
+D_V = 512
+D_ROPE = D_QK - D_V
+KV_DTYPE = torch.bfloat16
+ELEM = 2  # bytes of a bf16 element
+
+# Correctness gate applied before any contender is timed.
+MAX_REL_ERR = 1e-2
+ATOL = RTOL = 2e-2
+
+CONTENDERS = ("tuned", "default", "mha", "torch_ref", "flashinfer")
+PLOT_CONTENDERS = ("tuned", "default", "flashinfer")
+
+QUICK_SHAPES = (
+    "H8L2B64C65536",  # memory-bound, H*L = 16
+    "H8L2B8C2048",  # small, short contexts
+    "H16L4B64C16384",  # H*L = 64, at the ridge
+    "H16L4B32Rlognormal16384",  # ragged: lognormal lengths
+    "H16L4B64Rlong65536x512",  # ragged: one long request among short ones
+    "H16L4B1C16384",  # one request
+    "H64L4B32C16384",  # compute-bound, H*L = 256
+    "H64L4B8Rlognormal16384",
+    "H128L2B32C16384",  # compute-bound, H*L = 256
+    "H128L4B32C16384",  # compute-bound, H*L = 512
+    "H128L4B1C65536",  # one long request, many heads
+    "H128L4B64C2048",
+)
+GRID_HEADS = (8, 16, 32, 64, 128)
+GRID_DRAFTS = (1, 2, 4, 8)
+GRID_BATCHES = (1, 8, 32, 64)
+GRID_CONTEXTS = (2048, 16384, 65536)
+LONG_CTX, SHORT_CTX = 65536, 512
+
+CSV_FIELDS = (
+    "shape",
+    "contender",
+    "status",
+    "reason",
+    "num_heads",
+    "draft_len",
+    "batch_size",
+    "ctx_kind",
+    "ctx",
+    "prefix_tokens",
+    "prefix_min",
+    "prefix_max",
+    "median_us",
+    "p20_us",
+    "p80_us",
+    "timing",
+    "launches_per_replay",
+    "replays",
+    "rotations",
+    "rel_err",
+    "max_abs_err",
+    "bytes",
+    "flops",
+    "bw_tbps",
+    "pct_copy_bw",
+    "tflops",
+    "pct_roofline",
+    "bound",
+    "tuned_speedup",
+    "BLOCK_H",
+    "BLOCK_N",
+    "NUM_KV_SPLITS",
+    "num_warps",
+    "num_stages",
+    "config",
+    "config_source",
+    "copy_bw_tbps",
+    "matmul_tflops",
+    "device",
+    "arch",
+    "torch",
+    "triton",
+    "flashinfer",
+    "git_commit",
+    "date_utc",
+)
+CONFIG_FIELDS = ("BLOCK_H", "BLOCK_N", "NUM_KV_SPLITS", "num_warps", "num_stages")
+
+
+# --- shapes -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """One benchmark shape. ``ctx`` is the uniform length, the lognormal
+    mean, or the long request's length; ``short`` only for kind 'long'."""
+
+    num_heads: int
+    draft_len: int
+    batch_size: int
+    kind: str  # 'uniform' | 'lognormal' | 'long'
+    ctx: int
+    short: int = SHORT_CTX
+
+    @property
+    def name(self) -> str:
+        head = f"H{self.num_heads}L{self.draft_len}B{self.batch_size}"
+        if self.kind == "uniform":
+            return f"{head}C{self.ctx}"
+        if self.kind == "lognormal":
+            return f"{head}Rlognormal{self.ctx}"
+        return f"{head}Rlong{self.ctx}x{self.short}"
+
+
+_SPEC_RE = re.compile(
+    r"^H(\d+)L(\d+)B(\d+)"
+    r"(?:C(\d+K?)|Rlognormal(\d+K?)|Rlong(\d+K?)(?:x(\d+K?))?)$",
+    re.IGNORECASE,
+)
+
+
+def _length(text: str) -> int:
+    text = text.upper()
+    return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+
+
+def parse_shape(text: str) -> ShapeSpec:
+    """``H16L4B32C16384`` / ``H16L4B32Rlognormal16384`` / ``H16L4B64Rlong65536x512``."""
+    m = _SPEC_RE.match(text.strip())
+    if m is None:
+        raise ValueError(
+            f"shape {text!r}: expected H<heads>L<drafts>B<batch> then C<ctx>, "
+            "Rlognormal<mean> or Rlong<long>[x<short>], e.g. H16L4B32C16384"
+        )
+    heads, drafts, batch = (int(m.group(i)) for i in (1, 2, 3))
+    if m.group(4):
+        spec = ShapeSpec(heads, drafts, batch, "uniform", _length(m.group(4)))
+    elif m.group(5):
+        spec = ShapeSpec(heads, drafts, batch, "lognormal", _length(m.group(5)))
+    else:
+        short = _length(m.group(7)) if m.group(7) else SHORT_CTX
+        spec = ShapeSpec(heads, drafts, batch, "long", _length(m.group(6)), short)
+    if min(spec.num_heads, spec.draft_len, spec.batch_size, spec.ctx, spec.short) < 1:
+        raise ValueError(f"shape {text!r}: every number must be >= 1")
+    return spec
+
+
+def full_grid() -> list[ShapeSpec]:
+    """Uniform contexts for every (H, L, bs); for bs > 1 also lognormal
+    lengths of each mean and one long request among short ones."""
+    shapes = []
+    for h in GRID_HEADS:
+        for l in GRID_DRAFTS:
+            for b in GRID_BATCHES:
+                for c in GRID_CONTEXTS:
+                    shapes.append(ShapeSpec(h, l, b, "uniform", c))
+                if b > 1:
+                    for c in GRID_CONTEXTS:
+                        shapes.append(ShapeSpec(h, l, b, "lognormal", c))
+                    shapes.append(ShapeSpec(h, l, b, "long", LONG_CTX, SHORT_CTX))
+    return shapes
+
+
+def prefix_lengths(spec: ShapeSpec) -> list[int]:
+    """Per-request prefix lengths, deterministic per shape name."""
+    bs = spec.batch_size
+    if spec.kind == "uniform":
+        return [spec.ctx] * bs
+    if spec.kind == "long":
+        return [spec.ctx] + [spec.short] * (bs - 1)
+    rng = random.Random(zlib.crc32(spec.name.encode()))
+    sigma = 1.0
+    draws = [rng.lognormvariate(math.log(spec.ctx) - sigma * sigma / 2, sigma) for _ in range(bs)]
+    # Rescale to the exact mean, then give the rounding remainder to the longest.
+    scale = spec.ctx * bs / sum(draws)
+    lens = [max(1, round(x * scale)) for x in draws]
+    longest = max(range(bs), key=lens.__getitem__)
+    lens[longest] = max(1, lens[longest] + spec.ctx * bs - sum(lens))
+    return lens
+
+
+# --- work and metrics ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Work:
+    bytes: int  # prefix KV read once + q + out + k/v_extend
+    flops: int  # 2 * H * L * sum(prefix) * (576 + 512)
+
+
+def shape_work(num_heads: int, draft_len: int, prefix_lens: Sequence[int]) -> Work:
+    tokens = len(prefix_lens) * draft_len
+    prefix = sum(prefix_lens)
+    nbytes = ELEM * (
+        prefix * D_QK  # latent KV, read once
+        + tokens * num_heads * D_QK  # q
+        + tokens * num_heads * D_V  # out
+        + tokens * (D_QK + D_V)  # k_extend + v_extend
+    )
+    flops = 2 * num_heads * draft_len * prefix * (D_QK + D_V)
+    return Work(nbytes, flops)
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_bw: float | None  # bytes/s
+    matmul_rate: float | None  # FLOP/s
+    details: dict[str, float | None] = field(default_factory=dict)
+
+
+def metrics(time_us: float, work: Work, ceilings: Ceilings) -> dict[str, Any]:
+    """Bandwidth, FLOP rate and the share of the roofline floor one time reaches."""
+    seconds = time_us * 1e-6
+    bw = work.bytes / seconds
+    out: dict[str, Any] = {
+        "bw_tbps": bw / 1e12,
+        "tflops": work.flops / seconds / 1e12,
+        "pct_copy_bw": None,
+        "pct_roofline": None,
+        "bound": None,
+    }
+    if ceilings.copy_bw:
+        out["pct_copy_bw"] = 100.0 * bw / ceilings.copy_bw
+    if ceilings.copy_bw and ceilings.matmul_rate:
+        t_mem = work.bytes / ceilings.copy_bw
+        t_math = work.flops / ceilings.matmul_rate
+        out["pct_roofline"] = 100.0 * max(t_mem, t_math) / seconds
+        out["bound"] = "memory" if t_mem >= t_math else "compute"
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    s = sorted(values)
+    if not s:
+        raise ValueError("percentile of no values")
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not values:
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# --- correctness ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    rel_err: float
+    max_abs_err: float
+    reason: str
+
+
+def check_output(out: torch.Tensor, ref: torch.Tensor) -> Check:
+    """rel L2 error < 1e-2 and allclose(atol=rtol=2e-2); NaN anywhere fails."""
+    out = out.float()
+    finite = bool(torch.isfinite(out).all())
+    diff = out - ref
+    rel = float(diff.norm() / ref.norm().clamp_min(1e-30))
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    close = bool(torch.allclose(out, ref, atol=ATOL, rtol=RTOL))
+    problems = []
+    if not finite:
+        problems.append("non-finite values in the output")
+    if not rel < MAX_REL_ERR:
+        problems.append(f"rel L2 error {rel:.3g} >= {MAX_REL_ERR}")
+    if not close:
+        problems.append(f"not allclose (atol=rtol={ATOL}); max abs error {max_abs:.3g}")
+    return Check(not problems, rel, max_abs, "; ".join(problems))
+
+
+# --- batches ------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """The tensors of one shape. Rotation set r reads prefix slots
+    ``kv_indices[r]``; ``fi_kv_indices[r]`` is the same prefix plus the
+    request's L draft slots (which hold k_extend) for FlashInfer's paged cache."""
+
+    spec: ShapeSpec
+    prefix_lens: list[int]
+    q: torch.Tensor  # [bs*L, H, 576]
+    k_extend: torch.Tensor  # [bs*L, 1, 576]
+    v_extend: torch.Tensor  # [bs*L, 1, 512], = k_extend[..., :512] as in MLA
+    k_buffer: torch.Tensor  # [slots, 1, 576]
+    v_buffer: torch.Tensor  # k_buffer[..., :512]
+    qo_indptr: torch.Tensor  # [bs+1] int32
+    kv_indptr: torch.Tensor  # [bs+1] int32
+    kv_indices: list[torch.Tensor]  # per rotation set, [sum(prefix)] int32
+    fi_kv_indptr: torch.Tensor  # [bs+1] int32, prefix + L per request
+    fi_kv_indices: list[torch.Tensor]  # per rotation set, [sum(prefix) + bs*L] int32
+    fi_kv_lens: torch.Tensor  # [bs] int32
+    sm_scale: float
+
+    @property
+    def rotations(self) -> int:
+        return len(self.kv_indices)
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.k_buffer.numel() * self.k_buffer.element_size()
+
+
+def plan_pool(
+    prefix_lens: Sequence[int],
+    draft_len: int,
+    *,
+    l2_bytes: int,
+    pool_min_bytes: int,
+    max_rotations: int,
+) -> tuple[int, int]:
+    """(rotation sets, pool slots): enough disjoint slot sets that one cycle
+    through them reads about 4x the L2, and a pool larger than the used slots
+    and than ``pool_min_bytes``."""
+    per_set = sum(prefix_lens) + len(prefix_lens) * draft_len
+    set_bytes = per_set * D_QK * ELEM
+    rotations = max(1, min(max_rotations, math.ceil(4 * l2_bytes / set_bytes)))
+    needed = rotations * per_set
+    slots = max(math.ceil(pool_min_bytes / (D_QK * ELEM)), math.ceil(1.25 * needed))
+    return rotations, slots
+
+
+def estimate_bytes(spec: ShapeSpec, prefix_lens: Sequence[int], slots: int, rotations: int) -> int:
+    """Device bytes the shape's tensors take (pool, q/o copies, indices)."""
+    tokens = spec.batch_size * spec.draft_len
+    per_set = sum(prefix_lens) + tokens
+    return (
+        slots * D_QK * ELEM
+        + slots * 8  # the slot permutation
+        + 2 * rotations * per_set * 4  # our indices + FlashInfer's
+        + tokens * spec.num_heads * (D_QK * ELEM + 5 * D_V * 4)  # q, outputs, fp32 reference
+    )
+
+
+def paged_indices_with_drafts(
+    prefix_slots: torch.Tensor,
+    draft_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    draft_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Page lists in which request b's prefix pages are followed by its L
+    draft pages: (indptr [bs+1], indices [sum(prefix) + bs*L]), int32."""
+    device = prefix_slots.device
+    lens = prefix_lens.to(device=device, dtype=torch.int64)
+    bs = lens.numel()
+    total = lens + draft_len
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)
+    kv_indptr[1:] = torch.cumsum(lens, 0)
+    fi_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)
+    fi_indptr[1:] = torch.cumsum(total, 0)
+    n = int(fi_indptr[-1])
+    req = torch.repeat_interleave(torch.arange(bs, device=device), total)
+    local = torch.arange(n, device=device) - fi_indptr[req]
+    is_prefix = local < lens[req]
+    pre_idx = (kv_indptr[req] + local).clamp(0, max(prefix_slots.numel() - 1, 0))
+    draft_idx = (req * draft_len + local - lens[req]).clamp(0, draft_slots.numel() - 1)
+    pre = prefix_slots[pre_idx] if prefix_slots.numel() else draft_slots[draft_idx]
+    indices = torch.where(is_prefix, pre, draft_slots[draft_idx])
+    return fi_indptr.to(torch.int32), indices.to(torch.int32)
+
+
+def build_batch(
+    spec: ShapeSpec,
+    prefix_lens: list[int],
+    *,
+    rotations: int,
+    slots: int,
+    device: torch.device,
+    seed: int,
+) -> Batch:
+    """Random non-zero data in a scattered pool: request prefixes at slots of
+    a random permutation, disjoint between rotation sets."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    bs, L, H = spec.batch_size, spec.draft_len, spec.num_heads
+    tokens = bs * L
+    prefix = sum(prefix_lens)
+    per_set = prefix + tokens
+
+    k_buffer = torch.randn(slots, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
+    q = torch.randn(tokens, H, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
+    k_extend = torch.randn(tokens, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
+    # MLA: the drafts' V is their latent, like the pool's V (needed for FlashInfer,
+    # which reads the drafts from the pool).
+    v_extend = k_extend[..., :D_V].contiguous()
+
+    perm = torch.randperm(slots, generator=gen, device=device)[: rotations * per_set]
+    perm = perm.view(rotations, per_set)
+    lens = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
+    kv_indptr[1:] = torch.cumsum(lens, 0).to(torch.int32)
+    qo_indptr = (torch.arange(bs + 1, device=device) * L).to(torch.int32)
+
+    kv_indices, fi_kv_indices = [], []
+    fi_kv_indptr = None
+    for r in range(rotations):
+        prefix_slots = perm[r, :prefix]
+        draft_slots = perm[r, prefix:]
+        k_buffer[draft_slots] = k_extend  # the drafts, as FlashInfer sees them
+        kv_indices.append(prefix_slots.to(torch.int32).contiguous())
+        fi_kv_indptr, fi_idx = paged_indices_with_drafts(prefix_slots, draft_slots, lens, L)
+        fi_kv_indices.append(fi_idx)
+    return Batch(
+        spec=spec,
+        prefix_lens=list(prefix_lens),
+        q=q,
+        k_extend=k_extend,
+        v_extend=v_extend,
+        k_buffer=k_buffer,
+        v_buffer=k_buffer[..., :D_V],
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        fi_kv_indptr=fi_kv_indptr,
+        fi_kv_indices=fi_kv_indices,
+        fi_kv_lens=(lens + L).to(torch.int32),
+        sm_scale=1.0 / math.sqrt(D_QK),
+    )
+
+
+def reference(batch: Batch) -> torch.Tensor:
+    """The float32 truth for rotation set 0."""
+    import mla_verify
+
+    return mla_verify.verify_mla_reference(
+        batch.q,
+        batch.k_extend,
+        batch.v_extend,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        batch.kv_indices[0],
+        sm_scale=batch.sm_scale,
+    )
+
+
+# --- timing ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    mode: str  # 'cudagraph' | 'eager'
+    launches_per_replay: int
+    replays: int
+
+
+def _summarise(per_launch_us: list[float], mode: str, launches: int) -> Timing:
+    return Timing(
+        median_us=percentile(per_launch_us, 50),
+        p20_us=percentile(per_launch_us, 20),
+        p80_us=percentile(per_launch_us, 80),
+        mode=mode,
+        launches_per_replay=launches,
+        replays=len(per_launch_us),
+    )
+
+
+def _elapsed_ms(run: Callable[[], None], repeats: int = 1) -> float:
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def time_graph(
+    launches: Sequence[Callable[[], None]],
+    *,
+    rep_ms: float,
+    replay_ms: float = 5.0,
+    max_launches: int = 2000,
+    out: torch.Tensor | None = None,
+) -> Timing:
+    """Capture cycles through ``launches`` (one per rotation set) in one CUDA
+    graph of about ``replay_ms``, replay it for about ``rep_ms`` and report
+    microseconds per launch over the replays. With ``out`` (which every
+    launch writes whole), first check that a replay does write it: a launch
+    that escaped the capture would otherwise time as nothing."""
+    sets = len(launches)
+
+    def cycle() -> None:
+        for launch in launches:
+            launch()
+
+    cycle()  # warm: compiled, workspace sized
+    torch.cuda.synchronize()
+    # Eager estimate (includes launch overhead: an upper bound for sizing only).
+    est_ms = _elapsed_ms(cycle, 2) / (2 * sets)
+    cycles = max(1, min(max_launches // sets, round(replay_ms / max(est_ms * sets, 1e-4))))
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(cycles):
+            cycle()
+    if out is not None:
+        out.fill_(float("nan"))
+    graph.replay()  # upload
+    torch.cuda.synchronize()
+    if out is not None and not bool(torch.isfinite(out).all()):
+        raise RuntimeError("a graph replay left the output unwritten: the launches escaped capture")
+    one = _elapsed_ms(graph.replay)
+    replays = max(5, min(200, math.ceil(rep_ms / max(one, 1e-3))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for s, e in zip(starts, ends, strict=True):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    n = cycles * sets
+    per_launch = [s.elapsed_time(e) * 1e3 / n for s, e in zip(starts, ends, strict=True)]
+    del graph
+    return _summarise(per_launch, "cudagraph", n)
+
+
+def time_eager(run: Callable[[], None], *, rep_ms: float, max_reps: int = 50) -> Timing:
+    """Per-call event timing, for what a graph cannot hold (host syncs)."""
+    run()
+    torch.cuda.synchronize()
+    est = _elapsed_ms(run)
+    reps = max(3, min(max_reps, math.ceil(rep_ms / max(est, 1e-3))))
+    times = [_elapsed_ms(run) * 1e3 for _ in range(reps)]
+    return _summarise(times, "eager", 1)
+
+
+# --- ceilings -------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+def triton_copy(src: torch.Tensor, dst: torch.Tensor, block: int = 4096) -> None:
+    n = src.numel()
+    _copy_kernel[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=4)
+
+
+def _copy_rates(device: torch.device, rep_ms: float, copy_bytes: int) -> dict[str, float | None]:
+    """TB/s of torch.add(x, 0, out=y) and of a Triton copy, each inside a
+    CUDA graph, counting read + write bytes."""
+    n = copy_bytes // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    moved = 2 * n * 4
+    rates: dict[str, float | None] = {}
+    t = time_graph([lambda: torch.add(src, 0, out=dst)], rep_ms=rep_ms)
+    rates["copy_torch_add_tbps"] = moved / (t.median_us * 1e-6) / 1e12
+    if triton is not None:
+        dst.zero_()
+        t = time_graph([lambda: triton_copy(src, dst)], rep_ms=rep_ms)
+        rates["copy_triton_tbps"] = moved / (t.median_us * 1e-6) / 1e12
+        if not torch.equal(src, dst):
+            logger.warning("the Triton copy kernel did not copy; ignoring its bandwidth")
+            rates["copy_triton_tbps"] = None
+    return rates
+
+
+def _matmul_rate(device: torch.device, rep_ms: float, size: int = 8192) -> float:
+    """TFLOP/s of a bf16 torch.mm on random size^3 operands inside a CUDA graph."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    c = torch.empty(size, size, device=device, dtype=torch.bfloat16)
+    t = time_graph([lambda: torch.mm(a, b, out=c)], rep_ms=rep_ms, replay_ms=10.0)
+    return 2 * size**3 / (t.median_us * 1e-6) / 1e12
+
+
+def measure_ceilings(device: torch.device, rep_ms: float, copy_bytes: int) -> Ceilings:
+    """The best SM copy inside a graph (torch.add and a Triton copy; read +
+    write bytes) and the 8192^3 bf16 torch.mm rate."""
+    details: dict[str, float | None] = {}
+    try:
+        details.update(_copy_rates(device, rep_ms, copy_bytes))
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        logger.error("copy-bandwidth measurement failed: %s", exc)
+    try:
+        details["matmul_tflops"] = _matmul_rate(device, rep_ms)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        logger.error("matmul-rate measurement failed: %s", exc)
+    torch.cuda.empty_cache()
+    copies = [v for k, v in details.items() if k.startswith("copy_") and v]
+    copy_bw = max(copies) * 1e12 if copies else None
+    mm = details.get("matmul_tflops")
+    return Ceilings(copy_bw, mm * 1e12 if mm else None, details)
+
+
+# --- contenders -------------------------------------------------------------------------
+
+
+@dataclass
+class Contender:
+    """``launches[r]`` computes rotation set r into ``out``; ``launches[0]``
+    is checked against the reference."""
+
+    name: str
+    launches: list[Callable[[], None]]
+    out: torch.Tensor
+    graphable: bool = True
+    config: Any = None  # VerifyConfig for the Triton kernel
+    config_source: str = ""
+
+
+def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Callable[[], None]]:
+    import mla_verify
+
+    def make(kv_indices: torch.Tensor) -> Callable[[], None]:
+        def launch() -> None:
+            wrote = mla_verify.verify_mla_fwd(
+                batch.q,
+                batch.k_extend,
+                batch.v_extend,
+                out,
+                batch.k_buffer,
+                batch.v_buffer,
+                batch.qo_indptr,
+                batch.kv_indptr,
+                kv_indices,
+                None,
+                True,
+                None,
+                batch.spec.draft_len,
+                sm_scale=batch.sm_scale,
+                config=config,
+            )
+            if not wrote:
+                raise RuntimeError("verify_mla_fwd refused the call (can_handle is False)")
+
+        return launch
+
+    return [make(idx) for idx in batch.kv_indices]
+
+
+def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
+    """tuned (the table's config), default (the built-in one) or mha (BLOCK_H=1)."""
+    import mla_verify
+    from mla_verify.config import default_num_kv_splits, rows_per_program
+
+    s = batch.spec
+    out = torch.empty(
+        s.batch_size * s.draft_len, s.num_heads, D_V, dtype=KV_DTYPE, device=batch.q.device
+    )
+    default = mla_verify.default_config(s.num_heads, s.draft_len, s.batch_size, arch)
+    if name == "tuned":
+        config, source = mla_verify.resolve_config(
+            s.num_heads, s.draft_len, s.batch_size, KV_DTYPE, arch
+        )
+        # Launch through the table (config=None), exactly as an engine does.
+        return Contender(name, _kernel_launches(batch, out, None), out, True, config, source)
+    if name == "default":
+        launches = _kernel_launches(batch, out, default)
+        return Contender(name, launches, out, True, default, "default_config")
+    if name == "mha":
+        splits = default_num_kv_splits(
+            s.num_heads, s.batch_size, 1, rows_per_program(1, s.draft_len), arch
+        )
+        config = dataclasses.replace(default, BLOCK_H=1, num_warps=4, NUM_KV_SPLITS=splits)
+        launches = _kernel_launches(batch, out, config)
+        return Contender(name, launches, out, True, config, "default_config, BLOCK_H=1")
+    raise ValueError(f"unknown kernel contender {name!r}")
+
+
+def torch_ref_contender(batch: Batch) -> Contender:
+    s = batch.spec
+    out = torch.empty(
+        s.batch_size * s.draft_len, s.num_heads, D_V, dtype=torch.float32, device=batch.q.device
+    )
+
+    def launch() -> None:
+        out.copy_(reference(batch))
+
+    return Contender("torch_ref", [launch], out, graphable=False, config_source="reference")
+
+
+class FlashInfer:
+    """FlashInfer's MLA wrapper (fa3), if importable; ``reason`` says why not."""
+
+    def __init__(self, enabled: bool, device: torch.device | None) -> None:
+        self.module: Any = None
+        self.version = "n/a"
+        self.reason = ""
+        self._workspace: torch.Tensor | None = None
+        if not enabled:
+            self.reason = "disabled by --no-flashinfer"
+            return
+        try:
+            import flashinfer
+            import flashinfer.mla
+        except Exception as exc:  # any import failure means: skip it
+            self.reason = f"import flashinfer failed: {type(exc).__name__}: {exc}"
+            return
+        self.version = getattr(flashinfer, "__version__", "unknown")
+        if device is not None and device.type == "cuda" and not torch.version.hip:
+            major, minor = torch.cuda.get_device_capability(device)
+            if (major, minor) != (9, 0):
+                self.reason = f"the fa3 backend needs sm90; this GPU is sm{major}{minor}"
+                return
+        self.module = flashinfer
+
+    @property
+    def available(self) -> bool:
+        return self.module is not None and not self.reason
+
+    def disable(self, reason: str) -> None:
+        self.reason = reason
+
+    def contender(self, batch: Batch) -> Contender:
+        """One planned wrapper per rotation set (planning is outside timing);
+        the drafts are the last L pages of each request, so FlashInfer's
+        causal mask (aligned to the end of the KV) is the verify mask."""
+        s = batch.spec
+        device = batch.q.device
+        if self._workspace is None or self._workspace.device != device:
+            self._workspace = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+        q_nope = batch.q[..., :D_V]
+        q_pe = batch.q[..., D_V:]
+        ckv = batch.k_buffer[..., :D_V]  # [slots, 1, 512], page size 1
+        kpe = batch.k_buffer[..., D_V:]  # [slots, 1, 64]
+        out = torch.empty(
+            s.batch_size * s.draft_len, s.num_heads, D_V, dtype=KV_DTYPE, device=device
+        )
+        wrappers = []
+        for fi_indices in batch.fi_kv_indices:
+            wrapper = self.module.mla.BatchMLAPagedAttentionWrapper(self._workspace, backend="fa3")
+            wrapper.plan(
+                batch.qo_indptr,
+                batch.fi_kv_indptr,
+                fi_indices,
+                batch.fi_kv_lens,
+                num_heads=s.num_heads,
+                head_dim_ckv=D_V,
+                head_dim_kpe=D_ROPE,
+                page_size=1,
+                causal=True,
+                sm_scale=batch.sm_scale,
+                q_data_type=batch.q.dtype,
+                kv_data_type=batch.k_buffer.dtype,
+            )
+            wrappers.append(wrapper)
+
+        def make(wrapper: Any) -> Callable[[], None]:
+            return lambda: wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
+
+        return Contender(
+            "flashinfer",
+            [make(w) for w in wrappers],
+            out,
+            config_source=f"flashinfer {self.version} fa3",
+        )
+
+
+# --- one shape --------------------------------------------------------------------------
+
+
+@dataclass
+class RunContext:
+    device: torch.device
+    arch: str
+    ceilings: Ceilings
+    flashinfer: FlashInfer
+    contenders: tuple[str, ...]
+    meta: dict[str, Any]
+    rep_ms: float
+    pool_min_bytes: int
+    l2_bytes: int
+    max_rotations: int
+    mem_cap_bytes: int
+    torch_ref_max_tokens: int
+    seed: int
+
+
+def _base_row(spec: ShapeSpec, prefix_lens: Sequence[int], ctx: RunContext) -> dict[str, Any]:
+    work = shape_work(spec.num_heads, spec.draft_len, prefix_lens)
+    row: dict[str, Any] = dict.fromkeys(CSV_FIELDS)
+    row.update(
+        shape=spec.name,
+        num_heads=spec.num_heads,
+        draft_len=spec.draft_len,
+        batch_size=spec.batch_size,
+        ctx_kind=spec.kind,
+        ctx=spec.ctx,
+        prefix_tokens=sum(prefix_lens),
+        prefix_min=min(prefix_lens),
+        prefix_max=max(prefix_lens),
+        bytes=work.bytes,
+        flops=work.flops,
+        reason="",
+        copy_bw_tbps=ctx.ceilings.copy_bw / 1e12 if ctx.ceilings.copy_bw else None,
+        matmul_tflops=ctx.ceilings.matmul_rate / 1e12 if ctx.ceilings.matmul_rate else None,
+        arch=ctx.arch,
+        **ctx.meta,
+    )
+    return row
+
+
+def _with_config(row: dict[str, Any], contender: Contender) -> None:
+    row["config_source"] = contender.config_source
+    if contender.config is not None:
+        for name in CONFIG_FIELDS:
+            row[name] = getattr(contender.config, name, None)
+        # Every field, including any this script does not know by name.
+        fields = dataclasses.asdict(contender.config)
+        row["config"] = json.dumps({k: v for k, v in fields.items() if v is not None})
+
+
+def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str:
+    """The contender, or why it is skipped."""
+    if name in ("tuned", "default", "mha"):
+        return kernel_contender(name, batch, ctx.arch)
+    if name == "torch_ref":
+        tokens = sum(batch.prefix_lens)
+        if tokens > ctx.torch_ref_max_tokens:
+            return f"{tokens} prefix tokens > --torch-ref-max-tokens {ctx.torch_ref_max_tokens}"
+        return torch_ref_contender(batch)
+    if name == "flashinfer":
+        if not ctx.flashinfer.available:
+            return ctx.flashinfer.reason
+        try:
+            return ctx.flashinfer.contender(batch)
+        except Exception as exc:
+            # A failed JIT build would fail (slowly) again on every shape.
+            reason = f"plan failed: {describe_error(exc)}"
+            ctx.flashinfer.disable(f"disabled after an error in {batch.spec.name}: {reason}")
+            raise
+    raise ValueError(f"unknown contender {name!r}")
+
+
+def run_contender(
+    name: str, batch: Batch, ref: torch.Tensor, ctx: RunContext, row: dict[str, Any]
+) -> None:
+    """Check, then time one contender; fills ``row`` (status ok / FAILED /
+    skipped / error)."""
+    made = _make_contender(name, batch, ctx)
+    if isinstance(made, str):
+        row.update(status="skipped", reason=made)
+        return
+    contender = made
+    _with_config(row, contender)
+    contender.out.fill_(float("nan"))
+    contender.launches[0]()
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    check = check_output(contender.out, ref)
+    row.update(rel_err=check.rel_err, max_abs_err=check.max_abs_err)
+    if not check.ok:
+        row.update(status="FAILED", reason=check.reason)
+        return
+    if contender.graphable:
+        try:
+            timing = time_graph(contender.launches, rep_ms=ctx.rep_ms, out=contender.out)
+            row["rotations"] = len(contender.launches)
+        except Exception as exc:
+            logger.warning(
+                "%s %s: graph capture failed (%s); timing eagerly",
+                batch.spec.name,
+                name,
+                describe_error(exc),
+            )
+            torch.cuda.synchronize()
+            timing = time_eager(contender.launches[0], rep_ms=ctx.rep_ms)
+            row["rotations"] = 1
+            row["reason"] = f"graph capture failed: {describe_error(exc)}"
+    else:
+        timing = time_eager(contender.launches[0], rep_ms=ctx.rep_ms)
+        row["rotations"] = 1
+    row.update(
+        status="ok",
+        median_us=timing.median_us,
+        p20_us=timing.p20_us,
+        p80_us=timing.p80_us,
+        timing=timing.mode,
+        launches_per_replay=timing.launches_per_replay,
+        replays=timing.replays,
+    )
+    row.update(metrics(timing.median_us, Work(row["bytes"], row["flops"]), ctx.ceilings))
+
+
+def add_speedups(rows: list[dict[str, Any]]) -> None:
+    """tuned_speedup = t_contender / t_tuned (> 1: tuned is faster)."""
+    tuned = next((r for r in rows if r["contender"] == "tuned" and r["status"] == "ok"), None)
+    for r in rows:
+        if tuned is not None and r["status"] == "ok":
+            r["tuned_speedup"] = r["median_us"] / tuned["median_us"]
+
+
+def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
+    import mla_verify
+
+    prefix_lens = prefix_lengths(spec)
+    rotations, slots = plan_pool(
+        prefix_lens,
+        spec.draft_len,
+        l2_bytes=ctx.l2_bytes,
+        pool_min_bytes=ctx.pool_min_bytes,
+        max_rotations=ctx.max_rotations,
+    )
+    rows = []
+    for name in ctx.contenders:
+        row = _base_row(spec, prefix_lens, ctx)
+        row["contender"] = name
+        rows.append(row)
+    need = estimate_bytes(spec, prefix_lens, slots, rotations)
+    if need > ctx.mem_cap_bytes:
+        reason = f"needs ~{need / 2**30:.1f} GiB > --mem-cap-gb {ctx.mem_cap_bytes / 2**30:.0f}"
+        for row in rows:
+            row.update(status="skipped", reason=reason)
+        return rows
+
+    batch = build_batch(
+        spec, prefix_lens, rotations=rotations, slots=slots, device=ctx.device, seed=ctx.seed
+    )
+    if ctx.device.type == "cuda":
+        mla_verify.prepare_workspace(
+            spec.batch_size, spec.num_heads, spec.draft_len, device=ctx.device
+        )
+    ref = reference(batch)
+    logger.info(
+        "%s: %d prefix tokens (min %d, max %d), pool %.2f GB, %d rotation set(s)",
+        spec.name,
+        sum(prefix_lens),
+        min(prefix_lens),
+        max(prefix_lens),
+        batch.pool_bytes / 1e9,
+        rotations,
+    )
+    for row in rows:
+        name = row["contender"]
+        try:
+            run_contender(name, batch, ref, ctx, row)
+        except Exception as exc:
+            logger.exception("%s %s: error", spec.name, name)
+            row.update(status="error", reason=describe_error(exc))
+            if not _cuda_healthy(ctx.device):
+                raise
+        _log_row(row)
+    add_speedups(rows)
+    return rows
+
+
+def describe_error(exc: BaseException, limit: int = 400) -> str:
+    """One line for a row's reason (a failed JIT build's log can be pages
+    long; the full traceback goes to the log)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _cuda_healthy(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return True
+    except Exception:
+        return False
+
+
+def _log_row(row: dict[str, Any]) -> None:
+    if row["status"] == "ok":
+        logger.info(
+            "  %-10s %9.1f us  (p20 %.1f, p80 %.1f)  %s%% roofline  err %.2e  %s",
+            row["contender"],
+            row["median_us"],
+            row["p20_us"],
+            row["p80_us"],
+            _fmt(row["pct_roofline"], 1),
+            row["rel_err"],
+            _config_text(row),
+        )
+    else:
+        logger.info("  %-10s %s: %s", row["contender"], row["status"], row["reason"])
+
+
+# --- output -----------------------------------------------------------------------------
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _config_text(row: dict[str, Any]) -> str:
+    if row.get("BLOCK_H") is None:
+        return ""
+    return "H{BLOCK_H}/N{BLOCK_N}/S{NUM_KV_SPLITS}/w{num_warps}/s{num_stages}".format(**row)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
+
+
+def write_json(
+    rows: Sequence[dict[str, Any]], meta: dict[str, Any], ceilings: Ceilings, path: Path
+) -> None:
+    data = {
+        "meta": meta,
+        "ceilings": {k: _json_safe(v) for k, v in ceilings.details.items()},
+        "rows": [{k: _json_safe(row.get(k)) for k in CSV_FIELDS} for row in rows],
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def _by_shape(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    shapes: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        shapes.setdefault(row["shape"], {})[row["contender"]] = row
+    return shapes
+
+
+def tuned_geomeans(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[float | None, int]]:
+    """Per contender: geomean of t_contender / t_tuned over shapes where both
+    are ok (> 1: tuned faster), and the number of shapes."""
+    out = {}
+    for name in CONTENDERS:
+        if name == "tuned":
+            continue
+        ratios = [
+            c[name]["tuned_speedup"]
+            for c in _by_shape(rows).values()
+            if name in c and c[name]["status"] == "ok" and c[name].get("tuned_speedup")
+        ]
+        out[name] = (geomean(ratios), len(ratios))
+    return out
+
+
+def summary_markdown(
+    rows: Sequence[dict[str, Any]], meta: dict[str, Any], ceilings: Ceilings
+) -> str:
+    lines = [
+        "# mla_verify benchmark",
+        "",
+        f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
+        f"flashinfer {meta['flashinfer']}, commit {meta['git_commit']}, {meta['date_utc']}",
+        "",
+        "Ceilings measured in this run: copy bandwidth "
+        f"{_fmt(ceilings.copy_bw / 1e12 if ceilings.copy_bw else None)} TB/s (best SM copy in a "
+        "CUDA graph, read + write), bf16 matmul "
+        f"{_fmt(ceilings.matmul_rate / 1e12 if ceilings.matmul_rate else None, 0)} TFLOP/s "
+        "(8192^3 torch.mm). Details: "
+        + ", ".join(f"{k} {_fmt(v)}" for k, v in ceilings.details.items()),
+        "",
+        "Times are microseconds per launch (median, p20-p80 over CUDA-graph replays; "
+        "`eager` rows are per-call event timings). % roofline = max(bytes / copy BW, "
+        "FLOPs / matmul rate) / time. t/t_tuned > 1 means tuned is faster.",
+        "",
+        "## Overview",
+        "",
+        "```",
+        stdout_table(rows, ceilings),
+        "```",
+        "",
+        "## Geomean of t_contender / t_tuned",
+        "",
+        "| contender | geomean t/t_tuned | shapes |",
+        "|---|---|---|",
+    ]
+    for name, (gm, n) in tuned_geomeans(rows).items():
+        lines.append(f"| {name} | {_fmt(gm, 3)} | {n} |")
+    for shape, contenders in _by_shape(rows).items():
+        any_row = next(iter(contenders.values()))
+        lines += [
+            "",
+            f"## {shape}",
+            "",
+            f"H={any_row['num_heads']} L={any_row['draft_len']} bs={any_row['batch_size']}, "
+            f"{any_row['ctx_kind']} prefixes: {any_row['prefix_tokens']} tokens "
+            f"(min {any_row['prefix_min']}, max {any_row['prefix_max']}); "
+            f"{_fmt(any_row['bytes'] / 1e6, 1)} MB, {_fmt(any_row['flops'] / 1e12, 3)} TFLOP",
+            "",
+            "| contender | status | median us | p20-p80 us | % copy BW | TFLOP/s | % roofline "
+            "| t/t_tuned | rel err | config |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, r in contenders.items():
+            if r["status"] == "ok":
+                lines.append(
+                    f"| {name} | ok ({r['timing']}) | {_fmt(r['median_us'], 1)} "
+                    f"| {_fmt(r['p20_us'], 1)}-{_fmt(r['p80_us'], 1)} "
+                    f"| {_fmt(r['pct_copy_bw'], 1)} | {_fmt(r['tflops'], 1)} "
+                    f"| {_fmt(r['pct_roofline'], 1)} | {_fmt(r['tuned_speedup'], 3)} "
+                    f"| {_fmt(r['rel_err'], 5)} | {_config_text(r) or r['config_source'] or ''} |"
+                )
+            else:
+                reason = str(r["reason"]).replace("|", "/").replace("\n", " ")[:200]
+                lines.append(
+                    f"| {name} | {r['status']} | - | - | - | - | - | - "
+                    f"| {_fmt(r['rel_err'], 5)} | {reason} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
+    """The short table printed last: tuned time and roofline share, and how
+    many times slower each other contender is."""
+    others = [c for c in CONTENDERS if c != "tuned"]
+    header = f"{'shape':<26}{'tuned us':>10}{'%roof':>7}{'%BW':>7}" + "".join(
+        f"{c + '/t':>13}" for c in others
+    )
+    lines = [header, "-" * len(header)]
+    for shape, contenders in _by_shape(rows).items():
+        t = contenders.get("tuned")
+        ok = t is not None and t["status"] == "ok"
+        cells = [
+            f"{shape:<26}",
+            f"{_fmt(t['median_us'], 1) if ok else (t['status'] if t else '-'):>10}",
+            f"{_fmt(t['pct_roofline'], 1) if ok else '-':>7}",
+            f"{_fmt(t['pct_copy_bw'], 1) if ok else '-':>7}",
+        ]
+        for c in others:
+            r = contenders.get(c)
+            if r is None:
+                text = "-"
+            elif r["status"] == "ok":
+                text = _fmt(r["tuned_speedup"], 2) if r["tuned_speedup"] else "ok"
+            else:
+                text = r["status"]
+            cells.append(f"{text:>13}")
+        lines.append("".join(cells))
+    lines.append("")
+    lines.append(
+        "x/t = t_x / t_tuned (> 1: tuned is faster). Geomeans: "
+        + ", ".join(
+            f"{name} {_fmt(gm, 3)} ({n} shapes)" for name, (gm, n) in tuned_geomeans(rows).items()
+        )
+    )
+    lines.append(
+        f"ceilings: copy {_fmt(ceilings.copy_bw / 1e12 if ceilings.copy_bw else None)} TB/s, "
+        f"matmul {_fmt(ceilings.matmul_rate / 1e12 if ceilings.matmul_rate else None, 0)} TFLOP/s"
+    )
+    return "\n".join(lines)
+
+
+def write_outputs(
+    rows: Sequence[dict[str, Any]],
+    meta: dict[str, Any],
+    ceilings: Ceilings,
+    out_dir: Path,
+    *,
+    plot: bool,
+) -> None:
+    write_csv(rows, out_dir / "results.csv")
+    write_json(rows, meta, ceilings, out_dir / "results.json")
+    (out_dir / "summary.md").write_text(summary_markdown(rows, meta, ceilings), encoding="utf-8")
+    if plot:
+        try:
+            from bench_plot import plot_roofline
+        except ImportError as exc:
+            logger.info("no plot: %s", exc)
+            return
+        title = f"{meta['device']}, commit {meta['git_commit']}, {meta['date_utc']}"
+        try:
+            for path in plot_roofline(rows, out_dir, title=title, contenders=PLOT_CONTENDERS):
+                logger.info("wrote %s", path)
+        except Exception:  # a broken plot must not cost the tables
+            logger.exception("plotting failed")
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def git_commit() -> str:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else "unknown"
+
+
+def run_metadata(device: torch.device, flashinfer_version: str) -> dict[str, Any]:
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "torch": torch.__version__,
+        "triton": getattr(triton, "__version__", "n/a") if triton is not None else "n/a",
+        "flashinfer": flashinfer_version,
+        "git_commit": git_commit(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def select_shapes(args: argparse.Namespace) -> list[ShapeSpec]:
+    if args.shapes:
+        shapes = [parse_shape(s) for s in args.shapes]
+    elif args.quick:
+        shapes = [parse_shape(s) for s in QUICK_SHAPES]
+    else:
+        shapes = full_grid()
+    if args.shard:
+        m = re.fullmatch(r"(\d+)/(\d+)", args.shard)
+        if m is None or not 0 <= int(m.group(1)) < int(m.group(2)):
+            raise ValueError(f"--shard {args.shard!r}: expected K/N with 0 <= K < N, e.g. 0/4")
+        k, n = int(m.group(1)), int(m.group(2))
+        shapes = shapes[k::n]
+    return shapes
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "shape specs: H<heads>L<drafts>B<batch> + C<ctx> | Rlognormal<mean> | "
+            "Rlong<long>[x<short>], e.g. H16L4B32C16384, H16L4B32Rlognormal16K, "
+            "H16L4B64Rlong65536x512.\nquick set: " + " ".join(QUICK_SHAPES)
+        ),
+    )
+    parser.add_argument("--out", type=Path, help="output directory (required to run)")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"the {len(QUICK_SHAPES)}-shape subset (a few minutes)"
+    )
+    parser.add_argument("--shapes", nargs="+", metavar="SPEC", help="explicit shape specs")
+    parser.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run every N-th selected shape starting at K (split the full grid)",
+    )
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=CONTENDERS,
+        default=list(CONTENDERS),
+        help="contenders to run (tuned is the baseline of the ratios)",
+    )
+    parser.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer")
+    parser.add_argument(
+        "--rep-ms",
+        type=float,
+        default=50.0,
+        help="replay time per contender and shape (default 50)",
+    )
+    parser.add_argument(
+        "--pool-mb",
+        type=float,
+        default=512.0,
+        help="minimum KV pool size; several times the L2 (default 512)",
+    )
+    parser.add_argument(
+        "--max-rotations",
+        type=int,
+        default=32,
+        help="most KV slot sets cycled through so launches miss L2 (default 32)",
+    )
+    parser.add_argument(
+        "--mem-cap-gb",
+        type=float,
+        default=40.0,
+        help="skip shapes whose tensors exceed this (default 40)",
+    )
+    parser.add_argument(
+        "--torch-ref-max-tokens",
+        type=int,
+        default=2 << 20,
+        help="time torch_ref only up to this many prefix tokens (default 2M)",
+    )
+    parser.add_argument(
+        "--copy-mb",
+        type=float,
+        default=1024.0,
+        help="size of each buffer of the copy-bandwidth ceiling (default 1024)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--list-shapes",
+        action="store_true",
+        help="print the selected shapes and exit (no GPU needed)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    if args.out is None and not args.list_shapes:
+        parser.error("--out DIR is required")
+    try:
+        args.shape_list = select_shapes(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.max_rotations < 1:
+        parser.error("--max-rotations must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if args.list_shapes:
+        print("\n".join(s.name for s in args.shape_list))
+        return 0
+    if not torch.cuda.is_available():
+        logger.error(
+            "no CUDA GPU is visible (torch %s, cuda %s): this benchmark times GPU "
+            "kernels and needs one; nothing was run",
+            torch.__version__,
+            torch.version.cuda,
+        )
+        return 2
+    if triton is None:
+        logger.error("triton is not importable; the kernel under test needs it")
+        return 2
+    try:
+        import mla_verify
+    except Exception as exc:
+        logger.error("cannot import mla_verify from %s: %s: %s", REPO_ROOT, type(exc).__name__, exc)
+        return 2
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    args.out.mkdir(parents=True, exist_ok=True)
+    flashinfer = FlashInfer(
+        enabled="flashinfer" in args.contenders and not args.no_flashinfer, device=device
+    )
+    if flashinfer.available:
+        logger.info(
+            "flashinfer %s: the first plan JIT-compiles the fa3 MLA module", flashinfer.version
+        )
+    else:
+        logger.info("flashinfer skipped: %s", flashinfer.reason)
+    meta = run_metadata(device, flashinfer.version)
+    arch = mla_verify.current_arch(device)
+    props = torch.cuda.get_device_properties(device)
+    l2_bytes = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
+    logger.info(
+        "%s (%s), L2 %.0f MB, %d shapes, contenders %s",
+        meta["device"],
+        arch,
+        l2_bytes / 2**20,
+        len(args.shape_list),
+        " ".join(args.contenders),
+    )
+
+    ceilings = measure_ceilings(device, args.rep_ms, int(args.copy_mb * 2**20))
+    logger.info("ceilings: %s", ", ".join(f"{k} {_fmt(v)}" for k, v in ceilings.details.items()))
+    ctx = RunContext(
+        device=device,
+        arch=arch,
+        ceilings=ceilings,
+        flashinfer=flashinfer,
+        contenders=tuple(args.contenders),
+        meta=meta,
+        rep_ms=args.rep_ms,
+        pool_min_bytes=int(args.pool_mb * 2**20),
+        l2_bytes=l2_bytes,
+        max_rotations=args.max_rotations,
+        mem_cap_bytes=int(args.mem_cap_gb * 2**30),
+        torch_ref_max_tokens=args.torch_ref_max_tokens,
+        seed=args.seed,
+    )
+    rows: list[dict[str, Any]] = []
+    aborted = False
+    for i, spec in enumerate(args.shape_list):
+        logger.info("[%d/%d] %s", i + 1, len(args.shape_list), spec.name)
+        try:
+            rows += run_shape(spec, ctx)
+        except Exception as exc:
+            logger.exception("%s: shape failed", spec.name)
+            if not _cuda_healthy(device):
+                logger.error("the CUDA context is broken (%s); stopping after %d shapes", exc, i)
+                aborted = True
+                break
+            failed = []
+            for name in ctx.contenders:
+                row = _base_row(spec, prefix_lengths(spec), ctx)
+                row.update(contender=name, status="error", reason=describe_error(exc))
+                failed.append(row)
+            rows += failed
+        torch.cuda.empty_cache()
+        write_outputs(rows, meta, ceilings, args.out, plot=False)
+    write_outputs(rows, meta, ceilings, args.out, plot=not args.no_plot)
+    logger.info(
+        "wrote %s",
+        ", ".join(str(args.out / n) for n in ("results.csv", "results.json", "summary.md")),
+    )
+    logging.shutdown()
+    sys.stderr.flush()
+    print(stdout_table(rows, ceilings), flush=True)
+    return 1 if aborted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
