@@ -77,7 +77,12 @@ class VerifyConfig:
     BLOCK_H        heads per stage-1 program (all drafts of those heads share
                    one latent tile)
     BLOCK_N        prefix tokens per inner-loop step
-    NUM_KV_SPLITS  programs the prefix of one request is split over
+    NUM_KV_SPLITS  work units per request: stage 1 runs batch x NUM_KV_SPLITS
+                   programs per head block and cuts the batch's prefix tokens
+                   into chunks of one length, sized on the GPU so every chunk
+                   gets a unit; a uniform batch gives each request
+                   max(1, NUM_KV_SPLITS - 1) chunks, and the spare units let a
+                   long request among short ones take many more
     num_warps      warps of a stage-1 program
     num_stages     software-pipelining depth of the KV stream
     waves_per_eu, matrix_instr_nonkdim, kpack
@@ -138,16 +143,22 @@ class VerifyConfig:
         return dataclasses.replace(self, NUM_KV_SPLITS=num_kv_splits)
 
 
+def units_for_chunks(chunks: int) -> int:
+    """NUM_KV_SPLITS that gives a uniform batch ``chunks`` chunks per request."""
+    chunks = max(1, min(MAX_KV_SPLITS - 1, chunks))
+    return 1 if chunks == 1 else chunks + 1
+
+
 def default_num_kv_splits(
     num_heads: int, batch_size: int, block_h: int, rows: int, arch: str
 ) -> int:
-    """Splits that bring the grid to about one full wave: one CTA per SM for
+    """Units that bring the grid to about one full wave: one CTA per SM for
     64-row tiles (registers pin occupancy at 1), two for smaller tiles."""
     sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
     ctas_per_sm = 1 if rows >= 64 else 2
     head_blocks = math.ceil(num_heads / block_h)
     programs = max(1, batch_size * head_blocks)
-    return max(1, min(MAX_KV_SPLITS, math.ceil(sms * ctas_per_sm / programs)))
+    return units_for_chunks(math.ceil(sms * ctas_per_sm / programs))
 
 
 def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -> VerifyConfig:
@@ -174,12 +185,17 @@ def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -
 def reported_amd_config(num_heads: int, batch_size: int) -> VerifyConfig:
     """The configuration publicly reported as validated on MI355X (gfx950):
     4 heads per program, BLOCK_N 64, 8 warps, one stage, and as many splits
-    as bring the grid to 512 programs, at most 32."""
+    per request as bring the grid to 512 programs, at most 32 (expressed in
+    our NUM_KV_SPLITS, which counts work units: splits + 1 past one)."""
     block_h = min(4, num_heads)
     programs = batch_size * math.ceil(num_heads / block_h)
-    splits = max(1, min(32, 512 // programs))
+    chunks = max(1, min(32, 512 // programs))
     return VerifyConfig(
-        BLOCK_H=block_h, BLOCK_N=64, NUM_KV_SPLITS=splits, num_warps=8, num_stages=1
+        BLOCK_H=block_h,
+        BLOCK_N=64,
+        NUM_KV_SPLITS=units_for_chunks(chunks),
+        num_warps=8,
+        num_stages=1,
     )
 
 
@@ -227,10 +243,10 @@ def tile_candidates(num_heads: int, draft_len: int, arch: str) -> list[VerifyCon
 
 
 def split_candidates(num_heads: int, batch_size: int, block_h: int, arch: str) -> list[int]:
-    """Split counts worth timing: around 0.5 to 4 waves of the grid."""
+    """NUM_KV_SPLITS worth timing: chunks for about 0.5 to 4 waves of the grid."""
     sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
     programs = batch_size * math.ceil(num_heads / block_h)
     cands = {1}
     for waves in (0.5, 1, 2, 3, 4):
-        cands.add(max(1, min(MAX_KV_SPLITS, round(sms * waves / programs))))
+        cands.add(units_for_chunks(round(sms * waves / programs)))
     return sorted(cands)

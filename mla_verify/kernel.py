@@ -1,23 +1,27 @@
 """Triton kernels for MLA target-verify attention (absorbed MLA, one latent head).
 
-Tensors (T = bs * L query rows, H heads, D = 576 = 512 latent + 64 rope):
+Tensors (T = bs * L query rows, H heads, D = 576 = 512 latent + 64 rope,
+U = bs * NUM_KV_SPLITS work units):
     q        [T, H, D]        query rows, request b owns rows qo_indptr[b] .. + L
     k_buffer [slots, 1, D]    paged latent pool, page size 1
     v_buffer [slots, 1, 512]  usually the view k_buffer[..., :512]
     k_ext    [T, 1, D]        the drafts' own latent
     v_ext    [T, 1, 512]
     o        [T, H, 512]
-    part_o   [T, H, S, 512]   fp32 workspace: normalised output of each KV split
-    part_lse [T, H, S]        fp32 workspace: log2-sum-exp2 of each KV split
+    part_o   [U, H, L, 512]   fp32 workspace: normalised output of each unit
+    part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each unit
 
-Algorithm: stage 1 runs one program per (request, head block, KV split) and
-streams that split of the prefix once for BLOCK_H heads x L drafts, with an
-online softmax; stage 2 runs one program per (request, head), merges the
-non-empty splits and adds the causal L x L draft-draft block.
+Algorithm: the batch's prefix tokens are cut into chunks of one size, sized
+from the total so that every request's chunks fit in U units; stage 1 runs
+one program per (head block, unit) and streams its chunk once for BLOCK_H
+heads x L drafts, with an online softmax; stage 2 runs one program per
+(request, head), merges the request's units and adds the causal L x L
+draft-draft block. A long request among short ones thus gets many units
+(as FlashMLA plans on the GPU), with no host sync: both stages derive the
+plan from kv_indptr on the device.
 
-Scores are kept in the log2 domain (exp2 is one instruction). Split ranges
-are recomputed identically by both stages from the request's prefix length,
-so empty splits are neither written nor read: stale workspace never leaks.
+Scores are kept in the log2 domain (exp2 is one instruction). Units past
+the batch's work are neither written nor read: stale workspace never leaks.
 Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
 """
 
@@ -37,15 +41,42 @@ from .config import VerifyConfig, rows_per_program, triton_next_pow2
 D_NOPE = 512
 D_ROPE = 64
 LOG2E = 1.4426950408889634
+PLAN_BLOCK = 128  # requests the work plan reads per step
 
 
 @triton.jit
-def _split_len(kv_len, num_kv_splits, BLOCK_N: tl.constexpr):
-    # Tokens per split, rounded up to whole BLOCK_N tiles.
-    return tl.cdiv(tl.cdiv(kv_len, num_kv_splits), BLOCK_N) * BLOCK_N
+def _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N: tl.constexpr):
+    # One chunk length for the whole batch: sum_b cdiv(len_b, chunk) <=
+    # total / chunk + bs <= bs * NUM_KV_SPLITS, so every chunk has a unit.
+    total = tl.load(KV_INDPTR + batch_size) - tl.load(KV_INDPTR)
+    spare = tl.maximum(batch_size * (num_kv_splits - 1), 1)
+    chunk = tl.maximum(tl.cdiv(total, spare), 1)
+    return tl.cdiv(chunk, BLOCK_N) * BLOCK_N
 
 
-@triton.jit(do_not_specialize=["num_kv_splits"])
+@triton.jit
+def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
+    # Over requests b < limit: how many own units that end at or before
+    # `work` (so, the request that owns unit `work`), and those units' count.
+    owner = 0
+    first = 0
+    done = 0
+    for start in range(0, limit, BLOCK_B):
+        offs_b = start + tl.arange(0, BLOCK_B)
+        mask_b = offs_b < limit
+        lens = tl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - tl.load(
+            KV_INDPTR + offs_b, mask=mask_b, other=0
+        )
+        units = tl.cdiv(lens, chunk)
+        ends = done + tl.cumsum(units, 0)
+        before = (ends <= work) & mask_b
+        owner += tl.sum(before.to(tl.int32), 0)
+        first += tl.sum(tl.where(before, units, 0), 0)
+        done += tl.sum(units, 0)
+    return owner, first
+
+
+@triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
 def _prefix_kernel(
     Q,
     K_BUF,
@@ -60,28 +91,32 @@ def _prefix_kernel(
     stride_k_slot,
     stride_v_slot,
     num_heads,
+    batch_size,
     num_kv_splits,
     score_scale,
     DRAFT_LEN: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
     V_FROM_K: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    req = tl.program_id(0)
-    head_block = tl.program_id(1)
-    split = tl.program_id(2)
+    # Head blocks of one unit are neighbours in launch order: the later
+    # ones find the unit's KV tiles in L2.
+    head_block = tl.program_id(0)
+    work = tl.program_id(1)
 
+    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
+    req, first = _units_before(KV_INDPTR, batch_size, chunk, work, BLOCK_B)
+    if req >= batch_size:
+        return
     kv_start = tl.load(KV_INDPTR + req)
     kv_len = tl.load(KV_INDPTR + req + 1) - kv_start
-    split_len = _split_len(kv_len, num_kv_splits, BLOCK_N)
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, kv_len)
-    if lo >= hi:
-        return
+    lo = (work - first) * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
 
     # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
     offs_m = tl.arange(0, BLOCK_M)
@@ -133,7 +168,7 @@ def _prefix_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, 512]
         m_i = m_new
 
-    part_row = (q_row * num_heads + offs_h) * num_kv_splits + split  # [M] int64
+    part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)  # [M]
     tl.store(
         PART_O + part_row[:, None] * D_NOPE + offs_d[None, :],
         acc / l_i[:, None],
@@ -142,7 +177,7 @@ def _prefix_kernel(
     tl.store(PART_LSE + part_row, m_i + tl.log2(l_i), mask=mask_m)
 
 
-@triton.jit(do_not_specialize=["num_kv_splits"])
+@triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
 def _merge_extend_kernel(
     Q,
     K_EXT,
@@ -159,12 +194,14 @@ def _merge_extend_kernel(
     stride_o_tok,
     stride_o_head,
     num_heads,
+    batch_size,
     num_kv_splits,
     ext_scale,
     v_scale,
     DRAFT_LEN: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -178,20 +215,19 @@ def _merge_extend_kernel(
     offs_r = tl.arange(0, D_ROPE)
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
 
-    # Prefix: merge the splits stage 1 wrote (log2-sum-exp2 weights).
+    # Prefix: merge the request's units (log2-sum-exp2 weights), found by
+    # the same plan stage 1 followed.
+    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
+    _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
     kv_len = tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)
-    split_len = tl.maximum(_split_len(kv_len, num_kv_splits, BLOCK_N), 1)
-    num_written = tl.cdiv(kv_len, split_len)
     m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
     acc = tl.zeros([BLOCK_L, D_NOPE], dtype=tl.float32)
-    part_row = (q_row * num_heads + head) * num_kv_splits  # [L] int64
-    for split in range(0, num_written):
-        lse = tl.load(PART_LSE + part_row + split, mask=mask_i, other=0.0)
+    for unit in range(first, first + tl.cdiv(kv_len, chunk)):
+        part_row = ((unit * num_heads + head) * DRAFT_LEN + offs_i).to(tl.int64)  # [L]
+        lse = tl.load(PART_LSE + part_row, mask=mask_i, other=0.0)
         part = tl.load(
-            PART_O + (part_row + split)[:, None] * D_NOPE + offs_d[None, :],
-            mask=mask_i[:, None],
-            other=0.0,
+            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=mask_i[:, None], other=0.0
         )
         m_new = tl.maximum(m_i, lse)
         alpha = tl.exp2(m_i - m_new)
@@ -247,7 +283,8 @@ def _kernel_source(jitted) -> str:
 # Identifies the kernel code a tuned table was measured with.
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
-        _kernel_source(fn) for fn in (_split_len, _prefix_kernel, _merge_extend_kernel)
+        _kernel_source(fn)
+        for fn in (_chunk_len, _units_before, _prefix_kernel, _merge_extend_kernel)
     ).encode()
 ).hexdigest()[:16]
 
@@ -263,7 +300,8 @@ def v_is_k_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
 
 
 def workspace_numel(num_tokens: int, num_heads: int, num_kv_splits: int) -> tuple[int, int]:
-    """fp32 elements of (part_o, part_lse) for one launch."""
+    """fp32 elements of (part_o, part_lse) for one launch: one row per
+    (unit, head, draft); units = batch x NUM_KV_SPLITS."""
     rows = num_tokens * num_heads * num_kv_splits
     return rows * D_NOPE, rows
 
@@ -295,7 +333,7 @@ def launch(
     splits = config.NUM_KV_SPLITS
     v_from_k = v_is_k_view(k_buffer, v_buffer)
     block_m = rows_per_program(config.BLOCK_H, draft_len)
-    grid = (batch_size, triton.cdiv(num_heads, config.BLOCK_H), splits)
+    grid = (triton.cdiv(num_heads, config.BLOCK_H), batch_size * splits)
     _prefix_kernel[grid](
         q,
         k_buffer,
@@ -310,12 +348,14 @@ def launch(
         k_buffer.stride(0),
         v_buffer.stride(0),
         num_heads,
+        batch_size,
         splits,
         sm_scale * k_scale * LOG2E,
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,
         BLOCK_M=block_m,
         BLOCK_N=config.BLOCK_N,
+        BLOCK_B=PLAN_BLOCK,
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
         V_FROM_K=v_from_k,
@@ -338,12 +378,14 @@ def launch(
         o.stride(0),
         o.stride(1),
         num_heads,
+        batch_size,
         splits,
         sm_scale * LOG2E,
         v_scale,
         DRAFT_LEN=draft_len,
         BLOCK_L=max(16, triton_next_pow2(draft_len)),
         BLOCK_N=config.BLOCK_N,
+        BLOCK_B=PLAN_BLOCK,
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
         DOT_FP32=INTERPRETED,

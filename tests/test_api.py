@@ -125,7 +125,10 @@ def test_refusal_writes_nothing(device):
     "over,match",
     [
         (lambda b: {"o_extend": torch.empty(BS * L, H, 576, dtype=b.q.dtype)}, "o_extend.shape"),
-        (lambda b: {"o_extend": torch.empty(BS * L, H, 512, dtype=torch.float16)}, "o_extend.dtype"),
+        (
+            lambda b: {"o_extend": torch.empty(BS * L, H, 512, dtype=torch.float16)},
+            "o_extend.dtype",
+        ),
         (lambda b: {"kv_indices": b.kv_indices.float()}, "kv_indices.dtype"),
         (lambda b: {"kv_indptr": b.kv_indptr.to(torch.int16)}, "kv_indptr.dtype"),
         (lambda b: {"kv_indptr": b.kv_indptr[:-1]}, "kv_indptr.shape"),

@@ -55,6 +55,23 @@ CPU_CASES = [
         {},
         dataclasses.replace(SMALL, NUM_KV_SPLITS=1, BLOCK_N=64),
     ),
+    (
+        "one_long_among_short",
+        2,
+        2,
+        [300, 1, 0, 2, 1],
+        {},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=2),
+    ),
+    # More requests than the work plan reads per step (PLAN_BLOCK = 128).
+    (
+        "batch_130",
+        1,
+        1,
+        [(7 * b) % 23 for b in range(130)],
+        {},
+        dataclasses.replace(SMALL, BLOCK_H=1),
+    ),
     ("strided_q", 4, 2, [30, 12], {"strided_q": True}, SMALL),
     ("separate_v_buffer", 4, 2, [30, 12], {"separate_v": True}, SMALL),
     ("fp16", 4, 2, [30, 12], {"dtype": torch.float16}, SMALL),
@@ -134,6 +151,8 @@ GPU_SHAPES = [
     (128, 2, [4096] * 8),
     (64, 8, [8192] * 4),
     (12, 3, [3000, 1, 0, 16384, 77]),
+    (16, 4, [65536] + [512] * 63),  # one long request among many short ones
+    (8, 2, [(b * 7919) % 5000 for b in range(300)]),  # ragged, past PLAN_BLOCK
     (128, 1, [100, 20000]),
     (32, 5, [512] * 7),
     (128, 4, [2048] * 64),

@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = ["--heads", "2", "--draft-lens", "2", "--batch-sizes", "1,2", "--contexts", "40"]
 
 
+def _pythonpath(first: Path) -> str:
+    """``first`` ahead of whatever PYTHONPATH already holds (dependencies)."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def fake_timer(config: VerifyConfig, batches) -> float:
     """Deterministic 'time' that favours BLOCK_N 32, 3 stages, 2 splits."""
     return (
@@ -32,7 +37,7 @@ def fake_timer(config: VerifyConfig, batches) -> float:
     )
 
 
-def run(argv, out_dir, timer=fake_timer):
+def run(argv, out_dir, device, timer=fake_timer):
     args = tune.parse_args(argv)
     return tune.run_tuning(
         args,
@@ -53,11 +58,12 @@ def table_env(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "user_table_dir", lambda: tmp_path / "user")
     monkeypatch.setattr(tables, "shipped_table_dir", lambda: tmp_path / "shipped")
     yield out
+    monkeypatch.undo()
     lookup.reload_tables()
 
 
-def test_tiny_tune_writes_a_table_the_lookup_reads(table_env):
-    results = run(TINY, table_env)
+def test_tiny_tune_writes_a_table_the_lookup_reads(table_env, device):
+    results = run(TINY, table_env, device)
     assert [(r.key, r.batch_size) for r in results] == [("H2_L2_bf16", 1), ("H2_L2_bf16", 2)]
     for r in results:
         # The fake timer's optimum among the candidates, found by the search.
@@ -75,15 +81,15 @@ def test_tiny_tune_writes_a_table_the_lookup_reads(table_env):
     assert "cpu_test.json entry H2_L2_bf16, bucket 2" in source
 
 
-def test_default_kept_when_tuning_does_not_beat_it(table_env):
+def test_default_kept_when_tuning_does_not_beat_it(table_env, device):
     flat = lambda config, batches: 50.0  # noqa: E731
-    results = run(TINY, table_env, timer=flat)
+    results = run(TINY, table_env, device, timer=flat)
     for r in results:
         assert r.config == tune.default_config(2, 2, r.batch_size, "cpu_test")
         assert r.tuned_us == r.default_us == pytest.approx(50.0)
 
 
-def test_resume_after_kill(table_env, tmp_path):
+def test_resume_after_kill(table_env, device):
     """A tuner killed (no clean-up at all) after its second bucket keeps the
     buckets written so far; a rerun tunes only the rest."""
     grid = ["--heads", "2", "--draft-lens", "1,2", "--batch-sizes", "1,2", "--contexts", "40"]
@@ -111,7 +117,7 @@ def test_resume_after_kill(table_env, tmp_path):
                         timer=timer, out_dir=Path({str(table_env)!r}))
         """
     )
-    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": _pythonpath(REPO)}
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )
@@ -120,7 +126,7 @@ def test_resume_after_kill(table_env, tmp_path):
     assert {k: sorted(e["buckets"]) for k, e in table["entries"].items()} == {
         "H2_L1_bf16": ["1", "2"]
     }
-    results = run(grid, table_env)
+    results = run(grid, table_env, device)
     assert [(r.key, r.batch_size) for r in results] == [("H2_L2_bf16", 1), ("H2_L2_bf16", 2)]
     table = tables.read_table(table_env / "cpu_test.json")
     assert sorted(table["entries"]) == ["H2_L1_bf16", "H2_L2_bf16"]
@@ -195,7 +201,11 @@ def test_shipped_tables_load_from_a_wheel(tmp_path):
         """
     )
     env = {k: v for k, v in os.environ.items() if k != tables.ENV_VAR}
-    env |= {"PYTHONPATH": str(site), "TRITON_INTERPRET": "1", "XDG_DATA_HOME": str(tmp_path)}
+    env |= {
+        "PYTHONPATH": _pythonpath(site),
+        "TRITON_INTERPRET": "1",
+        "XDG_DATA_HOME": str(tmp_path),
+    }
     proc = subprocess.run(
         [sys.executable, "-c", script],
         env=env,
