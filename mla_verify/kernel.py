@@ -48,7 +48,8 @@ PLAN_BLOCK = 128  # requests the work plan reads per step
 def _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N: tl.constexpr):
     # One chunk length for the whole batch: sum_b cdiv(len_b, chunk) <=
     # total / chunk + bs <= bs * NUM_KV_SPLITS, so every chunk has a unit.
-    total = tl.load(KV_INDPTR + batch_size) - tl.load(KV_INDPTR)
+    # Lengths in int32 whatever the index dtype: loop-carried types must not change.
+    total = (tl.load(KV_INDPTR + batch_size) - tl.load(KV_INDPTR)).to(tl.int32)
     spare = tl.maximum(batch_size * (num_kv_splits - 1), 1)
     chunk = tl.maximum(tl.cdiv(total, spare), 1)
     return tl.cdiv(chunk, BLOCK_N) * BLOCK_N
@@ -67,6 +68,7 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
         lens = tl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - tl.load(
             KV_INDPTR + offs_b, mask=mask_b, other=0
         )
+        lens = lens.to(tl.int32)
         units = tl.cdiv(lens, chunk)
         ends = done + tl.cumsum(units, 0)
         before = (ends <= work) & mask_b
@@ -114,7 +116,7 @@ def _prefix_kernel(
     if req >= batch_size:
         return
     kv_start = tl.load(KV_INDPTR + req)
-    kv_len = tl.load(KV_INDPTR + req + 1) - kv_start
+    kv_len = (tl.load(KV_INDPTR + req + 1) - kv_start).to(tl.int32)
     lo = (work - first) * chunk
     hi = tl.minimum(lo + chunk, kv_len)
 
@@ -219,7 +221,7 @@ def _merge_extend_kernel(
     # the same plan stage 1 followed.
     chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
-    kv_len = tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)
+    kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
     m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
     acc = tl.zeros([BLOCK_L, D_NOPE], dtype=tl.float32)
