@@ -42,8 +42,8 @@ def run(argv, out_dir, device, timer=fake_timer):
     return tune.run_tuning(
         args,
         arch="cpu_test",
-        device="cpu",
-        device_name="CPU interpreter",
+        device=device,
+        device_name="test device",
         sm_count=2,
         timer=timer,
         out_dir=out_dir,
@@ -95,16 +95,11 @@ def test_resume_after_kill(table_env, device):
     grid = ["--heads", "2", "--draft-lens", "1,2", "--batch-sizes", "1,2", "--contexts", "40"]
     script = textwrap.dedent(
         f"""
-        import os, sys
+        import os
         from pathlib import Path
         from mla_verify import tune
-        calls = []
-        def timer(config, batches):
-            calls.append(config)
-            return 100.0
+        timer = lambda config, batches: 100.0
         buckets = []
-        def killing_record_timer(config, batches):
-            return timer(config, batches)
         args = tune.parse_args({grid!r})
         original = tune.tables.write_entries
         def write_then_maybe_die(*a, **k):
@@ -113,11 +108,13 @@ def test_resume_after_kill(table_env, device):
             if len(buckets) == 2:
                 os._exit(9)  # as SIGKILL: nothing after this runs
         tune.tables.write_entries = write_then_maybe_die
-        tune.run_tuning(args, arch="cpu_test", device="cpu", device_name="cpu", sm_count=2,
+        tune.run_tuning(args, arch="cpu_test", device={device!r}, device_name="test", sm_count=2,
                         timer=timer, out_dir=Path({str(table_env)!r}))
         """
     )
-    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": _pythonpath(REPO)}
+    env = os.environ | {"PYTHONPATH": _pythonpath(REPO)}
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )

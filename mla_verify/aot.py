@@ -1,0 +1,62 @@
+"""Ahead-of-time compilation of the kernels for a GPU that is not present.
+
+Triton compiles for any target on a CPU-only machine, so CI can check that
+every config of a shipped table compiles for its arch and fits its shared
+memory (LDS on AMD) without the hardware.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import kernel
+from .config import VerifyConfig, rows_per_program
+
+# arch -> (Triton target, shared memory per block in bytes)
+TARGETS: dict[str, tuple[GPUTarget, int]] = {
+    "sm90": (GPUTarget("cuda", 90, 32), 232448),
+    "gfx942": (GPUTarget("hip", "gfx942", 64), 65536),
+    "gfx950": (GPUTarget("hip", "gfx950", 64), 163840),
+}
+_TRITON_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8e4nv", "fp8_e4m3fnuz": "fp8e4b8"}
+
+
+def _signature(fn, pointers: dict[str, str], floats: set[str], constexprs: dict) -> ASTSource:
+    # Every other argument is a 32-bit int (strides, sizes), unspecialised.
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = pointers[name]
+        else:
+            signature[name] = "fp32" if name in floats else "i32"
+    consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    return ASTSource(fn, signature, consts)
+
+
+def compile_prefix_kernel(
+    config: VerifyConfig, draft_len: int, kv_dtype: str, arch: str
+) -> int:
+    """Compile stage 1 for ``arch``; returns its shared memory in bytes.
+    Raises on a compile error."""
+    target, _ = TARGETS[arch]
+    kv = "*" + _TRITON_DTYPES[kv_dtype]
+    pointers = {"Q": "*bf16", "K_BUF": kv, "V_BUF": kv, "PART_O": "*fp32", "PART_LSE": "*fp32"}
+    pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES")}
+    constexprs = dict(
+        DRAFT_LEN=draft_len,
+        BLOCK_H=config.BLOCK_H,
+        BLOCK_M=rows_per_program(config.BLOCK_H, draft_len),
+        BLOCK_N=config.BLOCK_N,
+        BLOCK_B=kernel.PLAN_BLOCK,
+        D_NOPE=kernel.D_NOPE,
+        D_ROPE=kernel.D_ROPE,
+        V_FROM_K=True,
+        DOT_FP32=False,
+    )
+    src = _signature(kernel._prefix_kernel, pointers, {"score_scale"}, constexprs)
+    compiled = triton.compile(src, target=target, options=config.launch_options())
+    return compiled.metadata.shared
