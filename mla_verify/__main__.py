@@ -46,8 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if on_gpu else "cpu"
 
     batch = make_batch(heads, draft_len, [context] * bs, kv_dtype=kv_dtype, device=device)
-    arch = mla_verify.current_arch() if on_gpu else "cpu"
-    config, source = mla_verify.resolve_config(heads, draft_len, bs, kv_dtype, arch)
+    if on_gpu:
+        arch = mla_verify.current_arch()
+        config, source = mla_verify.resolve_config(heads, draft_len, bs, kv_dtype, arch)
+    else:  # what verify_mla_fwd uses in the interpreter: there is no GPU to tune for
+        arch = "cpu"
+        config = mla_verify.default_config(heads, draft_len, bs, arch)
+        source = "built-in default (CPU interpreter)"
     out = batch.new_output()
     if not batch.run(out):
         print("verify_mla_fwd refused this shape (can_handle is False)")

@@ -37,9 +37,7 @@ def _signature(fn, pointers: dict[str, str], floats: set[str], constexprs: dict)
     return ASTSource(fn, signature, consts)
 
 
-def compile_prefix_kernel(
-    config: VerifyConfig, draft_len: int, kv_dtype: str, arch: str
-) -> int:
+def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, arch: str) -> int:
     """Compile stage 1 for ``arch``; returns its shared memory in bytes.
     Raises on a compile error."""
     target, _ = TARGETS[arch]

@@ -256,3 +256,33 @@ def test_gpu_capture_uses_the_table_and_never_tunes(monkeypatch):
     out.fill_(float("nan"))
     graph.replay()
     check_close(out, batch.reference())
+
+
+def test_show_names_the_table_a_shape_comes_from(capsys):
+    assert (
+        tune.main(
+            [
+                "--show",
+                "--arch",
+                "sm90",
+                "--heads",
+                "16",
+                "--draft-lens",
+                "4,9",
+                "--batch-sizes",
+                "32",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "H16 L4 bs32 bf16" in out and "sm90.json entry H16_L4_bf16, bucket 32" in out
+    assert "H16 L9 bs32 bf16" in out and "nearest: sm90.json entry H16_L8_bf16" in out
+
+
+def test_check_reports_each_shipped_table(capsys):
+    assert tune.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    for arch in ("sm90", "gfx950"):
+        assert f"{arch}.json: 48 entries" in out
+    assert "check: all good" in out
