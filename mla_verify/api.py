@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 Q_HEAD_DIM = kernel.D_NOPE + kernel.D_ROPE
 V_HEAD_DIM = kernel.D_NOPE
 MAX_DRAFT_LEN = 16
+MAX_GRID_Y = 65535
 _Q_DTYPES = (torch.bfloat16, torch.float16)
 _KV_DTYPES = _Q_DTYPES + tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
@@ -145,11 +146,21 @@ def _refusal(
     bs = qo_indptr.shape[0] - 1 if qo_indptr.dim() == 1 else -1
     if bs < 1 or not isinstance(max_len_extend, int):
         return "empty batch"
+    if bs > MAX_GRID_Y:
+        return f"batch of {bs} requests (at most {MAX_GRID_Y})"
     if not 1 <= max_len_extend <= MAX_DRAFT_LEN:
         return f"draft length {max_len_extend} outside 1..{MAX_DRAFT_LEN}"
     if q.shape[0] != bs * max_len_extend:
         return "ragged extend (q_extend rows != batch * max_len_extend)"
     return None
+
+
+def fit_grid(config: VerifyConfig, batch_size: int) -> VerifyConfig:
+    """Stage 1's second grid dimension (batch x NUM_KV_SPLITS) is capped by
+    CUDA at 65535: very large batches get fewer units per request."""
+    if batch_size * config.NUM_KV_SPLITS <= MAX_GRID_Y:
+        return config
+    return config.with_splits(max(1, MAX_GRID_Y // batch_size))
 
 
 def _expect(ok: bool, name: str, expected: str, actual: object) -> None:
@@ -304,6 +315,7 @@ def verify_mla_fwd(
         config = _tuned_config(q_extend, num_heads, max_len_extend, bs, k_buffer.dtype)
     if not kernel.v_is_k_view(k_buffer, v_buffer):
         config = for_separate_v(config)
+    config = fit_grid(config, bs)
     if _debug and not capturing(q_extend.device):
         _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, max_len_extend)
     part_o, part_lse = get_workspace(q_extend.device).views(

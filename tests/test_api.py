@@ -171,3 +171,23 @@ def test_debug_mode_checks_values():
             _call(batch, batch.new_output(), qo_indptr=shuffled)
     finally:
         set_debug(False)
+
+
+def test_huge_batches_keep_the_grid_within_cuda_limits():
+    from mla_verify.api import MAX_GRID_Y, fit_grid
+    from mla_verify.config import VerifyConfig
+
+    config = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=64, num_warps=8, num_stages=2)
+    assert fit_grid(config, 256) == config
+    fitted = fit_grid(config, 4096)
+    assert fitted.NUM_KV_SPLITS == MAX_GRID_Y // 4096 and 4096 * fitted.NUM_KV_SPLITS <= MAX_GRID_Y
+    assert fit_grid(config, 40000).NUM_KV_SPLITS == 1
+    assert not can_handle(
+        **gate_args(
+            q_extend=torch.empty(70000 * L, H, 576, dtype=torch.bfloat16, device="meta"),
+            k_extend=torch.empty(70000 * L, 1, 576, dtype=torch.bfloat16, device="meta"),
+            v_extend=torch.empty(70000 * L, 1, 512, dtype=torch.bfloat16, device="meta"),
+            qo_indptr=torch.empty(70001, dtype=torch.int32, device="meta"),
+            kv_indptr=torch.empty(70001, dtype=torch.int32, device="meta"),
+        )
+    )
