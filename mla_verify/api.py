@@ -22,7 +22,7 @@ import os
 import torch
 
 from . import kernel
-from .config import VerifyConfig, default_config, for_separate_v
+from .config import KV_DTYPE_NAMES, VerifyConfig, default_config, for_separate_v
 from .lookup import block_config, current_arch
 from .workspace import capturing, get_workspace
 
@@ -33,9 +33,7 @@ V_HEAD_DIM = kernel.D_NOPE
 MAX_DRAFT_LEN = 16
 MAX_GRID_Y = 65535
 _Q_DTYPES = (torch.bfloat16, torch.float16)
-_KV_DTYPES = _Q_DTYPES + tuple(
-    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
-)
+_KV_DTYPES = tuple(KV_DTYPE_NAMES)  # bf16, fp16, fp8 e4m3 (and e4m3fnuz where torch has it)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 _debug = os.environ.get("MLA_VERIFY_DEBUG", "0") not in ("", "0")

@@ -56,6 +56,12 @@ def kv_dtype_name(dtype: torch.dtype | str) -> str:
         raise ValueError(f"kv_dtype: expected one of {list(KV_DTYPE_NAMES)}, got {dtype}") from None
 
 
+def kv_dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype of a table key ('bf16', 'fp8_e4m3', ...)."""
+    kv_dtype_name(name)  # validates, naming the choices
+    return next(dtype for dtype, key in KV_DTYPE_NAMES.items() if key == name)
+
+
 def is_amd_arch(arch: str) -> bool:
     return arch.startswith("gfx")
 

@@ -41,6 +41,7 @@ from .config import (
     VerifyConfig,
     default_config,
     default_num_kv_splits,
+    kv_dtype_from_name,
     kv_dtype_name,
     reported_amd_config,
     rows_per_program,
@@ -69,7 +70,7 @@ FULL_GRID = {
 QUICK_GRID = {"heads": (16, 128), "draft_lens": (1, 4), "batch_sizes": (1, 32), "contexts": (4096,)}
 # Archs whose shipped table holds reported, not measured, configs.
 REPORTED_DEVICES = {"gfx950": "AMD Instinct MI355X"}
-KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+TUNABLE_KV_DTYPES = ("bf16", "fp8_e4m3")
 
 # A timer maps (config, batches) to microseconds per launch; tests inject one.
 Timer = Callable[[VerifyConfig, Sequence["object"]], float]
@@ -77,12 +78,18 @@ Timer = Callable[[VerifyConfig, Sequence["object"]], float]
 
 @dataclass
 class BucketResult:
-    key: str
+    num_heads: int
+    draft_len: int
+    kv_dtype: str
     batch_size: int
     config: VerifyConfig
     tuned_us: float
     default_us: float
     contexts: list[int] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return tables.entry_key(self.num_heads, self.draft_len, self.kv_dtype)
 
     @property
     def speedup(self) -> float:
@@ -173,7 +180,7 @@ def _compile_worker(jobs: list[tuple[int, int, str, dict]]) -> int:
             heads,
             draft_len,
             [2 * config.BLOCK_N + 1],
-            kv_dtype=KV_DTYPES[dtype_name],
+            kv_dtype=kv_dtype_from_name(dtype_name),
             device="cuda",
         )
         try:
@@ -273,7 +280,11 @@ def tune_entry(
                     best, best_us = cand, t
         if best_us > default_us * (1 - margin):
             best, best_us = default, default_us
-        on_bucket(BucketResult(key, bs, best, best_us, default_us, problems.contexts))
+        on_bucket(
+            BucketResult(
+                heads, draft_len, dtype_name, bs, best, best_us, default_us, problems.contexts
+            )
+        )
 
 
 # ------------------------------------------------------------------------ CLI
@@ -309,7 +320,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kv-dtype",
         default="bf16",
-        help=f"comma-separated KV dtypes from {sorted(KV_DTYPES)} (default bf16)",
+        help=f"comma-separated KV dtypes from {TUNABLE_KV_DTYPES} (default bf16)",
     )
     p.add_argument(
         "--out",
@@ -366,8 +377,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.kv_dtypes = [kv_dtype_name(d.strip()) for d in args.kv_dtype.split(",")]
     for d in args.kv_dtypes:
-        if d not in KV_DTYPES:
-            p.error(f"--kv-dtype: expected one of {sorted(KV_DTYPES)}, got {d!r}")
+        if d not in TUNABLE_KV_DTYPES:
+            p.error(f"--kv-dtype: expected one of {TUNABLE_KV_DTYPES}, got {d!r}")
     grid = QUICK_GRID if args.quick else FULL_GRID
     for name, default in grid.items():
         if getattr(args, name) is None:
@@ -503,8 +514,12 @@ def run_tuning(
     pools: dict[str, torch.Tensor] = {}
 
     def record(result: BucketResult) -> None:
-        entry = dict(zip(("num_heads", "draft_len", "kv_dtype"), _key_fields(result.key)))
-        entry["buckets"] = {str(result.batch_size): bucket_json(result)}
+        entry = {
+            "num_heads": result.num_heads,
+            "draft_len": result.draft_len,
+            "kv_dtype": result.kv_dtype,
+            "buckets": {str(result.batch_size): bucket_json(result)},
+        }
         tables.write_entries(out_path, arch, metadata, {result.key: entry})
         results.append(result)
         bar.update(1)
@@ -537,18 +552,13 @@ def run_tuning(
     return results
 
 
-def _key_fields(key: str) -> tuple[int, int, str]:
-    h, l, dtype = key.split("_", 2)
-    return int(h[1:]), int(l[1:]), dtype
-
-
 def _make_pool(args, dtype_name: str, device: str) -> torch.Tensor:
     from .testing import make_pool
 
     needed = max(b * c for b in args.batch_sizes for c in contexts_for(b, args.contexts))
     # Room for the rotated copies of small problems, and always > L2.
     slots = needed if device == "cpu" else max(needed, L2_DEFEAT_BYTES // 576) * 2
-    return make_pool(slots, KV_DTYPES[dtype_name], device)
+    return make_pool(slots, kv_dtype_from_name(dtype_name), device)
 
 
 def print_summary(results: list[BucketResult]) -> None:

@@ -11,7 +11,7 @@ import torch
 import triton
 
 from . import lookup, tables
-from .config import VerifyConfig, kv_dtype_name
+from .config import VerifyConfig, kv_dtype_from_name
 from .kernel import KERNEL_HASH
 
 logger = logging.getLogger("mla_verify.tune")
@@ -81,7 +81,7 @@ def check(args: argparse.Namespace) -> int:
                         entry["num_heads"],
                         entry["draft_len"],
                         [1500, 1, 0, 700][: min(int(bs_key), 4)],
-                        kv_dtype=_torch_dtype(entry["kv_dtype"]),
+                        kv_dtype=kv_dtype_from_name(entry["kv_dtype"]),
                         device="cuda",
                     )
                     out = batch.new_output()
@@ -93,9 +93,3 @@ def check(args: argparse.Namespace) -> int:
                         print(f"  FAILED {key} bucket {bs_key}: {exc}")
     print("check: " + (f"{failures} problem(s)" if failures else "all good"))
     return 1 if failures else 0
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    from .config import KV_DTYPE_NAMES
-
-    return {v: k for k, v in KV_DTYPE_NAMES.items()}[kv_dtype_name(name)]
