@@ -40,6 +40,7 @@ DEFAULT_SM_COUNT = 128
 # 8 warps' registers (see PERF_NOTES); 128 rows spills.
 MAX_ROWS = 64
 MAX_KV_SPLITS = 64
+KERNELS = ("triton", "gluon_sm90")
 
 
 def kv_dtype_name(dtype: torch.dtype | str) -> str:
@@ -93,6 +94,10 @@ class VerifyConfig:
     num_stages     software-pipelining depth of the KV stream
     waves_per_eu, matrix_instr_nonkdim, kpack
                    AMD-only compiler options; None leaves them to Triton
+    kernel         stage 1's implementation: "triton" (any GPU) or
+                   "gluon_sm90" (Hopper: 64 rows, 64-token two-stage ring,
+                   8 warps; calls it cannot compute run the Triton kernel
+                   with the same tile)
     """
 
     BLOCK_H: int
@@ -103,6 +108,7 @@ class VerifyConfig:
     waves_per_eu: int | None = None
     matrix_instr_nonkdim: int | None = None
     kpack: int | None = None
+    kernel: str = "triton"
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, expected: str) -> None:
@@ -124,18 +130,31 @@ class VerifyConfig:
             isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6,
             "an int in 1..6",
         )
+        check("kernel", self.kernel in KERNELS, f"one of {KERNELS}")
+        if self.kernel == "gluon_sm90":
+            # The Hopper kernel's tile is fixed; the fields say so, and they
+            # are the Triton fallback's tile too.
+            check("BLOCK_N", self.BLOCK_N == 64, "64 with kernel='gluon_sm90'")
+            check("num_warps", self.num_warps == 8, "8 with kernel='gluon_sm90'")
+            check("num_stages", self.num_stages == 2, "2 with kernel='gluon_sm90'")
 
     def launch_options(self) -> dict[str, int]:
         """Keyword options for the Triton launch (AMD ones only where set)."""
-        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        opts: dict[str, int] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
             value = getattr(self, name)
             if value is not None:
                 opts[name] = value
         return opts
 
-    def to_dict(self) -> dict[str, int]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+    def to_dict(self) -> dict[str, int | str]:
+        # Unset AMD options and the default kernel are left out, so tables
+        # written before the field existed read back the same.
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if v is not None and not (k == "kernel" and v == "triton")
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VerifyConfig:

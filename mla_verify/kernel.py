@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import VerifyConfig, rows_per_program, triton_next_pow2
+from . import kernel_sm90
+from .config import KV_DTYPE_NAMES, VerifyConfig, rows_per_program, triton_next_pow2
 
 D_NOPE = 512
 D_ROPE = 64
@@ -285,8 +286,11 @@ def _kernel_source(jitted) -> str:
 # Identifies the kernel code a tuned table was measured with.
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
-        _kernel_source(fn)
-        for fn in (_chunk_len, _units_before, _prefix_kernel, _merge_extend_kernel)
+        [
+            _kernel_source(fn)
+            for fn in (_chunk_len, _units_before, _prefix_kernel, _merge_extend_kernel)
+        ]
+        + [inspect.getsource(kernel_sm90)]
     ).encode()
 ).hexdigest()[:16]
 
@@ -298,6 +302,22 @@ def v_is_k_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
         v_buffer.data_ptr() == k_buffer.data_ptr()
         and v_buffer.stride(0) == k_buffer.stride(0)
         and v_buffer.dtype == k_buffer.dtype
+    )
+
+
+def uses_gluon_sm90(
+    q: torch.Tensor, k_buffer: torch.Tensor, draft_len: int, v_from_k: bool
+) -> bool:
+    """Whether a "gluon_sm90" config runs the Hopper kernel for this call
+    (compiled, on an sm90 device, bf16 q and KV, V a view of K); otherwise
+    the Triton kernel runs the same tile. Metadata only."""
+    return (
+        not INTERPRETED
+        and q.is_cuda
+        and q.dtype == torch.bfloat16
+        and torch.version.cuda is not None
+        and torch.cuda.get_device_capability(q.device) == (9, 0)
+        and kernel_sm90.supports(draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k)
     )
 
 
@@ -334,36 +354,53 @@ def launch(
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
     v_from_k = v_is_k_view(k_buffer, v_buffer)
-    block_m = rows_per_program(config.BLOCK_H, draft_len)
-    grid = (triton.cdiv(num_heads, config.BLOCK_H), batch_size * splits)
-    _prefix_kernel[grid](
-        q,
-        k_buffer,
-        v_buffer,
-        qo_indptr,
-        kv_indptr,
-        kv_indices,
-        part_o,
-        part_lse,
-        q.stride(0),
-        q.stride(1),
-        k_buffer.stride(0),
-        v_buffer.stride(0),
-        num_heads,
-        batch_size,
-        splits,
-        sm_scale * k_scale * LOG2E,
-        DRAFT_LEN=draft_len,
-        BLOCK_H=config.BLOCK_H,
-        BLOCK_M=block_m,
-        BLOCK_N=config.BLOCK_N,
-        BLOCK_B=PLAN_BLOCK,
-        D_NOPE=D_NOPE,
-        D_ROPE=D_ROPE,
-        V_FROM_K=v_from_k,
-        DOT_FP32=INTERPRETED,
-        **config.launch_options(),
-    )
+    if config.kernel == "gluon_sm90" and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
+        kernel_sm90.launch_prefix(
+            q,
+            k_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            part_o,
+            part_lse,
+            batch_size=batch_size,
+            draft_len=draft_len,
+            block_h=config.BLOCK_H,
+            num_kv_splits=splits,
+            score_scale=sm_scale * k_scale * LOG2E,
+            plan_block=PLAN_BLOCK,
+        )
+    else:
+        block_m = rows_per_program(config.BLOCK_H, draft_len)
+        grid = (triton.cdiv(num_heads, config.BLOCK_H), batch_size * splits)
+        _prefix_kernel[grid](
+            q,
+            k_buffer,
+            v_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            part_o,
+            part_lse,
+            q.stride(0),
+            q.stride(1),
+            k_buffer.stride(0),
+            v_buffer.stride(0),
+            num_heads,
+            batch_size,
+            splits,
+            sm_scale * k_scale * LOG2E,
+            DRAFT_LEN=draft_len,
+            BLOCK_H=config.BLOCK_H,
+            BLOCK_M=block_m,
+            BLOCK_N=config.BLOCK_N,
+            BLOCK_B=PLAN_BLOCK,
+            D_NOPE=D_NOPE,
+            D_ROPE=D_ROPE,
+            V_FROM_K=v_from_k,
+            DOT_FP32=INTERPRETED,
+            **config.launch_options(),
+        )
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
         k_ext,

@@ -1,0 +1,448 @@
+"""Stage 1 for Hopper (sm90), written in Gluon: the same function as
+``kernel._prefix_kernel`` with explicit tensor-core layouts and a
+warp-specialised gather.
+
+Why a second kernel: plain Triton stalls near 275 TFLOP/s on this op
+(PERF_NOTES): it gives both warpgroups the whole score tile (about 1.5x the
+useful tensor work), and nothing overlaps the row gathers with the products.
+Here each CTA holds 64 query rows (BLOCK_H heads x L drafts) and runs
+
+    producer  (4 warps)  cp.async row gathers of 64 prefix tokens into a
+                         two-deep shared-memory ring; signals `ready`
+    consumer  (8 warps)  S = Q K^T with the score tile split by columns
+                         across the two warpgroups (layout [4, 2], no
+                         duplicated work), online softmax, P through shared
+                         memory, O += P V with V = the same latent tile;
+                         signals `empty`
+
+Shared memory: q 72 KB + 2 x 72 KB ring + P 8 KB = 224 of 227 KB, so one
+CTA per SM and exactly two stages. bf16 KV only, V a view of K (MLA); other
+calls take the plain-Triton kernel. The work plan (which unit owns which
+chunk of which request) is integer-for-integer the plain kernel's, so stage
+2 merges either kernel's partials.
+
+Gluon does not run under Triton's interpreter: CI compiles this kernel for
+sm90 ahead of time, and the GPU tests check it against the reference.
+"""
+
+from __future__ import annotations
+
+from triton.language import constexpr
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+    )
+
+    # Triton 3.6 names (the H200's) and their later renames (CI's Triton):
+    # a barrier among the calling partition's warps, and a cp.async gather.
+    _warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    AVAILABLE = True
+except ImportError:  # a Triton without Gluon's Hopper ops
+    AVAILABLE = False
+
+# Constants the kernels read are constexpr objects (Triton's rule for
+# globals); host code reads their .value.
+ROWS = constexpr(64)  # query rows per CTA: one wgmma M per warpgroup
+TOKENS = constexpr(64)  # prefix tokens per ring stage
+STAGES = constexpr(2)
+CONSUMER_WARPS = constexpr(8)
+PRODUCER_WARPS = constexpr(4)
+PRODUCER_REGS = constexpr(56)
+# 12 warps x 168 registers fill the register file; the producer gives its
+# surplus to the consumers (setmaxnreg): (12 * 168 - 4 * 56) / 8 = 224 each.
+MAX_REGS = 168
+D_NOPE = constexpr(512)
+D_ROPE = constexpr(64)
+
+
+def block_heads(num_heads: int, draft_len: int) -> int:
+    """Heads per CTA: as many as fill the 64 query rows."""
+    return max(1, min(num_heads, ROWS.value // draft_len))
+
+
+def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
+    """Calls this kernel computes; the plain kernel takes the rest."""
+    return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name == "bf16" and v_from_k
+
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N: gl.constexpr):
+        # Must equal kernel._chunk_len: stage 2 follows that plan.
+        total = (gl.load(KV_INDPTR + batch_size) - gl.load(KV_INDPTR)).to(gl.int32)
+        spare = gl.maximum(batch_size * (num_kv_splits - 1), 1)
+        chunk = gl.maximum((total + spare - 1) // spare, 1)
+        return (chunk + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+
+    @gluon.jit
+    def _row_coords(
+        head_block, num_heads, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, layout: gl.constexpr
+    ):
+        # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
+        offs_m = gl.arange(0, ROWS, layout=layout)
+        offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+        offs_i = offs_m % DRAFT_LEN
+        mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
+        return offs_h, offs_i, mask_m
+
+    @gluon.jit
+    def _load_q(
+        Q,
+        q_first,
+        head_block,
+        num_heads,
+        stride_q_tok,
+        stride_q_head,
+        col0,
+        WIDTH: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+        layout: gl.constexpr,
+    ):
+        offs_h, offs_i, mask_m = _row_coords(
+            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+        )
+        rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
+        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+        return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
+
+    @gluon.jit
+    def _gather(
+        dst,
+        K_BUF,
+        KV_INDICES,
+        kv_start,
+        first_token,
+        hi,
+        stride_k_slot,
+        col0,
+        WIDTH: gl.constexpr,
+        layout: gl.constexpr,
+    ):
+        # One cp.async per buffer: 64 scattered latent rows, columns
+        # col0 .. col0 + WIDTH; rows past the chunk are zero-filled.
+        offs_n = first_token + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
+        mask_n = offs_n < hi
+        slot = gl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(gl.int64)
+        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+        ptrs = K_BUF + slot[:, None] * stride_k_slot + cols[None, :]
+        _cp_async(dst, ptrs, mask=mask_n[:, None])
+
+    @gluon.jit
+    def _produce(
+        K_BUF, KV_INDICES, kv_nope_ring, kv_rope_ring, ready, empty, kv_start, lo, hi, stride_k_slot
+    ):
+        nope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])
+        rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+        for t in range((hi - lo + TOKENS - 1) // TOKENS):
+            stage = t % STAGES
+            # A fresh mbarrier counts as having completed phase 1: the first
+            # pass over the ring does not wait.
+            mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+            first_token = lo + t * TOKENS
+            _gather(
+                kv_nope_ring.index(stage),
+                K_BUF,
+                KV_INDICES,
+                kv_start,
+                first_token,
+                hi,
+                stride_k_slot,
+                0,
+                D_NOPE,
+                nope_layout,
+            )
+            _gather(
+                kv_rope_ring.index(stage),
+                K_BUF,
+                KV_INDICES,
+                kv_start,
+                first_token,
+                hi,
+                stride_k_slot,
+                D_NOPE,
+                D_ROPE,
+                rope_layout,
+            )
+            # Each producer thread arrives once its own copies have landed.
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+    @gluon.jit
+    def _consume(
+        q_nope,
+        q_rope,
+        kv_nope_ring,
+        kv_rope_ring,
+        p_smem,
+        ready,
+        empty,
+        lo,
+        hi,
+        score_scale,
+        PART_O,
+        PART_LSE,
+        work,
+        head_block,
+        num_heads,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+    ):
+        # Warpgroup g computes score columns 32g .. 32g + 31 and output
+        # columns 256g .. 256g + 255 of all 64 rows.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
+        )
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        # Row sums kept per element and reduced once at the end: one
+        # cross-warpgroup reduction per tile instead of two.
+        l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+        acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
+        zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+
+        for t in range((hi - lo + TOKENS - 1) // TOKENS):
+            stage = t % STAGES
+            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+            # The gathers wrote through the generic proxy; wgmma reads
+            # through the async one.
+            fence_async_shared()
+            kv_nope = kv_nope_ring.index(stage)
+            qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False)
+            qk = warpgroup_mma(q_rope, kv_rope_ring.index(stage).permute((1, 0)), qk)
+
+            offs_n = lo + t * TOKENS + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
+            qk = gl.where((offs_n < hi)[None, :], qk * score_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(qk - m_new[:, None])
+            l_elem = l_elem * alpha[:, None] + p
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            m_i = m_new
+
+            # Both warpgroups' halves of P, then O += P V for all 64 keys.
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            _warps_barrier()
+            acc = warpgroup_mma(p_smem, kv_nope, acc)
+            # Every consumer warp is done with the stage (and with P).
+            _warps_barrier()
+            mbarrier.arrive(empty.index(stage), count=1)
+
+        l_i = gl.sum(l_elem, 1)
+        offs_h, offs_i, mask_m = _row_coords(
+            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, s_layout)
+        )
+        part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+        gl.store(PART_LSE + part_row, m_i + gl.log2(l_i), mask=mask_m)
+
+        offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, o_rows)
+        part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, o_layout))
+        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        gl.store(PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None])
+
+    @gluon.jit(do_not_specialize=["batch_size", "num_kv_splits"])
+    def _prefix_kernel_sm90(
+        Q,
+        K_BUF,
+        QO_INDPTR,
+        KV_INDPTR,
+        KV_INDICES,
+        PART_O,
+        PART_LSE,
+        stride_q_tok,
+        stride_q_head,
+        stride_k_slot,
+        num_heads,
+        batch_size,
+        num_kv_splits,
+        score_scale,
+        DRAFT_LEN: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_B: gl.constexpr,
+    ):
+        head_block = gl.program_id(0)
+        work = gl.program_id(1)
+        plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [CONSUMER_WARPS], [0])
+        chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, TOKENS)
+        # Which request owns unit `work`, and its first unit (the loop of
+        # kernel._units_before, inlined: Gluon scans only in the kernel body).
+        req = 0
+        first = 0
+        done = 0
+        for start in range(0, batch_size, BLOCK_B):
+            offs_b = start + gl.arange(0, BLOCK_B, layout=plan_layout)
+            mask_b = offs_b < batch_size
+            lens = gl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - gl.load(
+                KV_INDPTR + offs_b, mask=mask_b, other=0
+            )
+            units = (lens.to(gl.int32) + chunk - 1) // chunk
+            ends = done + gl.associative_scan(units, 0, _add)
+            before = (ends <= work) & mask_b
+            req += gl.sum(before.to(gl.int32), 0)
+            first += gl.sum(gl.where(before, units, 0), 0)
+            done += gl.sum(units, 0)
+        if req < batch_size:
+            kv_start = gl.load(KV_INDPTR + req)
+            kv_len = (gl.load(KV_INDPTR + req + 1) - kv_start).to(gl.int32)
+            lo = (work - first) * chunk
+            hi = gl.minimum(lo + chunk, kv_len)
+            q_first = gl.load(QO_INDPTR + req)
+
+            nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+                [ROWS, D_NOPE], gl.bfloat16
+            )
+            rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+                [ROWS, D_ROPE], gl.bfloat16
+            )
+            q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
+            q_nope = gl.allocate_shared_memory(
+                gl.bfloat16,
+                [ROWS, D_NOPE],
+                nope_smem,
+                _load_q(
+                    Q,
+                    q_first,
+                    head_block,
+                    num_heads,
+                    stride_q_tok,
+                    stride_q_head,
+                    0,
+                    D_NOPE,
+                    BLOCK_H,
+                    DRAFT_LEN,
+                    q_layout,
+                ),
+            )
+            q_rope = gl.allocate_shared_memory(
+                gl.bfloat16,
+                [ROWS, D_ROPE],
+                rope_smem,
+                _load_q(
+                    Q,
+                    q_first,
+                    head_block,
+                    num_heads,
+                    stride_q_tok,
+                    stride_q_head,
+                    D_NOPE,
+                    D_ROPE,
+                    BLOCK_H,
+                    DRAFT_LEN,
+                    q_layout,
+                ),
+            )
+            kv_nope_ring = gl.allocate_shared_memory(
+                gl.bfloat16, [STAGES, TOKENS, D_NOPE], nope_smem
+            )
+            kv_rope_ring = gl.allocate_shared_memory(
+                gl.bfloat16, [STAGES, TOKENS, D_ROPE], rope_smem
+            )
+            p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
+            ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for stage in gl.static_range(STAGES):
+                mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
+                mbarrier.init(empty.index(stage), count=1)
+            fence_async_shared()
+
+            gl.warp_specialize(
+                [
+                    (
+                        _consume,
+                        (
+                            q_nope,
+                            q_rope,
+                            kv_nope_ring,
+                            kv_rope_ring,
+                            p_smem,
+                            ready,
+                            empty,
+                            lo,
+                            hi,
+                            score_scale,
+                            PART_O,
+                            PART_LSE,
+                            work,
+                            head_block,
+                            num_heads,
+                            BLOCK_H,
+                            DRAFT_LEN,
+                        ),
+                    ),
+                    (
+                        _produce,
+                        (
+                            K_BUF,
+                            KV_INDICES,
+                            kv_nope_ring,
+                            kv_rope_ring,
+                            ready,
+                            empty,
+                            kv_start,
+                            lo,
+                            hi,
+                            stride_k_slot,
+                        ),
+                    ),
+                ],
+                [PRODUCER_WARPS],
+                [PRODUCER_REGS],
+            )
+
+
+def launch_prefix(
+    q,
+    k_buffer,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    part_o,
+    part_lse,
+    *,
+    batch_size: int,
+    draft_len: int,
+    block_h: int,
+    num_kv_splits: int,
+    score_scale: float,
+    plan_block: int,
+) -> None:
+    """Stage 1 on sm90; writes the same partials as the plain kernel."""
+    num_heads = q.shape[1]
+    grid = ((num_heads + block_h - 1) // block_h, batch_size * num_kv_splits)
+    _prefix_kernel_sm90[grid](
+        q,
+        k_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        num_heads,
+        batch_size,
+        num_kv_splits,
+        score_scale,
+        DRAFT_LEN=draft_len,
+        BLOCK_H=block_h,
+        BLOCK_B=plan_block,
+        num_warps=CONSUMER_WARPS.value,
+        maxnreg=MAX_REGS,
+    )
