@@ -11,7 +11,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import kernel
+from . import kernel, kernel_sm90
 from .config import VerifyConfig, rows_per_program
 
 # arch -> (Triton target, shared memory per block in bytes)
@@ -23,8 +23,16 @@ TARGETS: dict[str, tuple[GPUTarget, int]] = {
 _TRITON_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8e4nv", "fp8_e4m3fnuz": "fp8e4b8"}
 
 
-def _signature(fn, pointers: dict[str, str], floats: set[str], constexprs: dict) -> ASTSource:
-    # Every other argument is a 32-bit int (strides, sizes), unspecialised.
+def _signature(
+    fn,
+    pointers: dict[str, str],
+    floats: set[str],
+    constexprs: dict,
+    aligned: set[str] = frozenset(),
+) -> ASTSource:
+    # Every other argument is a 32-bit int (strides, sizes), unspecialised
+    # unless named in `aligned` (divisible by 16, as Triton specialises the
+    # KV row stride of 576 at launch).
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -34,7 +42,12 @@ def _signature(fn, pointers: dict[str, str], floats: set[str], constexprs: dict)
         else:
             signature[name] = "fp32" if name in floats else "i32"
     consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    return ASTSource(fn, signature, consts)
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned}
+    if fn.is_gluon():  # Gluon's source class sets the module's warps before codegen
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn, signature, consts, attrs)
+    return ASTSource(fn, signature, consts, attrs)
 
 
 def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, arch: str) -> int:
@@ -55,6 +68,17 @@ def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, a
         V_FROM_K=True,
         DOT_FP32=False,
     )
+    if config.kernel == "gluon_sm90" and arch == "sm90" and kv_dtype == "bf16":
+        return _compile_hopper_kernel(config, draft_len, target, pointers)
     src = _signature(kernel._prefix_kernel, pointers, {"score_scale"}, constexprs)
     compiled = triton.compile(src, target=target, options=config.launch_options())
     return compiled.metadata.shared
+
+
+def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointers) -> int:
+    fn = kernel_sm90._prefix_kernel_sm90
+    constexprs = dict(DRAFT_LEN=draft_len, BLOCK_H=config.BLOCK_H, BLOCK_B=kernel.PLAN_BLOCK)
+    aligned = set(pointers) | {"stride_q_tok", "stride_q_head", "stride_k_slot"}
+    src = _signature(fn, pointers, {"score_scale"}, constexprs, aligned & set(fn.arg_names))
+    options = {"num_warps": kernel_sm90.CONSUMER_WARPS.value, "maxnreg": kernel_sm90.MAX_REGS}
+    return triton.compile(src, target=target, options=options).metadata.shared

@@ -189,9 +189,13 @@ def default_num_kv_splits(
 def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -> VerifyConfig:
     """Built-in config: sound on any GPU, used where no table entry applies.
 
-    Rows per program follow H*L (16 rows for small products, 64 for large);
+    On sm90 the Hopper kernel, one wave of 64-row CTAs (it beat the tuned
+    Triton kernel on 12 of 13 benchmark shapes, BENCHMARKS.md). Elsewhere
+    rows per program follow H*L (16 rows for small products, 64 for large);
     64-row tiles need 8 warps for their [64, 512] fp32 accumulator.
     """
+    if arch == "sm90" and draft_len <= MAX_ROWS:
+        return hopper_config(num_heads, draft_len, batch_size)
     rows = min(MAX_ROWS, max(16, triton_next_pow2(num_heads * draft_len)))
     block_h = max(1, min(num_heads, rows // draft_len))
     rows = rows_per_program(block_h, draft_len)
@@ -204,6 +208,20 @@ def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -
         NUM_KV_SPLITS=splits,
         num_warps=8 if rows >= 64 else 4,
         num_stages=2,
+    )
+
+
+def hopper_config(num_heads: int, draft_len: int, batch_size: int) -> VerifyConfig:
+    """The sm90 Gluon kernel's tile with splits for about one wave of CTAs
+    (one per SM: it holds 217 KB of shared memory)."""
+    block_h = max(1, min(num_heads, MAX_ROWS // draft_len))
+    return VerifyConfig(
+        BLOCK_H=block_h,
+        BLOCK_N=64,
+        NUM_KV_SPLITS=default_num_kv_splits(num_heads, batch_size, block_h, MAX_ROWS, "sm90"),
+        num_warps=8,
+        num_stages=2,
+        kernel="gluon_sm90",
     )
 
 
@@ -235,11 +253,16 @@ def for_separate_v(config: VerifyConfig) -> VerifyConfig:
     return dataclasses.replace(config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32))
 
 
-def tile_candidates(num_heads: int, draft_len: int, arch: str) -> list[VerifyConfig]:
+def tile_candidates(
+    num_heads: int, draft_len: int, arch: str, kv_dtype: str = "bf16"
+) -> list[VerifyConfig]:
     """Stage-1 tile shapes the tuner tries (NUM_KV_SPLITS left at 1; the
-    tuner searches splits separately). Pruned where the answer is known:
+    tuner searches splits separately): the Hopper kernel where it applies
+    (sm90, bf16 KV), and Triton tiles pruned where the answer is known:
     accumulator registers and shared memory for the KV ring."""
     out: list[VerifyConfig] = []
+    if arch == "sm90" and kv_dtype == "bf16" and draft_len <= MAX_ROWS:
+        out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)
     for block_h in block_hs:

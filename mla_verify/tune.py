@@ -197,7 +197,7 @@ def precompile(entries, arch: str, workers: int) -> None:
     jobs = []
     seen = set()
     for heads, draft_len, dtype_name in entries:
-        for tile in tile_candidates(heads, draft_len, arch) + [
+        for tile in tile_candidates(heads, draft_len, arch, dtype_name) + [
             default_config(heads, draft_len, 1, arch)
         ]:
             # Triton specialises ints on divisibility by 16: H=8 and H=12
@@ -249,7 +249,7 @@ def tune_entry(
     on_bucket: Callable[[BucketResult], None],
 ) -> None:
     key = tables.entry_key(heads, draft_len, dtype_name)
-    tiles = tile_candidates(heads, draft_len, arch)
+    tiles = tile_candidates(heads, draft_len, arch, dtype_name)
     rep_bs = min(batch_sizes, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
     rep = Problems(pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device)
     ranked = []

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from mla_verify import VerifyConfig, verify_mla_fwd
-from mla_verify.config import tile_candidates
+from mla_verify import VerifyConfig, kernel, kernel_sm90, verify_mla_fwd
+from mla_verify.config import hopper_config, tile_candidates
 from mla_verify.testing import check_close, make_batch
 from mla_verify.workspace import get_workspace
 
@@ -142,6 +142,15 @@ def test_every_tile_candidate_is_correct(device):
             check_close(out, ref, what=str(config))
 
 
+def test_hopper_config_elsewhere_runs_the_triton_kernel_with_its_tile(device):
+    """A "gluon_sm90" config where that kernel cannot run (the interpreter,
+    another GPU, fp8 KV) falls back to the Triton kernel, same answer."""
+    batch = make_batch(8, 4, [70, 130], device=device)
+    if kernel.uses_gluon_sm90(batch.q, batch.k_buffer, 4, True):
+        pytest.skip("this machine runs the Hopper kernel itself (GPU lane tests it)")
+    _run_and_check(batch, hopper_config(8, 4, 2).with_splits(3), device)
+
+
 # --------------------------------------------------------------------- GPU lane
 
 GPU_SHAPES = [
@@ -178,6 +187,35 @@ def test_gpu_matches_reference(heads, draft_len, prefix_lens, kv_dtype):
         v_scale=1.25 if kv_dtype != torch.bfloat16 else 1.0,
     )
     _run_and_check(batch, None, "cuda")
+
+
+ON_HOPPER = (
+    torch.cuda.is_available()
+    and torch.cuda.get_device_capability() == (9, 0)
+    and kernel_sm90.AVAILABLE
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize(
+    "heads,draft_len,prefix_lens",
+    GPU_SHAPES,
+    ids=[f"H{h}_L{l}_bs{len(p)}_max{max(p)}" for h, l, p in GPU_SHAPES],
+)
+def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens):
+    batch = make_batch(
+        heads, draft_len, prefix_lens, device="cuda", pool_slots=sum(prefix_lens) * 2
+    )
+    # The call must take the Gluon kernel, not the Triton fallback.
+    assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
+    ref = batch.reference()
+    for splits in (1, 2, 9):
+        config = hopper_config(heads, draft_len, len(prefix_lens)).with_splits(splits)
+        _poison_workspace("cuda")
+        out = batch.new_output()
+        assert batch.run(out, config) is True
+        check_close(out, ref, what=str(config))
 
 
 @pytest.mark.gpu

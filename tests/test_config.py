@@ -1,0 +1,56 @@
+"""The config object and the built-in choices: which kernel runs where."""
+
+from __future__ import annotations
+
+import pytest
+
+from mla_verify.config import VerifyConfig, default_config, hopper_config, tile_candidates
+
+
+def test_kernel_field_is_validated_and_named():
+    with pytest.raises(ValueError, match=r"VerifyConfig.kernel: expected one of .*got 'cuda'"):
+        VerifyConfig(
+            BLOCK_H=8, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=8, num_stages=2, kernel="cuda"
+        )
+
+
+@pytest.mark.parametrize("field,value", [("BLOCK_N", 32), ("num_warps", 4), ("num_stages", 3)])
+def test_hopper_kernel_tile_is_fixed(field, value):
+    fields = dict(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=8, num_stages=2)
+    fields[field] = value
+    with pytest.raises(ValueError, match=f"VerifyConfig.{field}: expected .*gluon_sm90"):
+        VerifyConfig(**fields, kernel="gluon_sm90")
+
+
+def test_to_dict_round_trips_and_leaves_out_the_default_kernel():
+    triton_config = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=3, num_warps=8, num_stages=2)
+    assert "kernel" not in triton_config.to_dict()  # tables from before the field read the same
+    hopper = hopper_config(128, 4, 32)
+    assert hopper.to_dict()["kernel"] == "gluon_sm90"
+    for config in (triton_config, hopper):
+        assert VerifyConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("heads,draft_len", [(8, 1), (16, 4), (128, 4), (40, 3), (128, 8)])
+def test_default_on_sm90_is_the_hopper_kernel_with_64_rows(heads, draft_len):
+    config = default_config(heads, draft_len, 32, "sm90")
+    assert config.kernel == "gluon_sm90"
+    assert config.BLOCK_H == min(heads, 64 // draft_len)
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm100", "gfx950"])
+def test_default_elsewhere_is_the_triton_kernel(arch):
+    assert default_config(64, 4, 32, arch).kernel == "triton"
+
+
+def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
+    def hopper_tiles(arch, dtype):
+        return [c for c in tile_candidates(16, 4, arch, dtype) if c.kernel == "gluon_sm90"]
+
+    assert len(hopper_tiles("sm90", "bf16")) == 1
+    assert hopper_tiles("sm90", "fp8_e4m3") == []
+    assert hopper_tiles("gfx950", "bf16") == []
+    assert (
+        len(tile_candidates(16, 4, "sm90", "bf16"))
+        == len(tile_candidates(16, 4, "sm90", "fp8_e4m3")) + 1
+    )
