@@ -43,8 +43,8 @@ D_NOPE = 512
 D_ROPE = 64
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
-MERGE_UNITS = 4  # units stage 2 merges per step
 MERGE_COLUMNS = 128  # output columns per stage-2 program
+MERGE_STAGES = 3  # software-pipelining depth of stage 2's loop over units
 
 
 @triton.jit
@@ -207,8 +207,8 @@ def _merge_extend_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    BLOCK_U: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    MERGE_STAGES: tl.constexpr,
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -224,37 +224,29 @@ def _merge_extend_kernel(
     offs_d = tl.arange(0, D_NOPE)
     offs_v = col0 + tl.arange(0, BLOCK_DV)
     offs_r = tl.arange(0, D_ROPE)
-    offs_u = tl.arange(0, BLOCK_U)
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
 
     # Prefix: merge the request's units (log2-sum-exp2 weights), found by
-    # the same plan stage 1 followed, BLOCK_U units per step.
+    # the same plan stage 1 followed. The loads of later units are
+    # independent of the running merge, so the loop is software-pipelined:
+    # a long request's many units are not one load latency each.
     chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
-    last = first + tl.cdiv(kv_len, chunk)
     m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
     acc = tl.zeros([BLOCK_L, BLOCK_DV], dtype=tl.float32)
-    for unit0 in range(first, last, BLOCK_U):
-        units = unit0 + offs_u
-        mask_u = units < last
-        part_row = ((units[:, None] * num_heads + head) * DRAFT_LEN + offs_i[None, :]).to(
-            tl.int64
-        )  # [U, L]
-        # Missing units weigh nothing; padding rows (i >= L) stay finite.
-        lse = tl.load(PART_LSE + part_row, mask=mask_u[:, None] & mask_i[None, :], other=0.0)
-        lse = tl.where(mask_u[:, None] | ~mask_i[None, :], lse, float("-inf"))
+    for unit in tl.range(first, first + tl.cdiv(kv_len, chunk), num_stages=MERGE_STAGES):
+        part_row = ((unit * num_heads + head) * DRAFT_LEN + offs_i).to(tl.int64)  # [L]
+        lse = tl.load(PART_LSE + part_row, mask=mask_i, other=0.0)
         part = tl.load(
-            PART_O + part_row[:, :, None] * D_NOPE + offs_v[None, None, :],
-            mask=(mask_u[:, None] & mask_i[None, :])[:, :, None],
-            other=0.0,
-        )  # [U, L, DV]
-        m_new = tl.maximum(m_i, tl.max(lse, 0))
+            PART_O + part_row[:, None] * D_NOPE + offs_v[None, :], mask=mask_i[:, None], other=0.0
+        )
+        m_new = tl.maximum(m_i, lse)
         alpha = tl.exp2(m_i - m_new)
-        w = tl.exp2(lse - m_new[None, :])
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * part, 0)
-        l_i = l_i * alpha + tl.sum(w, 0)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + w[:, None] * part
+        l_i = l_i * alpha + w
         m_i = m_new
     acc = acc * v_scale  # the KV-cache scale applies to the prefix values only
 
@@ -443,8 +435,8 @@ def launch(
         BLOCK_L=max(16, triton_next_pow2(draft_len)),
         BLOCK_N=config.BLOCK_N,
         BLOCK_B=PLAN_BLOCK,
-        BLOCK_U=MERGE_UNITS,
         BLOCK_DV=MERGE_COLUMNS,
+        MERGE_STAGES=MERGE_STAGES,
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
         DOT_FP32=INTERPRETED,

@@ -37,7 +37,6 @@ try:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
-        warpgroup_mma_wait,
     )
 
     # Triton 3.6 names (the H200's) and their later renames (CI's Triton):
@@ -181,27 +180,12 @@ if AVAILABLE:
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
     @gluon.jit
-    def _softmax_step(qk, m_i, l_elem, first_token, hi, score_scale):
-        # Online softmax of one score tile (log2 domain); keys past the
-        # chunk score -inf. Returns P, the new row max, and the factor that
-        # rescales everything accumulated before this tile.
-        s_layout: gl.constexpr = qk.type.layout
-        offs_n = first_token + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
-        qk = gl.where((offs_n < hi)[None, :], qk * score_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(qk - m_new[:, None])
-        # Row sums kept per element and reduced once at the end: one
-        # cross-warpgroup reduction per tile instead of two.
-        l_elem = l_elem * alpha[:, None] + p
-        return p.to(gl.bfloat16), m_new, alpha, l_elem
-
-    @gluon.jit
     def _consume(
         q_nope,
         q_rope,
         kv_nope_ring,
         kv_rope_ring,
+        p_smem,
         ready,
         empty,
         lo,
@@ -217,11 +201,6 @@ if AVAILABLE:
     ):
         # Warpgroup g computes score columns 32g .. 32g + 31 and output
         # columns 256g .. 256g + 255 of all 64 rows.
-        #
-        # Pipelined one tile deep: while the tensor cores run O += P(t) V(t),
-        # the warps already do the softmax of tile t + 1, whose scores were
-        # issued first. P(t) lives in the rope columns' buffer of stage t,
-        # free once S(t) is computed: a second P buffer would not fit.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
         )
@@ -230,58 +209,39 @@ if AVAILABLE:
         )
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        # Row sums kept per element and reduced once at the end: one
+        # cross-warpgroup reduction per tile instead of two.
         l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-        num_tiles = (hi - lo + TOKENS - 1) // TOKENS
 
-        # Tile 0: scores and P, nothing to overlap yet.
-        mbarrier.wait(ready.index(0), 0)
-        # The gathers wrote through the generic proxy; wgmma reads through
-        # the async one.
-        fence_async_shared()
-        qk = warpgroup_mma(q_nope, kv_nope_ring.index(0).permute((1, 0)), zero_s, use_acc=False)
-        qk = warpgroup_mma(q_rope, kv_rope_ring.index(0).permute((1, 0)), qk)
-        p, m_i, alpha, l_elem = _softmax_step(qk, m_i, l_elem, lo, hi, score_scale)
-        _warps_barrier()  # both warpgroups are done reading stage 0's rope columns
-        kv_rope_ring.index(0).store(p)
-        fence_async_shared()
-        _warps_barrier()
-
-        for t in range(num_tiles - 1):
+        for t in range((hi - lo + TOKENS - 1) // TOKENS):
             stage = t % STAGES
-            next_stage = (t + 1) % STAGES
-            mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGES) & 1)
+            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+            # The gathers wrote through the generic proxy; wgmma reads
+            # through the async one.
             fence_async_shared()
-            qk = warpgroup_mma(
-                q_nope,
-                kv_nope_ring.index(next_stage).permute((1, 0)),
-                zero_s,
-                use_acc=False,
-                is_async=True,
-            )
-            qk = warpgroup_mma(
-                q_rope, kv_rope_ring.index(next_stage).permute((1, 0)), qk, is_async=True
-            )
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage), kv_nope_ring.index(stage), acc, is_async=True
-            )
-            qk = warpgroup_mma_wait(1, deps=[qk])  # S(t + 1) done, O += P(t) V(t) runs on
-            p, m_i, alpha, l_elem = _softmax_step(
-                qk, m_i, l_elem, lo + (t + 1) * TOKENS, hi, score_scale
-            )
-            acc = warpgroup_mma_wait(0, deps=[acc])
+            kv_nope = kv_nope_ring.index(stage)
+            qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False)
+            qk = warpgroup_mma(q_rope, kv_rope_ring.index(stage).permute((1, 0)), qk)
+
+            offs_n = lo + t * TOKENS + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
+            qk = gl.where((offs_n < hi)[None, :], qk * score_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(qk - m_new[:, None])
+            l_elem = l_elem * alpha[:, None] + p
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            # Every consumer warp is done with stage t, and with reading the
-            # rope columns of stage t + 1, which now take P(t + 1).
+            m_i = m_new
+
+            # Both warpgroups' halves of P, then O += P V for all 64 keys.
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            _warps_barrier()
+            acc = warpgroup_mma(p_smem, kv_nope, acc)
+            # Every consumer warp is done with the stage (and with P).
             _warps_barrier()
             mbarrier.arrive(empty.index(stage), count=1)
-            kv_rope_ring.index(next_stage).store(p)
-            fence_async_shared()
-            _warps_barrier()
-
-        last = (num_tiles - 1) % STAGES
-        acc = warpgroup_mma(kv_rope_ring.index(last), kv_nope_ring.index(last), acc)
 
         l_i = gl.sum(l_elem, 1)
         offs_h, offs_i, mask_m = _row_coords(
@@ -393,6 +353,7 @@ if AVAILABLE:
             kv_rope_ring = gl.allocate_shared_memory(
                 gl.bfloat16, [STAGES, TOKENS, D_ROPE], rope_smem
             )
+            p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
             ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for stage in gl.static_range(STAGES):
@@ -409,6 +370,7 @@ if AVAILABLE:
                             q_rope,
                             kv_nope_ring,
                             kv_rope_ring,
+                            p_smem,
                             ready,
                             empty,
                             lo,
