@@ -43,8 +43,12 @@ D_NOPE = 512
 D_ROPE = 64
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
-MERGE_COLUMNS = 128  # output columns per stage-2 program
-MERGE_STAGES = 3  # software-pipelining depth of stage 2's loop over units
+# Stage 2's shape: output columns per program and the pipelining depth of
+# its loop over units. All 512 columns in one unpipelined program measured
+# fastest on the H200 (BENCHMARKS.md, stage-2 A/B): more programs repeat the
+# draft-draft block and the plan, and pipelining never paid.
+MERGE_COLUMNS = 512
+MERGE_STAGES = 1
 
 
 @triton.jit
@@ -215,8 +219,7 @@ def _merge_extend_kernel(
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
-    # Output columns col0 .. col0 + BLOCK_DV: a long request's many units are
-    # merged by several programs at once.
+    # Output columns col0 .. col0 + BLOCK_DV.
     col0 = tl.program_id(2) * BLOCK_DV
 
     offs_i = tl.arange(0, BLOCK_L)
@@ -227,9 +230,7 @@ def _merge_extend_kernel(
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
 
     # Prefix: merge the request's units (log2-sum-exp2 weights), found by
-    # the same plan stage 1 followed. The loads of later units are
-    # independent of the running merge, so the loop is software-pipelined:
-    # a long request's many units are not one load latency each.
+    # the same plan stage 1 followed.
     chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
