@@ -111,7 +111,11 @@ def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
     config = bucket["config"]
     _check(isinstance(config, dict), f"{where}.config", "expected an object")
     for name, value in config.items():
-        _check(_is_int(value), f"{where}.config.{name}", f"expected an integer, got {value!r}")
+        if name == "kernel":  # the one field that is a name
+            ok, expected = isinstance(value, str), "a string"
+        else:
+            ok, expected = _is_int(value), "an integer"
+        _check(ok, f"{where}.config.{name}", f"expected {expected}, got {value!r}")
     try:
         VerifyConfig.from_dict(config)
     except (TypeError, ValueError) as exc:

@@ -136,6 +136,7 @@ CSV_FIELDS = (
     "NUM_KV_SPLITS",
     "num_warps",
     "num_stages",
+    "kernel",
     "config",
     "config_source",
     "copy_bw_tbps",
@@ -148,7 +149,7 @@ CSV_FIELDS = (
     "git_commit",
     "date_utc",
 )
-CONFIG_FIELDS = ("BLOCK_H", "BLOCK_N", "NUM_KV_SPLITS", "num_warps", "num_stages")
+CONFIG_FIELDS = ("BLOCK_H", "BLOCK_N", "NUM_KV_SPLITS", "num_warps", "num_stages", "kernel")
 
 
 # --- shapes -------------------------------------------------------------------------
@@ -715,7 +716,7 @@ def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Calla
 def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     """tuned (the table's config), default (the built-in one) or mha (BLOCK_H=1)."""
     import mla_verify
-    from mla_verify.config import default_num_kv_splits, rows_per_program
+    from mla_verify.config import VerifyConfig, default_num_kv_splits, rows_per_program
 
     s = batch.spec
     out = torch.empty(
@@ -735,7 +736,9 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
         splits = default_num_kv_splits(
             s.num_heads, s.batch_size, 1, rows_per_program(1, s.draft_len), arch
         )
-        config = dataclasses.replace(default, BLOCK_H=1, num_warps=4, NUM_KV_SPLITS=splits)
+        config = VerifyConfig(
+            BLOCK_H=1, BLOCK_N=64, NUM_KV_SPLITS=splits, num_warps=4, num_stages=2
+        )  # the Triton kernel: the Hopper one holds 64 rows by design
         launches = _kernel_launches(batch, out, config)
         return Contender(name, launches, out, True, config, "default_config, BLOCK_H=1")
     raise ValueError(f"unknown kernel contender {name!r}")
@@ -1065,7 +1068,8 @@ def _fmt(value: Any, digits: int = 2) -> str:
 def _config_text(row: dict[str, Any]) -> str:
     if row.get("BLOCK_H") is None:
         return ""
-    return "H{BLOCK_H}/N{BLOCK_N}/S{NUM_KV_SPLITS}/w{num_warps}/s{num_stages}".format(**row)
+    text = "H{BLOCK_H}/N{BLOCK_N}/S{NUM_KV_SPLITS}/w{num_warps}/s{num_stages}".format(**row)
+    return text if row.get("kernel", "triton") == "triton" else f"{text}/{row['kernel']}"
 
 
 def _json_safe(value: Any) -> Any:

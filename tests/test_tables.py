@@ -155,6 +155,8 @@ BAD_TABLES = {
     "config_unknown_field": (_set([*C, "BLOCK_M"], 16), "unknown fields ['BLOCK_M']"),
     "config_missing_field": (_delete([*C, "num_warps"]), "num_warps"),
     "config_float_value": (_set([*C, "BLOCK_H"], 4.0), "BLOCK_H"),
+    "config_kernel_not_a_name": (_set([*C, "kernel"], 1), "config.kernel: expected a string"),
+    "config_unknown_kernel": (_set([*C, "kernel"], "cuda"), "VerifyConfig.kernel"),
     "tuned_us_negative": (_set([*B, "tuned_us"], -1.0), "tuned_us"),
     "tuned_us_string": (_set([*B, "tuned_us"], "fast"), "tuned_us"),
     "default_us_nan": (_set([*B, "default_us"], float("nan")), "default_us"),
@@ -182,7 +184,8 @@ def test_validate_rejects_non_object_and_foreign_arch():
 
 
 def test_read_table_round_trips(tmp_path: Path):
-    data = table()
+    hopper = cfg(16, 5, num_warps=8, kernel="gluon_sm90")
+    data = table(entries=[entry(64, 4, "bf16", {1: bucket(cfg()), 32: bucket(hopper)})])
     path = write_json(tmp_path / "sm90.json", data)
     assert tables.read_table(path) == data
 

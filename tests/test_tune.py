@@ -37,11 +37,11 @@ def fake_timer(config: VerifyConfig, batches) -> float:
     )
 
 
-def run(argv, out_dir, device, timer=fake_timer):
+def run(argv, out_dir, device, timer=fake_timer, arch="cpu_test"):
     args = tune.parse_args(argv)
     return tune.run_tuning(
         args,
-        arch="cpu_test",
+        arch=arch,
         device=device,
         device_name="test device",
         sm_count=2,
@@ -81,6 +81,21 @@ def test_tiny_tune_writes_a_table_the_lookup_reads(table_env, device):
     config, source = lookup.resolve_config(2, 2, 2, arch="cpu_test")
     assert config == results[1].config
     assert "cpu_test.json entry H2_L2_bf16, bucket 2" in source
+
+
+def test_tuned_hopper_kernel_round_trips_through_the_table(table_env, device):
+    """An sm90 search offers the Gluon kernel; a table that picks it writes,
+    validates and reads back (on CPU the config runs the Triton fallback)."""
+    prefers_triton_tiles = lambda config, batches: 80.0 - 40 * (config.kernel == "triton")  # noqa: E731
+    results = run(TINY, table_env, device, timer=prefers_triton_tiles, arch="sm90")
+    assert all(r.config.kernel == "triton" for r in results)
+    prefers_hopper = lambda config, batches: 80.0 - 40 * (config.kernel == "gluon_sm90")  # noqa: E731
+    results = run([*TINY, "--redo"], table_env, device, timer=prefers_hopper, arch="sm90")
+    assert [r.config.kernel for r in results] == ["gluon_sm90"] * 2
+    table = json.loads((table_env / "sm90.json").read_text())
+    tables.validate_table(table, expected_arch="sm90")
+    lookup.reload_tables()
+    assert lookup.resolve_config(2, 2, 2, arch="sm90")[0] == results[1].config
 
 
 def test_default_kept_when_tuning_does_not_beat_it(table_env, device):
