@@ -251,7 +251,10 @@ def for_separate_v(config: VerifyConfig) -> VerifyConfig:
     limit), so such calls run one stage of at most 32 tokens. MLA engines
     pass the view and never take this path.
     """
-    return dataclasses.replace(config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32))
+    # The Triton kernel: the Hopper one reads V from the K tile by design.
+    return dataclasses.replace(
+        config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32), kernel="triton"
+    )
 
 
 def tile_candidates(

@@ -49,6 +49,7 @@ PLAN_BLOCK = 128  # requests the work plan reads per step
 # draft-draft block and the plan, and pipelining never paid.
 MERGE_COLUMNS = 512
 MERGE_STAGES = 1
+MERGE_WARPS = 4
 
 
 @triton.jit
@@ -441,6 +442,6 @@ def launch(
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
         DOT_FP32=INTERPRETED,
-        num_warps=4,
+        num_warps=MERGE_WARPS,
         num_stages=1,
     )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from mla_verify.config import VerifyConfig, default_config, hopper_config, tile_candidates
+from mla_verify.config import (
+    VerifyConfig,
+    default_config,
+    for_separate_v,
+    hopper_config,
+    tile_candidates,
+)
 
 
 def test_kernel_field_is_validated_and_named():
@@ -54,3 +60,8 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
         len(tile_candidates(16, 4, "sm90", "bf16"))
         == len(tile_candidates(16, 4, "sm90", "fp8_e4m3")) + 1
     )
+
+
+def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():
+    config = for_separate_v(hopper_config(16, 4, 32))
+    assert (config.kernel, config.BLOCK_N, config.num_stages) == ("triton", 32, 1)
