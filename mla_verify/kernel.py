@@ -20,6 +20,9 @@ draft-draft block. A long request among short ones thus gets many units
 (as FlashMLA plans on the GPU), with no host sync: both stages derive the
 plan from kv_indptr on the device.
 
+On sm90, a config with kernel="gluon_sm90" runs stage 1 as the Gluon kernel
+of kernel_sm90.py instead (same plan, same partials); stage 2 is shared.
+
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
 Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
