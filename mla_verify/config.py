@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from . import kernel_sm90
+
 # Key names of the KV dtypes the tables distinguish.
 KV_DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.bfloat16: "bf16",
@@ -214,8 +216,8 @@ def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -
 
 def hopper_config(num_heads: int, draft_len: int, batch_size: int) -> VerifyConfig:
     """The sm90 Gluon kernel's tile with splits for about one wave of CTAs
-    (one per SM: it holds 217 KB of shared memory)."""
-    block_h = max(1, min(num_heads, MAX_ROWS // draft_len))
+    (one per SM: it holds 224 KB of shared memory)."""
+    block_h = kernel_sm90.block_heads(num_heads, draft_len)
     return VerifyConfig(
         BLOCK_H=block_h,
         BLOCK_N=64,

@@ -716,7 +716,7 @@ def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Calla
 def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     """tuned (the table's config), default (the built-in one) or mha (BLOCK_H=1)."""
     import mla_verify
-    from mla_verify.config import VerifyConfig, default_num_kv_splits, rows_per_program
+    from mla_verify.config import default_num_kv_splits, rows_per_program
 
     s = batch.spec
     out = torch.empty(
@@ -736,9 +736,10 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
         splits = default_num_kv_splits(
             s.num_heads, s.batch_size, 1, rows_per_program(1, s.draft_len), arch
         )
-        config = VerifyConfig(
-            BLOCK_H=1, BLOCK_N=64, NUM_KV_SPLITS=splits, num_warps=4, num_stages=2
-        )  # the Triton kernel: the Hopper one holds 64 rows by design
+        # Always the Triton kernel: the Hopper one holds 64 rows by design.
+        config = dataclasses.replace(
+            default, BLOCK_H=1, num_warps=4, NUM_KV_SPLITS=splits, kernel="triton"
+        )
         launches = _kernel_launches(batch, out, config)
         return Contender(name, launches, out, True, config, "default_config, BLOCK_H=1")
     raise ValueError(f"unknown kernel contender {name!r}")
