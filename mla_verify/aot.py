@@ -77,8 +77,16 @@ def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, a
 
 def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointers) -> int:
     fn = kernel_sm90._prefix_kernel_sm90
-    constexprs = dict(DRAFT_LEN=draft_len, BLOCK_H=config.BLOCK_H, BLOCK_B=kernel.PLAN_BLOCK)
-    aligned = set(pointers) | {"stride_q_tok", "stride_q_head", "stride_k_slot"}
-    src = _signature(fn, pointers, {"score_scale"}, constexprs, aligned & set(fn.arg_names))
+    constexprs = dict(
+        DRAFT_LEN=draft_len,
+        BLOCK_H=config.BLOCK_H,
+        BLOCK_B=kernel.PLAN_BLOCK,
+        V_EXT_FROM_K=False,
+    )
+    pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
+    aligned = set(pointers) | {name for name in fn.arg_names if name.startswith("stride_")}
+    src = _signature(
+        fn, pointers, {"score_scale", "draft_scale"}, constexprs, aligned & set(fn.arg_names)
+    )
     options = {"num_warps": kernel_sm90.CONSUMER_WARPS.value, "maxnreg": kernel_sm90.MAX_REGS}
     return triton.compile(src, target=target, options=options).metadata.shared

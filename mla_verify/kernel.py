@@ -21,7 +21,9 @@ draft-draft block. A long request among short ones thus gets many units
 plan from kv_indptr on the device.
 
 On sm90, a config with kernel="gluon_sm90" runs stage 1 as the Gluon kernel
-of kernel_sm90.py instead (same plan, same partials); stage 2 is shared.
+of kernel_sm90.py instead (same plan). It also folds each request's drafts
+into the request's last unit, and a request with one unit gets its output
+there; stage 2 then only merges the requests with several units.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
@@ -46,12 +48,9 @@ D_NOPE = 512
 D_ROPE = 64
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
-# Stage 2's shape: output columns per program and the pipelining depth of
-# its loop over units. All 512 columns in one unpipelined program measured
-# fastest on the H200 (BENCHMARKS.md, stage-2 A/B): more programs repeat the
-# draft-draft block and the plan, and pipelining never paid.
-MERGE_COLUMNS = 512
-MERGE_STAGES = 1
+# Stage 2: one program per (request, head), all 512 columns, unpipelined:
+# measured fastest on the H200 (BENCHMARKS.md, stage-2 A/B). More programs
+# repeat the draft-draft block and the plan; pipelining never paid.
 MERGE_WARPS = 4
 
 
@@ -215,37 +214,40 @@ def _merge_extend_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    MERGE_STAGES: tl.constexpr,
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
+    DRAFTS_IN_PARTS: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
-    # Output columns col0 .. col0 + BLOCK_DV.
-    col0 = tl.program_id(2) * BLOCK_DV
+    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
+    kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
+    num_units = tl.cdiv(kv_len, chunk)
+    # DRAFTS_IN_PARTS: stage 1 put the drafts in each request's last unit
+    # and wrote the output of every request with one unit.
+    with_drafts = True
+    if DRAFTS_IN_PARTS:
+        if num_units == 1:
+            return
+        with_drafts = num_units == 0
 
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < DRAFT_LEN
     offs_d = tl.arange(0, D_NOPE)
-    offs_v = col0 + tl.arange(0, BLOCK_DV)
-    offs_r = tl.arange(0, D_ROPE)
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
 
     # Prefix: merge the request's units (log2-sum-exp2 weights), found by
     # the same plan stage 1 followed.
-    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
-    kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
     m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_L, BLOCK_DV], dtype=tl.float32)
-    for unit in tl.range(first, first + tl.cdiv(kv_len, chunk), num_stages=MERGE_STAGES):
+    acc = tl.zeros([BLOCK_L, D_NOPE], dtype=tl.float32)
+    for unit in range(first, first + num_units):
         part_row = ((unit * num_heads + head) * DRAFT_LEN + offs_i).to(tl.int64)  # [L]
         lse = tl.load(PART_LSE + part_row, mask=mask_i, other=0.0)
         part = tl.load(
-            PART_O + part_row[:, None] * D_NOPE + offs_v[None, :], mask=mask_i[:, None], other=0.0
+            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=mask_i[:, None], other=0.0
         )
         m_new = tl.maximum(m_i, lse)
         alpha = tl.exp2(m_i - m_new)
@@ -254,8 +256,57 @@ def _merge_extend_kernel(
         l_i = l_i * alpha + w
         m_i = m_new
     acc = acc * v_scale  # the KV-cache scale applies to the prefix values only
+    if with_drafts:
+        acc, l_i = _add_drafts(
+            Q,
+            K_EXT,
+            V_EXT,
+            q_row,
+            head,
+            stride_q_tok,
+            stride_q_head,
+            stride_ke_tok,
+            stride_ve_tok,
+            ext_scale,
+            acc,
+            m_i,
+            l_i,
+            DRAFT_LEN,
+            BLOCK_L,
+            D_NOPE,
+            D_ROPE,
+            DOT_FP32,
+        )
+    ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
+    tl.store(ptr_o, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_i[:, None])
 
-    # Drafts: row i attends to drafts 0..i of its own request.
+
+@triton.jit
+def _add_drafts(
+    Q,
+    K_EXT,
+    V_EXT,
+    q_row,
+    head,
+    stride_q_tok,
+    stride_q_head,
+    stride_ke_tok,
+    stride_ve_tok,
+    ext_scale,
+    acc,
+    m_i,
+    l_i,
+    DRAFT_LEN: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    # Row i attends to drafts 0..i of its own request; returns (acc, l).
+    offs_i = tl.arange(0, BLOCK_L)
+    mask_i = offs_i < DRAFT_LEN
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
     ptr_q = Q + q_row[:, None] * stride_q_tok + head * stride_q_head
     q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_i[:, None], other=0.0)  # [L, 512]
     q_pe = tl.load(ptr_q + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
@@ -263,7 +314,7 @@ def _merge_extend_kernel(
     k_nope = tl.load(ptr_ke + offs_d[None, :], mask=mask_i[:, None], other=0.0)
     k_pe = tl.load(ptr_ke + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
     v_ext = tl.load(
-        V_EXT + q_row[:, None] * stride_ve_tok + offs_v[None, :], mask=mask_i[:, None], other=0.0
+        V_EXT + q_row[:, None] * stride_ve_tok + offs_d[None, :], mask=mask_i[:, None], other=0.0
     )
     if DOT_FP32:
         q_nope = q_nope.to(tl.float32)
@@ -281,9 +332,7 @@ def _merge_extend_kernel(
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext)
-
-    ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_v[None, :]
-    tl.store(ptr_o, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_i[:, None])
+    return acc, l_i
 
 
 # Under TRITON_INTERPRET=1 the decorators return interpreter functions; the
@@ -298,14 +347,23 @@ def _kernel_source(jitted) -> str:
     return src[re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE).start() :]
 
 
-# Identifies the kernel code a tuned table was measured with.
+# Identifies the kernel code a tuned table was measured with: the jitted
+# functions and the module constants that shape them (comments elsewhere
+# in the modules do not count).
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
         [
             _kernel_source(fn)
-            for fn in (_chunk_len, _units_before, _prefix_kernel, _merge_extend_kernel)
+            for fn in (
+                _chunk_len,
+                _units_before,
+                _prefix_kernel,
+                _merge_extend_kernel,
+                _add_drafts,
+                *kernel_sm90.JITTED,
+            )
         ]
-        + [inspect.getsource(kernel_sm90)]
+        + [repr((PLAN_BLOCK, MERGE_WARPS)), repr(kernel_sm90.SHAPE)]
     ).encode()
 ).hexdigest()[:16]
 
@@ -369,10 +427,18 @@ def launch(
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
     v_from_k = v_is_k_view(k_buffer, v_buffer)
+    # The Hopper kernel adds each request's drafts to its last unit (v_scale
+    # applies to the prefix alone, so only when it is 1); stage 2 then skips
+    # the requests that have one unit.
+    drafts_in_parts = False
     if config.kernel == "gluon_sm90" and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
+        drafts_in_parts = v_scale == 1.0
         kernel_sm90.launch_prefix(
             q,
             k_buffer,
+            k_ext,
+            v_ext,
+            o,
             qo_indptr,
             kv_indptr,
             kv_indices,
@@ -383,6 +449,9 @@ def launch(
             block_h=config.BLOCK_H,
             num_kv_splits=splits,
             score_scale=sm_scale * k_scale * LOG2E,
+            draft_scale=sm_scale * LOG2E,
+            with_drafts=drafts_in_parts,
+            v_extend_from_k=v_is_k_view(k_ext, v_ext),
             plan_block=PLAN_BLOCK,
         )
     else:
@@ -416,7 +485,7 @@ def launch(
             DOT_FP32=INTERPRETED,
             **config.launch_options(),
         )
-    _merge_extend_kernel[(batch_size, num_heads, D_NOPE // MERGE_COLUMNS)](
+    _merge_extend_kernel[(batch_size, num_heads)](
         q,
         k_ext,
         v_ext,
@@ -440,10 +509,9 @@ def launch(
         BLOCK_L=max(16, triton_next_pow2(draft_len)),
         BLOCK_N=config.BLOCK_N,
         BLOCK_B=PLAN_BLOCK,
-        BLOCK_DV=MERGE_COLUMNS,
-        MERGE_STAGES=MERGE_STAGES,
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
+        DRAFTS_IN_PARTS=drafts_in_parts,
         DOT_FP32=INTERPRETED,
         num_warps=MERGE_WARPS,
         num_stages=1,

@@ -21,6 +21,12 @@ calls take the plain-Triton kernel. The work plan (which unit owns which
 chunk of which request) is integer-for-integer the plain kernel's, so stage
 2 merges either kernel's partials.
 
+With fold_drafts, a request's last unit runs one more tile after its prefix:
+the causal draft block (k_extend's rows, then v_extend's unless it is a view
+of k_extend) through the same ring. A request whose prefix is one unit (all
+of them with one split) is then finished here and written to the output,
+with no partials and no stage-2 work.
+
 Gluon does not run under Triton's interpreter: CI compiles this kernel for
 sm90 ahead of time, and the GPU tests check it against the reference.
 """
@@ -119,65 +125,145 @@ if AVAILABLE:
         return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
 
     @gluon.jit
-    def _gather(
-        dst,
-        K_BUF,
-        KV_INDICES,
-        kv_start,
-        first_token,
-        hi,
-        stride_k_slot,
-        col0,
-        WIDTH: gl.constexpr,
-        layout: gl.constexpr,
-    ):
-        # One cp.async per buffer: 64 scattered latent rows, columns
-        # col0 .. col0 + WIDTH; rows past the chunk are zero-filled.
-        offs_n = first_token + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-        mask_n = offs_n < hi
-        slot = gl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(gl.int64)
+    def _gather(dst, BASE, rows, mask, stride_row, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
+        # One cp.async per buffer: 64 latent rows (scattered), columns
+        # col0 .. col0 + WIDTH; masked rows are zero-filled.
         cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-        ptrs = K_BUF + slot[:, None] * stride_k_slot + cols[None, :]
-        _cp_async(dst, ptrs, mask=mask_n[:, None])
+        ptrs = BASE + rows.to(gl.int64)[:, None] * stride_row + cols[None, :]
+        _cp_async(dst, ptrs, mask=mask[:, None])
+
+    @gluon.jit
+    def _gather_tile(
+        nope,
+        rope,
+        BASE,
+        KV_INDICES,
+        first,
+        end,
+        stride_row,
+        INDIRECT: gl.constexpr,
+        WITH_ROPE: gl.constexpr,
+    ):
+        # Rows first .. end - 1 of one tile: prefix tokens through the slot
+        # table (INDIRECT), or the drafts' own rows of k_extend / v_extend.
+        nope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])
+        rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+        offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, nope_layout))
+        mask = offs < end
+        if INDIRECT:
+            offs = gl.load(KV_INDICES + offs, mask=mask, other=0)
+        _gather(nope, BASE, offs, mask, stride_row, 0, D_NOPE, nope_layout)
+        if WITH_ROPE:
+            offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, rope_layout))
+            mask = offs < end
+            if INDIRECT:
+                offs = gl.load(KV_INDICES + offs, mask=mask, other=0)
+            _gather(rope, BASE, offs, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
 
     @gluon.jit
     def _produce(
-        K_BUF, KV_INDICES, kv_nope_ring, kv_rope_ring, ready, empty, kv_start, lo, hi, stride_k_slot
+        K_BUF,
+        KV_INDICES,
+        K_EXT,
+        V_EXT,
+        kv_nope_ring,
+        kv_rope_ring,
+        ready,
+        empty,
+        kv_start,
+        lo,
+        hi,
+        with_drafts,
+        q_first,
+        stride_k_slot,
+        stride_ke_tok,
+        stride_ve_tok,
+        DRAFT_LEN: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
     ):
-        nope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])
-        rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
-        for t in range((hi - lo + TOKENS - 1) // TOKENS):
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
             stage = t % STAGES
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
-            first_token = lo + t * TOKENS
-            _gather(
+            _gather_tile(
                 kv_nope_ring.index(stage),
-                K_BUF,
-                KV_INDICES,
-                kv_start,
-                first_token,
-                hi,
-                stride_k_slot,
-                0,
-                D_NOPE,
-                nope_layout,
-            )
-            _gather(
                 kv_rope_ring.index(stage),
                 K_BUF,
                 KV_INDICES,
-                kv_start,
-                first_token,
-                hi,
+                kv_start + lo + t * TOKENS,
+                kv_start + hi,
                 stride_k_slot,
-                D_NOPE,
-                D_ROPE,
-                rope_layout,
+                True,
+                True,
             )
             # Each producer thread arrives once its own copies have landed.
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+        if with_drafts:
+            # One more tile, the drafts' K; then their V unless it is K's view.
+            t = prefix_tiles
+            stage = t % STAGES
+            mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+            _gather_tile(
+                kv_nope_ring.index(stage),
+                kv_rope_ring.index(stage),
+                K_EXT,
+                KV_INDICES,
+                q_first,
+                q_first + DRAFT_LEN,
+                stride_ke_tok,
+                False,
+                True,
+            )
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+            if not V_EXT_FROM_K:
+                t = prefix_tiles + 1
+                stage = t % STAGES
+                mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+                _gather_tile(
+                    kv_nope_ring.index(stage),
+                    kv_rope_ring.index(stage),
+                    V_EXT,
+                    KV_INDICES,
+                    q_first,
+                    q_first + DRAFT_LEN,
+                    stride_ve_tok,
+                    False,
+                    False,
+                )
+                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+    @gluon.jit
+    def _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s):
+        # The gathers wrote through the generic proxy; wgmma reads through
+        # the async one.
+        fence_async_shared()
+        qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False)
+        return warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk)
+
+    @gluon.jit
+    def _softmax_step(qk, m_i, l_elem, acc, o_rows: gl.constexpr):
+        # Online softmax over one tile of log2-domain scores: returns P and
+        # the rescaled state.
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(qk - m_new[:, None])
+        l_elem = l_elem * alpha[:, None] + p
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        return p, m_new, l_elem, acc
+
+    @gluon.jit
+    def _add_pv(p, p_smem, v, acc):
+        # Both warpgroups' halves of P, then O += P V for all 64 keys.
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _warps_barrier()
+        acc = warpgroup_mma(p_smem, v, acc)
+        # Every consumer warp is done with the stage (and with P).
+        _warps_barrier()
+        return acc
 
     @gluon.jit
     def _consume(
@@ -190,14 +276,22 @@ if AVAILABLE:
         empty,
         lo,
         hi,
+        with_drafts,
         score_scale,
+        draft_scale,
+        write_output,
         PART_O,
         PART_LSE,
+        O,
+        stride_o_tok,
+        stride_o_head,
+        q_first,
         work,
         head_block,
         num_heads,
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
     ):
         # Warpgroup g computes score columns 32g .. 32g + 31 and output
         # columns 256g .. 256g + 255 of all 64 rows.
@@ -207,59 +301,73 @@ if AVAILABLE:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
         )
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         # Row sums kept per element and reduced once at the end: one
         # cross-warpgroup reduction per tile instead of two.
         l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+        offs_c = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
 
-        for t in range((hi - lo + TOKENS - 1) // TOKENS):
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
             stage = t % STAGES
             mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-            # The gathers wrote through the generic proxy; wgmma reads
-            # through the async one.
-            fence_async_shared()
             kv_nope = kv_nope_ring.index(stage)
-            qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False)
-            qk = warpgroup_mma(q_rope, kv_rope_ring.index(stage).permute((1, 0)), qk)
-
-            offs_n = lo + t * TOKENS + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
-            qk = gl.where((offs_n < hi)[None, :], qk * score_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(qk, 1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(qk - m_new[:, None])
-            l_elem = l_elem * alpha[:, None] + p
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            m_i = m_new
-
-            # Both warpgroups' halves of P, then O += P V for all 64 keys.
-            p_smem.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            _warps_barrier()
-            acc = warpgroup_mma(p_smem, kv_nope, acc)
-            # Every consumer warp is done with the stage (and with P).
-            _warps_barrier()
+            qk = _scores(q_nope, q_rope, kv_nope, kv_rope_ring.index(stage), zero_s)
+            visible = (lo + t * TOKENS + offs_c) < hi
+            qk = gl.where(visible[None, :], qk * score_scale, float("-inf"))
+            p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
+            acc = _add_pv(p, p_smem, kv_nope, acc)
             mbarrier.arrive(empty.index(stage), count=1)
 
-        l_i = gl.sum(l_elem, 1)
-        offs_h, offs_i, mask_m = _row_coords(
-            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, s_layout)
-        )
-        part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
-        gl.store(PART_LSE + part_row, m_i + gl.log2(l_i), mask=mask_m)
+        if with_drafts:
+            # Row (h, i) sees drafts 0..i, scored without k_scale.
+            t = prefix_tiles
+            stage = t % STAGES
+            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+            kv_nope = kv_nope_ring.index(stage)
+            qk = _scores(q_nope, q_rope, kv_nope, kv_rope_ring.index(stage), zero_s)
+            _, draft_of_row, _ = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
+            visible = offs_c[None, :] <= draft_of_row[:, None]
+            qk = gl.where(visible, qk * draft_scale, float("-inf"))
+            p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
+            if not V_EXT_FROM_K:
+                # v_extend came as the next tile.
+                stage = (t + 1) % STAGES
+                mbarrier.wait(ready.index(stage), ((t + 1) // STAGES) & 1)
+                fence_async_shared()
+                kv_nope = kv_nope_ring.index(stage)
+            acc = _add_pv(p, p_smem, kv_nope, acc)
 
+        l_i = gl.sum(l_elem, 1)
         offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, o_rows)
-        part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
         offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, o_layout))
         out = acc / gl.convert_layout(l_i, o_rows)[:, None]
-        gl.store(PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None])
+        if write_output:
+            # The request's only unit, drafts included: this is its output.
+            o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
+            gl.store(
+                O + o_row[:, None] + offs_d[None, :], out.to(gl.bfloat16), mask=mask_m[:, None]
+            )
+        else:
+            part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+            gl.store(
+                PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None]
+            )
+            lse_h, lse_i, lse_mask = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
+            lse_row = ((work * num_heads + lse_h) * DRAFT_LEN + lse_i).to(gl.int64)
+            gl.store(PART_LSE + lse_row, m_i + gl.log2(l_i), mask=lse_mask)
 
-    @gluon.jit(do_not_specialize=["batch_size", "num_kv_splits"])
+    @gluon.jit(do_not_specialize=["batch_size", "num_kv_splits", "fold_drafts"])
     def _prefix_kernel_sm90(
         Q,
         K_BUF,
+        K_EXT,
+        V_EXT,
+        O,
         QO_INDPTR,
         KV_INDPTR,
         KV_INDICES,
@@ -268,13 +376,20 @@ if AVAILABLE:
         stride_q_tok,
         stride_q_head,
         stride_k_slot,
+        stride_ke_tok,
+        stride_ve_tok,
+        stride_o_tok,
+        stride_o_head,
         num_heads,
         batch_size,
         num_kv_splits,
         score_scale,
+        draft_scale,
+        fold_drafts,
         DRAFT_LEN: gl.constexpr,
         BLOCK_H: gl.constexpr,
         BLOCK_B: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
     ):
         head_block = gl.program_id(0)
         work = gl.program_id(1)
@@ -303,6 +418,13 @@ if AVAILABLE:
             lo = (work - first) * chunk
             hi = gl.minimum(lo + chunk, kv_len)
             q_first = gl.load(QO_INDPTR + req)
+            # With fold_drafts, the request's last unit also takes its drafts
+            # (one more tile, two when V is not a view of K); a request with
+            # one unit is then complete here. A runtime flag, not a constexpr:
+            # Triton 3.6 fails to compile the partitions with the branch
+            # folded away.
+            with_drafts = (hi == kv_len) & (fold_drafts != 0)
+            write_output = (lo == 0) & with_drafts
 
             nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
                 [ROWS, D_NOPE], gl.bfloat16
@@ -375,14 +497,22 @@ if AVAILABLE:
                             empty,
                             lo,
                             hi,
+                            with_drafts,
                             score_scale,
+                            draft_scale,
+                            write_output,
                             PART_O,
                             PART_LSE,
+                            O,
+                            stride_o_tok,
+                            stride_o_head,
+                            q_first,
                             work,
                             head_block,
                             num_heads,
                             BLOCK_H,
                             DRAFT_LEN,
+                            V_EXT_FROM_K,
                         ),
                     ),
                     (
@@ -390,6 +520,8 @@ if AVAILABLE:
                         (
                             K_BUF,
                             KV_INDICES,
+                            K_EXT,
+                            V_EXT,
                             kv_nope_ring,
                             kv_rope_ring,
                             ready,
@@ -397,7 +529,13 @@ if AVAILABLE:
                             kv_start,
                             lo,
                             hi,
+                            with_drafts,
+                            q_first,
                             stride_k_slot,
+                            stride_ke_tok,
+                            stride_ve_tok,
+                            DRAFT_LEN,
+                            V_EXT_FROM_K,
                         ),
                     ),
                 ],
@@ -406,9 +544,43 @@ if AVAILABLE:
             )
 
 
+# What kernel.KERNEL_HASH covers of this module: the constants that shape
+# the kernel and its jitted functions.
+SHAPE = (
+    ROWS.value,
+    TOKENS.value,
+    STAGES.value,
+    CONSUMER_WARPS.value,
+    PRODUCER_WARPS.value,
+    PRODUCER_REGS.value,
+    MAX_REGS,
+)
+JITTED = (
+    (
+        _add,
+        _chunk_len,
+        _row_coords,
+        _load_q,
+        _gather,
+        _gather_tile,
+        _produce,
+        _scores,
+        _softmax_step,
+        _add_pv,
+        _consume,
+        _prefix_kernel_sm90,
+    )
+    if AVAILABLE
+    else ()
+)
+
+
 def launch_prefix(
     q,
     k_buffer,
+    k_extend,
+    v_extend,
+    o,
     qo_indptr,
     kv_indptr,
     kv_indices,
@@ -420,14 +592,22 @@ def launch_prefix(
     block_h: int,
     num_kv_splits: int,
     score_scale: float,
+    draft_scale: float,
+    with_drafts: bool,
+    v_extend_from_k: bool,
     plan_block: int,
 ) -> None:
-    """Stage 1 on sm90; writes the same partials as the plain kernel."""
+    """Stage 1 on sm90: the same partials as the plain kernel; with
+    ``with_drafts``, each request's last unit includes its drafts and a
+    request with one unit writes its output ``o`` directly."""
     num_heads = q.shape[1]
     grid = ((num_heads + block_h - 1) // block_h, batch_size * num_kv_splits)
     _prefix_kernel_sm90[grid](
         q,
         k_buffer,
+        k_extend,
+        v_extend,
+        o,
         qo_indptr,
         kv_indptr,
         kv_indices,
@@ -436,13 +616,20 @@ def launch_prefix(
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
+        k_extend.stride(0),
+        v_extend.stride(0),
+        o.stride(0),
+        o.stride(1),
         num_heads,
         batch_size,
         num_kv_splits,
         score_scale,
+        draft_scale,
+        int(with_drafts),
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
+        V_EXT_FROM_K=v_extend_from_k,
         num_warps=CONSUMER_WARPS.value,
         maxnreg=MAX_REGS,
     )

@@ -102,6 +102,7 @@ def make_batch(
     pool_slots: int | None = None,
     pool: torch.Tensor | None = None,
     separate_v: bool = False,
+    v_extend_from_k: bool = False,
     strided_q: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
@@ -110,7 +111,10 @@ def make_batch(
 ) -> VerifyBatch:
     """A random batch: request b has ``prefix_lens[b]`` prefix tokens at
     scattered slots of a pool of ``pool_slots`` (default: used + 64), or of
-    the given ``pool`` [slots, 1, 576] (shared by many batches, left as is)."""
+    the given ``pool`` [slots, 1, 576] (shared by many batches, left as is).
+    ``separate_v``: a V pool of its own instead of the view of K's first 512
+    columns. ``v_extend_from_k``: v_extend is the view k_extend[..., :512]
+    (by default it is a tensor of its own, as SGLang passes it)."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
@@ -150,10 +154,12 @@ def make_batch(
     else:
         q = randn(rows, num_heads, Q_DIM).to(dtype)
     lens = torch.tensor([0, *prefix_lens])
+    k_extend = randn(rows, 1, Q_DIM).to(dtype)
+    v_extend = k_extend[..., :V_DIM] if v_extend_from_k else randn(rows, 1, V_DIM).to(dtype)
     return VerifyBatch(
         q=q,
-        k_extend=randn(rows, 1, Q_DIM).to(dtype),
-        v_extend=randn(rows, 1, V_DIM).to(dtype),
+        k_extend=k_extend,
+        v_extend=v_extend,
         k_buffer=k_buffer,
         v_buffer=v_buffer,
         qo_indptr=(torch.arange(bs + 1) * draft_len).to(torch.int32).to(device),

@@ -354,7 +354,7 @@ class Batch:
     prefix_lens: list[int]
     q: torch.Tensor  # [bs*L, H, 576]
     k_extend: torch.Tensor  # [bs*L, 1, 576]
-    v_extend: torch.Tensor  # [bs*L, 1, 512], = k_extend[..., :512] as in MLA
+    v_extend: torch.Tensor  # [bs*L, 1, 512]: k_extend[..., :512]'s values, own tensor (SGLang)
     k_buffer: torch.Tensor  # [slots, 1, 576]
     v_buffer: torch.Tensor  # k_buffer[..., :512]
     qo_indptr: torch.Tensor  # [bs+1] int32

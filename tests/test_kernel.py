@@ -74,6 +74,7 @@ CPU_CASES = [
     ),
     ("strided_q", 4, 2, [30, 12], {"strided_q": True}, SMALL),
     ("separate_v_buffer", 4, 2, [30, 12], {"separate_v": True}, SMALL),
+    ("v_extend_view_of_k_extend", 4, 2, [30, 12], {"v_extend_from_k": True}, SMALL),
     ("fp16", 4, 2, [30, 12], {"dtype": torch.float16}, SMALL),
     (
         "fp8_kv_scaled",
@@ -216,6 +217,37 @@ def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens):
         out = batch.new_output()
         assert batch.run(out, config) is True
         check_close(out, ref, what=str(config))
+
+
+# How a call hands its drafts to the Hopper kernel: v_extend a tensor of its
+# own (SGLang) or a view of k_extend; k_scale scales the prefix scores only;
+# v_scale != 1 leaves the drafts to stage 2.
+DRAFT_VARIANTS = {
+    "v_extend_view": {"v_extend_from_k": True},
+    "k_scale": {"k_scale": 0.5},
+    "v_scale_stage2": {"v_scale": 1.5},
+    "view_and_scales": {"v_extend_from_k": True, "k_scale": 0.75, "v_scale": 1.25},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("variant", list(DRAFT_VARIANTS))
+@pytest.mark.parametrize(
+    "heads,draft_len,prefix_lens",
+    [(16, 4, [3000, 1, 0, 700]), (128, 2, [64, 5000]), (8, 8, [130] * 5)],
+    ids=["H16_L4_ragged", "H128_L2", "H8_L8"],
+)
+def test_gpu_hopper_kernel_draft_variants(heads, draft_len, prefix_lens, variant):
+    batch = make_batch(heads, draft_len, prefix_lens, device="cuda", **DRAFT_VARIANTS[variant])
+    assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
+    ref = batch.reference()
+    for splits in (1, 4):
+        config = hopper_config(heads, draft_len, len(prefix_lens)).with_splits(splits)
+        _poison_workspace("cuda")
+        out = batch.new_output()
+        assert batch.run(out, config) is True
+        check_close(out, ref, what=f"{variant}, {config}")
 
 
 @pytest.mark.gpu
