@@ -485,6 +485,47 @@ def launch(
             DOT_FP32=INTERPRETED,
             **config.launch_options(),
         )
+    launch_merge(
+        q,
+        k_ext,
+        v_ext,
+        o,
+        qo_indptr,
+        kv_indptr,
+        part_o,
+        part_lse,
+        batch_size=batch_size,
+        draft_len=draft_len,
+        block_n=config.BLOCK_N,
+        num_kv_splits=splits,
+        sm_scale=sm_scale,
+        v_scale=v_scale,
+        drafts_in_parts=drafts_in_parts,
+    )
+
+
+def launch_merge(
+    q: torch.Tensor,
+    k_ext: torch.Tensor,
+    v_ext: torch.Tensor,
+    o: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    *,
+    batch_size: int,
+    draft_len: int,
+    block_n: int,
+    num_kv_splits: int,
+    sm_scale: float,
+    v_scale: float,
+    drafts_in_parts: bool,
+) -> None:
+    """Stage 2: merge each request's unit partials (the plan of stage 1 with
+    ``block_n``) and, unless stage 1 took them (``drafts_in_parts``), add the
+    drafts; write ``o``."""
+    num_heads = q.shape[1]
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
         k_ext,
@@ -502,12 +543,12 @@ def launch(
         o.stride(1),
         num_heads,
         batch_size,
-        splits,
+        num_kv_splits,
         sm_scale * LOG2E,
         v_scale,
         DRAFT_LEN=draft_len,
         BLOCK_L=max(16, triton_next_pow2(draft_len)),
-        BLOCK_N=config.BLOCK_N,
+        BLOCK_N=block_n,
         BLOCK_B=PLAN_BLOCK,
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,

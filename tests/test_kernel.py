@@ -5,6 +5,7 @@ Triton's interpreter. GPU lane (marked): realistic sizes."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -105,6 +106,52 @@ def test_int64_index_tensors(device):
     batch.kv_indptr = batch.kv_indptr.long()
     batch.qo_indptr = batch.qo_indptr.long()
     _run_and_check(batch, SMALL, device)
+
+
+def test_merge_with_drafts_taken_by_stage_1(device):
+    """Stage 2 as the Hopper kernel uses it (drafts folded into the last
+    unit): it merges the units of requests that have several, gives a
+    request with an empty prefix its drafts alone, and leaves a request with
+    one unit (stage 1 writes it) untouched."""
+    heads, draft_len, splits, block_n = 3, 2, 3, 16
+    # The plan: 145 tokens over 4 x (3 - 1) units -> chunks of 19, rounded up
+    # to BLOCK_N: 32. Units per request: 2, 1, 0, 4 (units 0-1, 2, -, 3-6).
+    batch = make_batch(heads, draft_len, [40, 5, 0, 100], device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    units = batch.batch_size * splits
+    part_o = torch.randn(units, heads, draft_len, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(units, heads, draft_len, generator=gen, device=device)
+    out = batch.new_output()
+    kernel.launch_merge(
+        batch.q,
+        batch.k_extend,
+        batch.v_extend,
+        out,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        part_o,
+        part_lse,
+        batch_size=batch.batch_size,
+        draft_len=draft_len,
+        block_n=block_n,
+        num_kv_splits=splits,
+        sm_scale=batch.sm_scale,
+        v_scale=1.0,
+        drafts_in_parts=True,
+    )
+
+    def merged(first: int, count: int) -> torch.Tensor:
+        # Weights 2^lse, normalised; [L, H, 512] like the output rows.
+        weights = torch.softmax(part_lse[first : first + count] * math.log(2), dim=0)
+        return (weights[..., None] * part_o[first : first + count]).sum(0).transpose(0, 1)
+
+    def rows(b: int) -> slice:
+        return slice(b * draft_len, (b + 1) * draft_len)
+
+    check_close(out[rows(0)], merged(0, 2), what="request with two units")
+    assert torch.isnan(out[rows(1)]).all(), "a request with one unit is stage 1's to write"
+    check_close(out[rows(2)], batch.reference()[rows(2)], what="empty prefix, drafts alone")
+    check_close(out[rows(3)], merged(3, 4), what="request with four units")
 
 
 def test_stale_workspace_never_leaks(device):
