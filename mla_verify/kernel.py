@@ -49,8 +49,9 @@ D_ROPE = 64
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
 # Stage 2: one program per (request, head), all 512 columns, unpipelined:
-# measured fastest on the H200 (BENCHMARKS.md, stage-2 A/B). More programs
-# repeat the draft-draft block and the plan; pipelining never paid.
+# measured fastest on the H200 (BENCHMARKS.md). Splitting the columns repeats
+# the draft block and the plan; pipelining or unrolling the unit loop, and
+# blocks of heads per program, never paid.
 MERGE_WARPS = 4
 
 
