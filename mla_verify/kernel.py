@@ -348,22 +348,18 @@ def _kernel_source(jitted) -> str:
     return src[re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE).start() :]
 
 
+def _jitted(namespace: dict) -> list:
+    # A module's jitted functions in definition order, compiled, Gluon or
+    # interpreted alike: a new helper is hashed without being listed.
+    return [v for v in namespace.values() if hasattr(v, "fn") and hasattr(v, "arg_names")]
+
+
 # Identifies the kernel code a tuned table was measured with: the jitted
 # functions and the module constants that shape them (comments elsewhere
 # in the modules do not count).
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
-        [
-            _kernel_source(fn)
-            for fn in (
-                _chunk_len,
-                _units_before,
-                _prefix_kernel,
-                _merge_extend_kernel,
-                _add_drafts,
-                *kernel_sm90.JITTED,
-            )
-        ]
+        [_kernel_source(fn) for fn in _jitted(globals()) + _jitted(vars(kernel_sm90))]
         + [repr((PLAN_BLOCK, MERGE_WARPS)), repr(kernel_sm90.SHAPE)]
     ).encode()
 ).hexdigest()[:16]

@@ -544,8 +544,8 @@ if AVAILABLE:
             )
 
 
-# What kernel.KERNEL_HASH covers of this module: the constants that shape
-# the kernel and its jitted functions.
+# The constants that shape the kernel, hashed with its jitted functions
+# into kernel.KERNEL_HASH.
 SHAPE = (
     ROWS.value,
     TOKENS.value,
@@ -554,24 +554,6 @@ SHAPE = (
     PRODUCER_WARPS.value,
     PRODUCER_REGS.value,
     MAX_REGS,
-)
-JITTED = (
-    (
-        _add,
-        _chunk_len,
-        _row_coords,
-        _load_q,
-        _gather,
-        _gather_tile,
-        _produce,
-        _scores,
-        _softmax_step,
-        _add_pv,
-        _consume,
-        _prefix_kernel_sm90,
-    )
-    if AVAILABLE
-    else ()
 )
 
 
