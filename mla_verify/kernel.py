@@ -50,8 +50,9 @@ LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
 # Stage 2: one program per (request, head), all 512 columns, unpipelined:
 # measured fastest on the H200 (BENCHMARKS.md). Splitting the columns repeats
-# the draft block and the plan; pipelining or unrolling the unit loop, and
-# blocks of heads per program, never paid.
+# the draft block and the plan; pipelining the unit loop, and blocks of heads
+# per program, never paid. Its unit loop takes 16 // next_pow2(L) units per
+# load (the slots of _merge_extend_kernel).
 MERGE_WARPS = 4
 
 
@@ -212,6 +213,7 @@ def _merge_extend_kernel(
     ext_scale,
     v_scale,
     DRAFT_LEN: tl.constexpr,
+    L_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -239,23 +241,43 @@ def _merge_extend_kernel(
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
 
     # Prefix: merge the request's units (log2-sum-exp2 weights), found by
-    # the same plan stage 1 followed.
+    # the same plan stage 1 followed. Row r of the tile is draft r % L_PAD of
+    # slot r // L_PAD; each slot merges every SLOTS-th unit, so one load
+    # fetches SLOTS units and the loop (a chain of L2 round trips on a long
+    # request) is SLOTS times shorter. The slots are merged at the end.
+    SLOTS: tl.constexpr = BLOCK_L // L_PAD
+    slot = offs_i // L_PAD
+    draft = offs_i % L_PAD
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
-    m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
+    m_r = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
+    l_r = tl.zeros([BLOCK_L], dtype=tl.float32)
     acc = tl.zeros([BLOCK_L, D_NOPE], dtype=tl.float32)
-    for unit in range(first, first + num_units):
-        part_row = ((unit * num_heads + head) * DRAFT_LEN + offs_i).to(tl.int64)  # [L]
-        lse = tl.load(PART_LSE + part_row, mask=mask_i, other=0.0)
+    for unit0 in range(first, first + num_units, SLOTS):
+        unit = unit0 + slot
+        valid = (draft < DRAFT_LEN) & (unit < first + num_units)
+        part_row = ((unit * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
+        lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
         part = tl.load(
-            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=mask_i[:, None], other=0.0
+            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=valid[:, None], other=0.0
         )
-        m_new = tl.maximum(m_i, lse)
-        alpha = tl.exp2(m_i - m_new)
-        w = tl.exp2(lse - m_new)
+        m_new = tl.maximum(m_r, lse)
+        # A slot with no unit yet keeps m = -inf: shift by 0 there, not NaN.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_r - shift)
+        w = tl.exp2(lse - shift)
         acc = acc * alpha[:, None] + w[:, None] * part
-        l_i = l_i * alpha + w
-        m_i = m_new
+        l_r = l_r * alpha + w
+        m_r = m_new
+    m_slots = tl.reshape(m_r, [SLOTS, L_PAD])
+    m_i = tl.max(m_slots, 0)
+    w_slots = tl.exp2(m_slots - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+    l_i = tl.sum(tl.reshape(l_r, [SLOTS, L_PAD]) * w_slots, 0)
+    acc = tl.sum(tl.reshape(acc, [SLOTS, L_PAD, D_NOPE]) * w_slots[:, :, None], 0)
+    # Back to BLOCK_L rows, row r holding draft r % L_PAD (rows >= DRAFT_LEN
+    # are padding): the shape the draft block's dots need.
+    m_i = tl.reshape(tl.broadcast_to(m_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
+    l_i = tl.reshape(tl.broadcast_to(l_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
+    acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_NOPE]), [BLOCK_L, D_NOPE])
     acc = acc * v_scale  # the KV-cache scale applies to the prefix values only
     if with_drafts:
         acc, l_i = _add_drafts(
@@ -544,6 +566,7 @@ def launch_merge(
         sm_scale * LOG2E,
         v_scale,
         DRAFT_LEN=draft_len,
+        L_PAD=triton_next_pow2(draft_len),
         BLOCK_L=max(16, triton_next_pow2(draft_len)),
         BLOCK_N=block_n,
         BLOCK_B=PLAN_BLOCK,

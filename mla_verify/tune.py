@@ -55,7 +55,7 @@ logger = logging.getLogger("mla_verify.tune")
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 128)
 DEFAULT_DRAFT_LENS = (1, 2, 3, 4, 5, 6, 7, 8)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-DEFAULT_CONTEXTS = (2048, 8192)
+DEFAULT_CONTEXTS = (2048, 16384)
 # Prefix tokens one timed problem may hold: long contexts at large batches
 # are cut to this, which keeps a bucket's timing under a second or so.
 MAX_PROBLEM_TOKENS = 1 << 20

@@ -108,19 +108,37 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
-def test_merge_with_drafts_taken_by_stage_1(device):
+@pytest.mark.parametrize(
+    "draft_len,splits,prefix_lens,expected_units",
+    [
+        # Chunks of 32 tokens.
+        (2, 3, [40, 5, 0, 100], [2, 1, 0, 4]),
+        # Chunks of 64: more units than the merge's slots (16 // next_pow2(L)),
+        # so each slot merges several units.
+        (1, 12, [400, 5, 0, 2000], [7, 1, 0, 32]),
+        (3, 12, [400, 5, 0, 2000], [7, 1, 0, 32]),
+    ],
+)
+def test_merge_with_drafts_taken_by_stage_1(
+    draft_len, splits, prefix_lens, expected_units, device
+):
     """Stage 2 as the Hopper kernel uses it (drafts folded into the last
     unit): it merges the units of requests that have several, gives a
     request with an empty prefix its drafts alone, and leaves a request with
     one unit (stage 1 writes it) untouched."""
-    heads, draft_len, splits, block_n = 3, 2, 3, 16
-    # The plan: 145 tokens over 4 x (3 - 1) units -> chunks of 19, rounded up
-    # to BLOCK_N: 32. Units per request: 2, 1, 0, 4 (units 0-1, 2, -, 3-6).
-    batch = make_batch(heads, draft_len, [40, 5, 0, 100], device=device)
+    heads, block_n = 3, 16
+    batch = make_batch(heads, draft_len, prefix_lens, device=device)
+    # The work plan, derived here independently: one chunk length for the
+    # batch, units numbered request by request.
+    spare = max(batch.batch_size * (splits - 1), 1)
+    chunk = -(-max(-(-sum(prefix_lens) // spare), 1) // block_n) * block_n
+    units = [-(-n // chunk) for n in prefix_lens]
+    assert units == expected_units
+    firsts = [sum(units[:b]) for b in range(len(units))]
     gen = torch.Generator(device=device).manual_seed(0)
-    units = batch.batch_size * splits
-    part_o = torch.randn(units, heads, draft_len, 512, generator=gen, device=device)
-    part_lse = 4 * torch.randn(units, heads, draft_len, generator=gen, device=device)
+    num_units = batch.batch_size * splits
+    part_o = torch.randn(num_units, heads, draft_len, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(num_units, heads, draft_len, generator=gen, device=device)
     out = batch.new_output()
     kernel.launch_merge(
         batch.q,
@@ -145,13 +163,15 @@ def test_merge_with_drafts_taken_by_stage_1(device):
         weights = torch.softmax(part_lse[first : first + count] * math.log(2), dim=0)
         return (weights[..., None] * part_o[first : first + count]).sum(0).transpose(0, 1)
 
-    def rows(b: int) -> slice:
-        return slice(b * draft_len, (b + 1) * draft_len)
-
-    check_close(out[rows(0)], merged(0, 2), what="request with two units")
-    assert torch.isnan(out[rows(1)]).all(), "a request with one unit is stage 1's to write"
-    check_close(out[rows(2)], batch.reference()[rows(2)], what="empty prefix, drafts alone")
-    check_close(out[rows(3)], merged(3, 4), what="request with four units")
+    reference = batch.reference()
+    for b, count in enumerate(units):
+        rows = slice(b * draft_len, (b + 1) * draft_len)
+        if count == 0:
+            check_close(out[rows], reference[rows], what=f"request {b}: empty prefix, drafts alone")
+        elif count == 1:
+            assert torch.isnan(out[rows]).all(), f"request {b} has one unit: stage 1 writes it"
+        else:
+            check_close(out[rows], merged(firsts[b], count), what=f"request {b}: {count} units")
 
 
 def test_stale_workspace_never_leaks(device):
