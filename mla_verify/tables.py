@@ -10,7 +10,7 @@ One file per arch, ``<arch>.json``::
      "entries": {"H128_L4_bf16": {"num_heads": 128, "draft_len": 4, "kv_dtype": "bf16",
                  "buckets": {"32": {"config": {...VerifyConfig.to_dict()},
                                     "tuned_us": 12.3, "default_us": 15.0,
-                                    "context_lens": [2048, 8192]}}}}}
+                                    "context_lens": [2048, 16384]}}}}}
 
 Bucket keys are batch sizes as decimal strings; ``tuned_us``/``default_us``
 may be null (reported, unmeasured configs). ``context_lens`` is optional.
