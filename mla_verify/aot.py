@@ -68,9 +68,9 @@ def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, a
         V_FROM_K=True,
         DOT_FP32=False,
     )
-    if config.kernel == "gluon_sm90" and arch == "sm90" and kv_dtype == "bf16":
+    if config.kernel == "gluon_sm90" and arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES:
         return _compile_hopper_kernel(config, draft_len, target, pointers)
-    src = _signature(kernel._prefix_kernel, pointers, {"score_scale"}, constexprs)
+    src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)
     compiled = triton.compile(src, target=target, options=config.launch_options())
     return compiled.metadata.shared
 
@@ -86,7 +86,11 @@ def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointer
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     aligned = set(pointers) | {name for name in fn.arg_names if name.startswith("stride_")}
     src = _signature(
-        fn, pointers, {"score_scale", "draft_scale"}, constexprs, aligned & set(fn.arg_names)
+        fn,
+        pointers,
+        {"score_scale", "draft_scale", "v_scale"},
+        constexprs,
+        aligned & set(fn.arg_names),
     )
     options = {"num_warps": kernel_sm90.CONSUMER_WARPS.value, "maxnreg": kernel_sm90.MAX_REGS}
     return triton.compile(src, target=target, options=options).metadata.shared

@@ -264,10 +264,10 @@ def tile_candidates(
 ) -> list[VerifyConfig]:
     """Stage-1 tile shapes the tuner tries (NUM_KV_SPLITS left at 1; the
     tuner searches splits separately): the Hopper kernel where it applies
-    (sm90, bf16 KV), and Triton tiles pruned where the answer is known:
-    accumulator registers and shared memory for the KV ring."""
+    (sm90, bf16 or fp8 e4m3 KV), and Triton tiles pruned where the answer is
+    known: accumulator registers and shared memory for the KV ring."""
     out: list[VerifyConfig] = []
-    if arch == "sm90" and kv_dtype == "bf16" and draft_len <= MAX_ROWS:
+    if arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES and draft_len <= MAX_ROWS:
         out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)

@@ -108,6 +108,7 @@ def _prefix_kernel(
     batch_size,
     num_kv_splits,
     score_scale,
+    v_scale,
     DRAFT_LEN: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -183,9 +184,10 @@ def _prefix_kernel(
         m_i = m_new
 
     part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)  # [M]
+    # The KV cache's value scale applies to the prefix alone.
     tl.store(
         PART_O + part_row[:, None] * D_NOPE + offs_d[None, :],
-        acc / l_i[:, None],
+        acc * (v_scale / l_i[:, None]),
         mask=mask_m[:, None],
     )
     tl.store(PART_LSE + part_row, m_i + tl.log2(l_i), mask=mask_m)
@@ -211,7 +213,6 @@ def _merge_extend_kernel(
     batch_size,
     num_kv_splits,
     ext_scale,
-    v_scale,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -278,7 +279,6 @@ def _merge_extend_kernel(
     m_i = tl.reshape(tl.broadcast_to(m_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     l_i = tl.reshape(tl.broadcast_to(l_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_NOPE]), [BLOCK_L, D_NOPE])
-    acc = acc * v_scale  # the KV-cache scale applies to the prefix values only
     if with_drafts:
         acc, l_i = _add_drafts(
             Q,
@@ -446,12 +446,11 @@ def launch(
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
     v_from_k = v_is_k_view(k_buffer, v_buffer)
-    # The Hopper kernel adds each request's drafts to its last unit (v_scale
-    # applies to the prefix alone, so only when it is 1); stage 2 then skips
-    # the requests that have one unit.
+    # The Hopper kernel adds each request's drafts to its last unit (bf16
+    # KV); stage 2 then skips the requests that have one unit.
     drafts_in_parts = False
     if config.kernel == "gluon_sm90" and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
-        drafts_in_parts = v_scale == 1.0
+        drafts_in_parts = kernel_sm90.folds_drafts(KV_DTYPE_NAMES[k_buffer.dtype])
         kernel_sm90.launch_prefix(
             q,
             k_buffer,
@@ -469,6 +468,7 @@ def launch(
             num_kv_splits=splits,
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
+            v_scale=v_scale,
             with_drafts=drafts_in_parts,
             v_extend_from_k=v_is_k_view(k_ext, v_ext),
             plan_block=PLAN_BLOCK,
@@ -493,6 +493,7 @@ def launch(
             batch_size,
             splits,
             sm_scale * k_scale * LOG2E,
+            v_scale,
             DRAFT_LEN=draft_len,
             BLOCK_H=config.BLOCK_H,
             BLOCK_M=block_m,
@@ -518,7 +519,6 @@ def launch(
         block_n=config.BLOCK_N,
         num_kv_splits=splits,
         sm_scale=sm_scale,
-        v_scale=v_scale,
         drafts_in_parts=drafts_in_parts,
     )
 
@@ -538,7 +538,6 @@ def launch_merge(
     block_n: int,
     num_kv_splits: int,
     sm_scale: float,
-    v_scale: float,
     drafts_in_parts: bool,
 ) -> None:
     """Stage 2: merge each request's unit partials (the plan of stage 1 with
@@ -564,7 +563,6 @@ def launch_merge(
         batch_size,
         num_kv_splits,
         sm_scale * LOG2E,
-        v_scale,
         DRAFT_LEN=draft_len,
         L_PAD=triton_next_pow2(draft_len),
         BLOCK_L=max(16, triton_next_pow2(draft_len)),

@@ -16,10 +16,19 @@ Here each CTA holds 64 query rows (BLOCK_H heads x L drafts) and runs
                          signals `empty`
 
 Shared memory: q 72 KB + 2 x 72 KB ring + P 8 KB = 224 of 227 KB, so one
-CTA per SM and exactly two stages. bf16 KV only, V a view of K (MLA); other
-calls take the plain-Triton kernel. The work plan (which unit owns which
-chunk of which request) is integer-for-integer the plain kernel's, so stage
-2 merges either kernel's partials.
+CTA per SM and exactly two stages. V must be a view of K (MLA); other calls
+take the plain-Triton kernel. The work plan (which unit owns which chunk of
+which request) is integer-for-integer the plain kernel's, so stage 2 merges
+either kernel's partials.
+
+fp8 e4m3 KV: wgmma takes fp8 only as K-major operands, and V is not K-major
+in P V, so the tile is widened to bf16 in shared memory. The ring's two
+stages then hold fp8 rows (2 x 36 KB) and one bf16 tile (72 KB) takes the
+place of the second bf16 stage; the consumer widens each stage into it and
+frees the stage at once, so the producer runs up to two tiles ahead. The
+widening (108 KB of shared-memory traffic a tile) is on the consumer's
+critical path: fp8 KV takes 1.2-1.6x the bf16 time (BENCHMARKS.md). The
+drafts (bf16, like q) are left to stage 2 with fp8 KV.
 
 With fold_drafts, a request's last unit runs one more tile after its prefix:
 the causal draft block (k_extend's rows, then v_extend's unless it is a view
@@ -73,9 +82,18 @@ def block_heads(num_heads: int, draft_len: int) -> int:
     return max(1, min(num_heads, ROWS.value // draft_len))
 
 
+KV_DTYPES = ("bf16", "fp8_e4m3")
+
+
 def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
     """Calls this kernel computes; the plain kernel takes the rest."""
-    return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name == "bf16" and v_from_k
+    return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name in KV_DTYPES and v_from_k
+
+
+def folds_drafts(kv_dtype_name: str) -> bool:
+    """Whether the kernel can take the drafts into each request's last unit:
+    with bf16 KV (the drafts share the ring); with fp8 KV stage 2 adds them."""
+    return kv_dtype_name == "bf16"
 
 
 if AVAILABLE:
@@ -146,8 +164,14 @@ if AVAILABLE:
     ):
         # Rows first .. end - 1 of one tile: prefix tokens through the slot
         # table (INDIRECT), or the drafts' own rows of k_extend / v_extend.
-        nope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])
-        rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+        # 16-byte copies: 8 bf16 or 16 fp8 elements.
+        VEC: gl.constexpr = 128 // BASE.dtype.element_ty.primitive_bitwidth
+        nope_layout: gl.constexpr = gl.BlockedLayout(
+            [1, VEC], [1, 32], [PRODUCER_WARPS, 1], [1, 0]
+        )
+        rope_layout: gl.constexpr = gl.BlockedLayout(
+            [1, VEC], [32 * VEC // D_ROPE, D_ROPE // VEC], [PRODUCER_WARPS, 1], [1, 0]
+        )
         offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, nope_layout))
         mask = offs < end
         if INDIRECT:
@@ -159,6 +183,53 @@ if AVAILABLE:
             if INDIRECT:
                 offs = gl.load(KV_INDICES + offs, mask=mask, other=0)
             _gather(rope, BASE, offs, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
+
+    @gluon.jit
+    def _produce_drafts(
+        K_EXT,
+        V_EXT,
+        KV_INDICES,
+        kv_nope_ring,
+        kv_rope_ring,
+        ready,
+        empty,
+        t,
+        q_first,
+        stride_ke_tok,
+        stride_ve_tok,
+        DRAFT_LEN: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
+    ):
+        # Tile t: the drafts' K; then their V unless it is K's view.
+        stage = t % STAGES
+        mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+        _gather_tile(
+            kv_nope_ring.index(stage),
+            kv_rope_ring.index(stage),
+            K_EXT,
+            KV_INDICES,
+            q_first,
+            q_first + DRAFT_LEN,
+            stride_ke_tok,
+            False,
+            True,
+        )
+        async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+        if not V_EXT_FROM_K:
+            stage = (t + 1) % STAGES
+            mbarrier.wait(empty.index(stage), (((t + 1) // STAGES) & 1) ^ 1)
+            _gather_tile(
+                kv_nope_ring.index(stage),
+                kv_rope_ring.index(stage),
+                V_EXT,
+                KV_INDICES,
+                q_first,
+                q_first + DRAFT_LEN,
+                stride_ve_tok,
+                False,
+                False,
+            )
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
     @gluon.jit
     def _produce(
@@ -180,6 +251,7 @@ if AVAILABLE:
         stride_ve_tok,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
+        KV_FP8: gl.constexpr,
     ):
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
@@ -201,45 +273,30 @@ if AVAILABLE:
             # Each producer thread arrives once its own copies have landed.
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
-        if with_drafts:
-            # One more tile, the drafts' K; then their V unless it is K's view.
-            t = prefix_tiles
-            stage = t % STAGES
-            mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
-            _gather_tile(
-                kv_nope_ring.index(stage),
-                kv_rope_ring.index(stage),
-                K_EXT,
-                KV_INDICES,
-                q_first,
-                q_first + DRAFT_LEN,
-                stride_ke_tok,
-                False,
-                True,
-            )
-            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-            if not V_EXT_FROM_K:
-                t = prefix_tiles + 1
-                stage = t % STAGES
-                mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
-                _gather_tile(
-                    kv_nope_ring.index(stage),
-                    kv_rope_ring.index(stage),
+        # The drafts are bf16: with fp8 KV the launcher leaves them to stage 2
+        # (folds_drafts), and this code is not compiled for the fp8 ring.
+        if not KV_FP8:
+            if with_drafts:
+                _produce_drafts(
+                    K_EXT,
                     V_EXT,
                     KV_INDICES,
+                    kv_nope_ring,
+                    kv_rope_ring,
+                    ready,
+                    empty,
+                    prefix_tiles,
                     q_first,
-                    q_first + DRAFT_LEN,
+                    stride_ke_tok,
                     stride_ve_tok,
-                    False,
-                    False,
+                    DRAFT_LEN,
+                    V_EXT_FROM_K,
                 )
-                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
     @gluon.jit
     def _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s):
-        # The gathers wrote through the generic proxy; wgmma reads through
-        # the async one.
-        fence_async_shared()
+        # The caller has fenced the tile's writes (generic proxy) for wgmma
+        # (async proxy).
         qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False)
         return warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk)
 
@@ -266,11 +323,99 @@ if AVAILABLE:
         return acc
 
     @gluon.jit
+    def fp8_to_bf16(x):
+        # e4m3 -> bf16 with integer ops, four values a step: PRMT spreads the
+        # bytes into 16-bit lanes, sign-extended, so one shift and one mask
+        # put sign, exponent and mantissa in bf16's fields; a multiply by
+        # 2^(127 - 7) rebiases the exponent (subnormals included). The cvt
+        # route (e4m3 -> f16 -> bf16) runs on the slow conversion pipe. The
+        # NaN codes (0x7f, 0xff) read as +-480.
+        return gl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 lo, hi, scale;
+            mov.b32 scale, 0x7B807B80;
+            prmt.b32 lo, $2, 0, 0x9180;
+            prmt.b32 hi, $2, 0, 0xB3A2;
+            shl.b32 lo, lo, 4;
+            shl.b32 hi, hi, 4;
+            and.b32 lo, lo, 0x87F087F0;
+            and.b32 hi, hi, 0x87F087F0;
+            mul.rn.bf16x2 $0, lo, scale;
+            mul.rn.bf16x2 $1, hi, scale;
+            }
+            """,
+            "=r,=r,r",
+            [x.to(gl.uint8, bitcast=True)],
+            dtype=gl.bfloat16,
+            is_pure=True,
+            pack=4,
+        )
+
+    @gluon.jit
+    def _widen(fp8_nope, fp8_rope, nope, rope):
+        # fp8 tile -> bf16 tile, shared by both warpgroups. A warp moves 8
+        # rows x 32 columns a step: its 16-byte stores cover all banks of the
+        # 128-byte swizzle. Whole-tile loads and stores: with slices of these
+        # buffers Triton puts a CTA barrier between each slice's load and
+        # store (8-11% slower end to end, measured).
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [CONSUMER_WARPS, 1], [1, 0])
+        nope.store(fp8_to_bf16(fp8_nope.load(layout)))
+        rope.store(fp8_to_bf16(fp8_rope.load(layout)))
+        # Both warpgroups' rows, visible to wgmma (the async proxy).
+        fence_async_shared()
+        _warps_barrier()
+
+    @gluon.jit
+    def _consume_drafts(
+        q_nope,
+        q_rope,
+        kv_nope_ring,
+        kv_rope_ring,
+        p_smem,
+        ready,
+        t,
+        draft_scale,
+        m_i,
+        l_elem,
+        acc,
+        zero_s,
+        head_block,
+        num_heads,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
+    ):
+        # Tile t holds the drafts' K (and tile t + 1 their V, unless V is a
+        # view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
+        s_rows: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        offs_c = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, zero_s.type.layout))
+        stage = t % STAGES
+        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+        kv_nope = kv_nope_ring.index(stage)
+        fence_async_shared()  # the gathers wrote through the generic proxy
+        qk = _scores(q_nope, q_rope, kv_nope, kv_rope_ring.index(stage), zero_s)
+        _, draft_of_row, _ = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
+        visible = offs_c[None, :] <= draft_of_row[:, None]
+        qk = gl.where(visible, qk * draft_scale, float("-inf"))
+        p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
+        if not V_EXT_FROM_K:
+            stage = (t + 1) % STAGES
+            mbarrier.wait(ready.index(stage), ((t + 1) // STAGES) & 1)
+            fence_async_shared()
+            kv_nope = kv_nope_ring.index(stage)
+        acc = _add_pv(p, p_smem, kv_nope, acc)
+        return m_i, l_elem, acc
+
+    @gluon.jit
     def _consume(
         q_nope,
         q_rope,
         kv_nope_ring,
         kv_rope_ring,
+        wide_nope,
+        wide_rope,
         p_smem,
         ready,
         empty,
@@ -279,6 +424,7 @@ if AVAILABLE:
         with_drafts,
         score_scale,
         draft_scale,
+        v_scale,
         write_output,
         PART_O,
         PART_LSE,
@@ -292,6 +438,7 @@ if AVAILABLE:
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
+        KV_FP8: gl.constexpr,
     ):
         # Warpgroup g computes score columns 32g .. 32g + 31 and output
         # columns 256g .. 256g + 255 of all 64 rows.
@@ -315,32 +462,48 @@ if AVAILABLE:
         for t in range(prefix_tiles):
             stage = t % STAGES
             mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-            kv_nope = kv_nope_ring.index(stage)
-            qk = _scores(q_nope, q_rope, kv_nope, kv_rope_ring.index(stage), zero_s)
+            if KV_FP8:
+                # The previous tile's P V is done (_add_pv's last barrier):
+                # the bf16 tile is free, and the fp8 stage is free once read.
+                kv_nope = wide_nope.index(0)
+                kv_rope = wide_rope.index(0)
+                _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
+                mbarrier.arrive(empty.index(stage), count=1)
+            else:
+                kv_nope = kv_nope_ring.index(stage)
+                kv_rope = kv_rope_ring.index(stage)
+                fence_async_shared()  # the gathers wrote through the generic proxy
+            qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
             visible = (lo + t * TOKENS + offs_c) < hi
             qk = gl.where(visible[None, :], qk * score_scale, float("-inf"))
             p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
             acc = _add_pv(p, p_smem, kv_nope, acc)
-            mbarrier.arrive(empty.index(stage), count=1)
+            if not KV_FP8:
+                mbarrier.arrive(empty.index(stage), count=1)
+        # The KV cache's value scale applies to the prefix alone.
+        acc = acc * v_scale
 
-        if with_drafts:
-            # Row (h, i) sees drafts 0..i, scored without k_scale.
-            t = prefix_tiles
-            stage = t % STAGES
-            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-            kv_nope = kv_nope_ring.index(stage)
-            qk = _scores(q_nope, q_rope, kv_nope, kv_rope_ring.index(stage), zero_s)
-            _, draft_of_row, _ = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
-            visible = offs_c[None, :] <= draft_of_row[:, None]
-            qk = gl.where(visible, qk * draft_scale, float("-inf"))
-            p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
-            if not V_EXT_FROM_K:
-                # v_extend came as the next tile.
-                stage = (t + 1) % STAGES
-                mbarrier.wait(ready.index(stage), ((t + 1) // STAGES) & 1)
-                fence_async_shared()
-                kv_nope = kv_nope_ring.index(stage)
-            acc = _add_pv(p, p_smem, kv_nope, acc)
+        if not KV_FP8:  # with fp8 KV stage 2 adds the drafts
+            if with_drafts:
+                m_i, l_elem, acc = _consume_drafts(
+                    q_nope,
+                    q_rope,
+                    kv_nope_ring,
+                    kv_rope_ring,
+                    p_smem,
+                    ready,
+                    prefix_tiles,
+                    draft_scale,
+                    m_i,
+                    l_elem,
+                    acc,
+                    zero_s,
+                    head_block,
+                    num_heads,
+                    BLOCK_H,
+                    DRAFT_LEN,
+                    V_EXT_FROM_K,
+                )
 
         l_i = gl.sum(l_elem, 1)
         offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, o_rows)
@@ -385,12 +548,14 @@ if AVAILABLE:
         num_kv_splits,
         score_scale,
         draft_scale,
+        v_scale,
         fold_drafts,
         DRAFT_LEN: gl.constexpr,
         BLOCK_H: gl.constexpr,
         BLOCK_B: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
     ):
+        KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
         head_block = gl.program_id(0)
         work = gl.program_id(1)
         plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [CONSUMER_WARPS], [0])
@@ -469,12 +634,25 @@ if AVAILABLE:
                     q_layout,
                 ),
             )
+            # The ring holds KV rows as stored; with fp8 KV, one bf16 tile
+            # besides (module docstring).
+            kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
             kv_nope_ring = gl.allocate_shared_memory(
-                gl.bfloat16, [STAGES, TOKENS, D_NOPE], nope_smem
+                kv_dtype,
+                [STAGES, TOKENS, D_NOPE],
+                gl.NVMMASharedLayout.get_default_for([TOKENS, D_NOPE], kv_dtype),
             )
             kv_rope_ring = gl.allocate_shared_memory(
-                gl.bfloat16, [STAGES, TOKENS, D_ROPE], rope_smem
+                kv_dtype,
+                [STAGES, TOKENS, D_ROPE],
+                gl.NVMMASharedLayout.get_default_for([TOKENS, D_ROPE], kv_dtype),
             )
+            if KV_FP8:
+                wide_nope = gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_NOPE], nope_smem)
+                wide_rope = gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_ROPE], rope_smem)
+            else:  # not used
+                wide_nope = kv_nope_ring
+                wide_rope = kv_rope_ring
             p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
             ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -492,6 +670,8 @@ if AVAILABLE:
                             q_rope,
                             kv_nope_ring,
                             kv_rope_ring,
+                            wide_nope,
+                            wide_rope,
                             p_smem,
                             ready,
                             empty,
@@ -500,6 +680,7 @@ if AVAILABLE:
                             with_drafts,
                             score_scale,
                             draft_scale,
+                            v_scale,
                             write_output,
                             PART_O,
                             PART_LSE,
@@ -513,6 +694,7 @@ if AVAILABLE:
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
+                            KV_FP8,
                         ),
                     ),
                     (
@@ -536,6 +718,7 @@ if AVAILABLE:
                             stride_ve_tok,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
+                            KV_FP8,
                         ),
                     ),
                 ],
@@ -575,13 +758,17 @@ def launch_prefix(
     num_kv_splits: int,
     score_scale: float,
     draft_scale: float,
+    v_scale: float,
     with_drafts: bool,
     v_extend_from_k: bool,
     plan_block: int,
 ) -> None:
-    """Stage 1 on sm90: the same partials as the plain kernel; with
-    ``with_drafts``, each request's last unit includes its drafts and a
+    """Stage 1 on sm90: the same partials as the plain kernel (prefix values
+    scaled by ``v_scale``); with ``with_drafts`` (bf16 KV only, see
+    ``folds_drafts``), each request's last unit includes its drafts and a
     request with one unit writes its output ``o`` directly."""
+    if with_drafts and k_buffer.dtype != q.dtype:
+        raise ValueError(f"with_drafts: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     num_heads = q.shape[1]
     grid = ((num_heads + block_h - 1) // block_h, batch_size * num_kv_splits)
     _prefix_kernel_sm90[grid](
@@ -607,6 +794,7 @@ def launch_prefix(
         num_kv_splits,
         score_scale,
         draft_scale,
+        v_scale,
         int(with_drafts),
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,

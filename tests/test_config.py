@@ -54,11 +54,12 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
         return [c for c in tile_candidates(16, 4, arch, dtype) if c.kernel == "gluon_sm90"]
 
     assert len(hopper_tiles("sm90", "bf16")) == 1
-    assert hopper_tiles("sm90", "fp8_e4m3") == []
+    assert len(hopper_tiles("sm90", "fp8_e4m3")) == 1
+    assert hopper_tiles("sm90", "fp16") == []
     assert hopper_tiles("gfx950", "bf16") == []
     assert (
         len(tile_candidates(16, 4, "sm90", "bf16"))
-        == len(tile_candidates(16, 4, "sm90", "fp8_e4m3")) + 1
+        == len(tile_candidates(16, 4, "sm90", "fp16")) + 1
     )
 
 

@@ -154,7 +154,6 @@ def test_merge_with_drafts_taken_by_stage_1(
         block_n=block_n,
         num_kv_splits=splits,
         sm_scale=batch.sm_scale,
-        v_scale=1.0,
         drafts_in_parts=True,
     )
 
@@ -212,7 +211,7 @@ def test_every_tile_candidate_is_correct(device):
 
 def test_hopper_config_elsewhere_runs_the_triton_kernel_with_its_tile(device):
     """A "gluon_sm90" config where that kernel cannot run (the interpreter,
-    another GPU, fp8 KV) falls back to the Triton kernel, same answer."""
+    another GPU, fp16) falls back to the Triton kernel, same answer."""
     batch = make_batch(8, 4, [70, 130], device=device)
     if kernel.uses_gluon_sm90(batch.q, batch.k_buffer, 4, True):
         pytest.skip("this machine runs the Hopper kernel itself (GPU lane tests it)")
@@ -264,16 +263,29 @@ ON_HOPPER = (
 )
 
 
+# fp8 KV runs with the scales a calibrated fp8 cache carries.
+HOPPER_KV = {
+    "bf16": {},
+    "fp8": {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.25},
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("kv", list(HOPPER_KV))
 @pytest.mark.parametrize(
     "heads,draft_len,prefix_lens",
     GPU_SHAPES,
     ids=[f"H{h}_L{l}_bs{len(p)}_max{max(p)}" for h, l, p in GPU_SHAPES],
 )
-def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens):
+def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens, kv):
     batch = make_batch(
-        heads, draft_len, prefix_lens, device="cuda", pool_slots=sum(prefix_lens) * 2
+        heads,
+        draft_len,
+        prefix_lens,
+        device="cuda",
+        pool_slots=sum(prefix_lens) * 2,
+        **HOPPER_KV[kv],
     )
     # The call must take the Gluon kernel, not the Triton fallback.
     assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
@@ -287,13 +299,14 @@ def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens):
 
 
 # How a call hands its drafts to the Hopper kernel: v_extend a tensor of its
-# own (SGLang) or a view of k_extend; k_scale scales the prefix scores only;
-# v_scale != 1 leaves the drafts to stage 2.
+# own (SGLang) or a view of k_extend; k_scale and v_scale scale the prefix
+# only; with fp8 KV stage 2 adds the drafts.
 DRAFT_VARIANTS = {
     "v_extend_view": {"v_extend_from_k": True},
     "k_scale": {"k_scale": 0.5},
-    "v_scale_stage2": {"v_scale": 1.5},
+    "v_scale": {"v_scale": 1.5},
     "view_and_scales": {"v_extend_from_k": True, "k_scale": 0.75, "v_scale": 1.25},
+    "fp8_kv": {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.25},
 }
 
 
@@ -315,6 +328,35 @@ def test_gpu_hopper_kernel_draft_variants(heads, draft_len, prefix_lens, variant
         out = batch.new_output()
         assert batch.run(out, config) is True
         check_close(out, ref, what=f"{variant}, {config}")
+
+
+if kernel_sm90.AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def _widen_codes(CODES, OUT):
+        layout: gl.constexpr = gl.BlockedLayout([4], [32], [2], [0])
+        offs = gl.arange(0, 256, layout=layout)
+        gl.store(OUT + offs, kernel_sm90.fp8_to_bf16(gl.load(CODES + offs)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+def test_gpu_fp8_to_bf16_is_exact_on_every_finite_code():
+    """The Hopper kernel's e4m3 -> bf16 widening, bit for bit against
+    torch's conversion over all 256 codes but the two NaNs (subnormals and
+    -0 included)."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    codes = codes.cuda()
+    out = torch.full((256,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _widen_codes[(1,)](codes, out, num_warps=2)
+    expected = codes.to(torch.bfloat16)
+    finite = ~torch.isnan(expected)
+    assert int(finite.sum()) == 254
+    got, want = out[finite].view(torch.int16), expected[finite].view(torch.int16)
+    wrong = (got != want).nonzero().flatten().tolist()
+    assert not wrong, f"codes {[hex(int(finite.nonzero()[i])) for i in wrong[:8]]} differ"
 
 
 @pytest.mark.gpu
