@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,14 @@ def table_env(tmp_path, monkeypatch):
     yield out
     monkeypatch.undo()
     lookup.reload_tables()
+
+
+def test_time_limit_counts_the_compile_step(table_env, monkeypatch):
+    """--time-limit is wall time from the start: a limit spent while the
+    kernels compile (on a GPU; a 0.2 s stand-in here) tunes nothing."""
+    monkeypatch.setattr(tune, "precompile", lambda *args, **kwargs: time.sleep(0.2))
+    assert run([*TINY, "--time-limit", "0.1"], table_env, "cuda") == []
+    assert not (table_env / "cpu_test.json").exists()
 
 
 def test_tiny_tune_writes_a_table_the_lookup_reads(table_env, device):
