@@ -450,7 +450,7 @@ def launch(
     # KV); stage 2 then skips the requests that have one unit.
     drafts_in_parts = False
     if config.kernel == "gluon_sm90" and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
-        drafts_in_parts = kernel_sm90.folds_drafts(KV_DTYPE_NAMES[k_buffer.dtype])
+        drafts_in_parts = kernel_sm90.folds_drafts(q, k_buffer)
         kernel_sm90.launch_prefix(
             q,
             k_buffer,

@@ -90,10 +90,11 @@ def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
     return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name in KV_DTYPES and v_from_k
 
 
-def folds_drafts(kv_dtype_name: str) -> bool:
+def folds_drafts(q, k_buffer) -> bool:
     """Whether the kernel can take the drafts into each request's last unit:
-    with bf16 KV (the drafts share the ring); with fp8 KV stage 2 adds them."""
-    return kv_dtype_name == "bf16"
+    they share the ring, so only with KV in q's dtype (bf16); with fp8 KV
+    stage 2 adds them. Metadata only."""
+    return k_buffer.dtype == q.dtype
 
 
 if AVAILABLE:
@@ -767,7 +768,7 @@ def launch_prefix(
     scaled by ``v_scale``); with ``with_drafts`` (bf16 KV only, see
     ``folds_drafts``), each request's last unit includes its drafts and a
     request with one unit writes its output ``o`` directly."""
-    if with_drafts and k_buffer.dtype != q.dtype:
+    if with_drafts and not folds_drafts(q, k_buffer):
         raise ValueError(f"with_drafts: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     num_heads = q.shape[1]
     grid = ((num_heads + block_h - 1) // block_h, batch_size * num_kv_splits)
