@@ -52,7 +52,9 @@ try:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
+        warpgroup_mma_wait,
     )
+    from triton.runtime.jit import constexpr_function
 
     # Triton 3.6 names (the H200's) and their later renames (CI's Triton):
     # a barrier among the calling partition's warps, and a cp.async gather.
@@ -69,9 +71,12 @@ TOKENS = constexpr(64)  # prefix tokens per ring stage
 STAGES = constexpr(2)
 CONSUMER_WARPS = constexpr(8)
 PRODUCER_WARPS = constexpr(4)
-PRODUCER_REGS = constexpr(56)
+# The producer holds two tiles' slot indices (this tile's and the next's);
+# with fewer registers it spills them, and the consumers wait (56: -15%,
+# 88: +3-14% over 56 without the prefetch, measured; BENCHMARKS.md).
+PRODUCER_REGS = constexpr(88)
 # 12 warps x 168 registers fill the register file; the producer gives its
-# surplus to the consumers (setmaxnreg): (12 * 168 - 4 * 56) / 8 = 224 each.
+# surplus to the consumers (setmaxnreg): (12 * 168 - 4 * 88) / 8 = 208 each.
 MAX_REGS = 168
 D_NOPE = constexpr(512)
 D_ROPE = constexpr(64)
@@ -143,6 +148,28 @@ if AVAILABLE:
         cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
         return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
 
+    @constexpr_function
+    def _copy_layout(dtype, width):
+        # The producer's layout for rows `width` elements wide: 16-byte
+        # copies (8 bf16 or 16 fp8 elements), a warp across as much of a
+        # row as it covers.
+        vec = 128 // dtype.primitive_bitwidth
+        per_row = min(32, width // vec)
+        return gl.BlockedLayout(
+            [1, vec], [32 // per_row, per_row], [PRODUCER_WARPS.value, 1], [1, 0]
+        )
+
+    @gluon.jit
+    def _in_tile(first, end, layout: gl.constexpr):
+        # Which of tokens first .. first + 63 come before end.
+        return first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout)) < end
+
+    @gluon.jit
+    def _slots(KV_INDICES, first, end, layout: gl.constexpr):
+        # The pool slots of prefix tokens first .. first + 63 (0 past end).
+        offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
+        return gl.load(KV_INDICES + offs, mask=offs < end, other=0)
+
     @gluon.jit
     def _gather(dst, BASE, rows, mask, stride_row, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
         # One cp.async per buffer: 64 latent rows (scattered), columns
@@ -153,43 +180,43 @@ if AVAILABLE:
 
     @gluon.jit
     def _gather_tile(
-        nope,
-        rope,
-        BASE,
-        KV_INDICES,
-        first,
-        end,
-        stride_row,
-        INDIRECT: gl.constexpr,
-        WITH_ROPE: gl.constexpr,
+        nope, rope, BASE, nope_rows, rope_rows, first, end, stride_row, WITH_ROPE: gl.constexpr
     ):
-        # Rows first .. end - 1 of one tile: prefix tokens through the slot
-        # table (INDIRECT), or the drafts' own rows of k_extend / v_extend.
-        # 16-byte copies: 8 bf16 or 16 fp8 elements.
-        VEC: gl.constexpr = 128 // BASE.dtype.element_ty.primitive_bitwidth
-        nope_layout: gl.constexpr = gl.BlockedLayout(
-            [1, VEC], [1, 32], [PRODUCER_WARPS, 1], [1, 0]
-        )
-        rope_layout: gl.constexpr = gl.BlockedLayout(
-            [1, VEC], [32 * VEC // D_ROPE, D_ROPE // VEC], [PRODUCER_WARPS, 1], [1, 0]
-        )
-        offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, nope_layout))
-        mask = offs < end
-        if INDIRECT:
-            offs = gl.load(KV_INDICES + offs, mask=mask, other=0)
-        _gather(nope, BASE, offs, mask, stride_row, 0, D_NOPE, nope_layout)
+        # Tokens first .. end - 1 of one tile, at rows nope_rows / rope_rows
+        # of BASE (laid out as _copy_layout).
+        nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
+        mask = _in_tile(first, end, nope_layout)
+        _gather(nope, BASE, nope_rows, mask, stride_row, 0, D_NOPE, nope_layout)
         if WITH_ROPE:
-            offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, rope_layout))
-            mask = offs < end
-            if INDIRECT:
-                offs = gl.load(KV_INDICES + offs, mask=mask, other=0)
-            _gather(rope, BASE, offs, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
+            rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
+            mask = _in_tile(first, end, rope_layout)
+            _gather(rope, BASE, rope_rows, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
+
+    @gluon.jit
+    def _gather_drafts(
+        nope, rope, BASE, q_first, DRAFT_LEN: gl.constexpr, stride_tok, WITH_ROPE: gl.constexpr
+    ):
+        # The drafts' own rows of k_extend / v_extend.
+        nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
+        rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
+        nope_rows = q_first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, nope_layout))
+        rope_rows = q_first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, rope_layout))
+        _gather_tile(
+            nope,
+            rope,
+            BASE,
+            nope_rows,
+            rope_rows,
+            q_first,
+            q_first + DRAFT_LEN,
+            stride_tok,
+            WITH_ROPE,
+        )
 
     @gluon.jit
     def _produce_drafts(
         K_EXT,
         V_EXT,
-        KV_INDICES,
         kv_nope_ring,
         kv_rope_ring,
         ready,
@@ -204,30 +231,26 @@ if AVAILABLE:
         # Tile t: the drafts' K; then their V unless it is K's view.
         stage = t % STAGES
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
-        _gather_tile(
+        _gather_drafts(
             kv_nope_ring.index(stage),
             kv_rope_ring.index(stage),
             K_EXT,
-            KV_INDICES,
             q_first,
-            q_first + DRAFT_LEN,
+            DRAFT_LEN,
             stride_ke_tok,
-            False,
             True,
         )
         async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
         if not V_EXT_FROM_K:
             stage = (t + 1) % STAGES
             mbarrier.wait(empty.index(stage), (((t + 1) // STAGES) & 1) ^ 1)
-            _gather_tile(
+            _gather_drafts(
                 kv_nope_ring.index(stage),
                 kv_rope_ring.index(stage),
                 V_EXT,
-                KV_INDICES,
                 q_first,
-                q_first + DRAFT_LEN,
+                DRAFT_LEN,
                 stride_ve_tok,
-                False,
                 False,
             )
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
@@ -254,9 +277,20 @@ if AVAILABLE:
         V_EXT_FROM_K: gl.constexpr,
         KV_FP8: gl.constexpr,
     ):
+        nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE)
+        rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE)
+        end = kv_start + hi
+        nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
+        rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             stage = t % STAGES
+            first = kv_start + lo + t * TOKENS
+            # The next tile's slots, loaded before the wait: their latency
+            # hides behind it and this tile's copies. Loaded after the wait,
+            # they kept the ring from refilling in time (3-14% slower).
+            next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
+            next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
@@ -264,24 +298,25 @@ if AVAILABLE:
                 kv_nope_ring.index(stage),
                 kv_rope_ring.index(stage),
                 K_BUF,
-                KV_INDICES,
-                kv_start + lo + t * TOKENS,
-                kv_start + hi,
+                nope_rows,
+                rope_rows,
+                first,
+                end,
                 stride_k_slot,
                 True,
-                True,
             )
+            nope_rows = next_nope_rows
+            rope_rows = next_rope_rows
             # Each producer thread arrives once its own copies have landed.
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
         # The drafts are bf16: with fp8 KV the launcher leaves them to stage 2
         # (folds_drafts), and this code is not compiled for the fp8 ring.
-        if not KV_FP8:
+        if not KV_FP8:  # noqa: SIM102 (constexpr: not compiled for fp8)
             if with_drafts:
                 _produce_drafts(
                     K_EXT,
                     V_EXT,
-                    KV_INDICES,
                     kv_nope_ring,
                     kv_rope_ring,
                     ready,
@@ -298,8 +333,10 @@ if AVAILABLE:
     def _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s):
         # The caller has fenced the tile's writes (generic proxy) for wgmma
         # (async proxy).
-        qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False)
-        return warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk)
+        # One chain of wgmma, waited once.
+        qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        qk = warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk, is_async=True)
+        return warpgroup_mma_wait(0, deps=[qk])
 
     @gluon.jit
     def _softmax_step(qk, m_i, l_elem, acc, o_rows: gl.constexpr):
@@ -484,7 +521,7 @@ if AVAILABLE:
         # The KV cache's value scale applies to the prefix alone.
         acc = acc * v_scale
 
-        if not KV_FP8:  # with fp8 KV stage 2 adds the drafts
+        if not KV_FP8:  # noqa: SIM102 (constexpr; with fp8 KV stage 2 adds the drafts)
             if with_drafts:
                 m_i, l_elem, acc = _consume_drafts(
                     q_nope,
