@@ -22,7 +22,8 @@ b. No exact entry, but the arch has tuned entries: the nearest one.
    larger H), and within it the nearest L. Its nearest batch bucket (rule a)
    is then adapted to the requested shape:
        BLOCK_H' = max(1, min(H, BLOCK_H * L_tuned // L))
-   so a program's rows (BLOCK_H x L) stay within the tuned tile, and
+   so a program's rows (BLOCK_H x L) stay within the tuned tile (for the
+   Hopper kernel, whose tile is always 64 rows: as many heads as fill it), and
        NUM_KV_SPLITS' = clamp(round(NUM_KV_SPLITS * ceil(H_tuned / BLOCK_H)
                                     / ceil(H / BLOCK_H')), 1, 64)
    (halves round up) so the grid keeps about the tuned number of programs.
@@ -55,7 +56,7 @@ from pathlib import Path
 
 import torch
 
-from . import tables
+from . import kernel_sm90, tables
 from .config import MAX_KV_SPLITS, VerifyConfig, default_config, kv_dtype_name
 from .kernel import KERNEL_HASH
 from .tables import LoadedEntry, entry_key
@@ -222,7 +223,13 @@ def adapt_config(
     """A config tuned for (tuned_heads, tuned_draft_len) carried over to
     (num_heads, draft_len): rows per program at or below the tuned tile, and
     about the tuned grid size."""
-    block_h = max(1, min(num_heads, config.BLOCK_H * tuned_draft_len // draft_len))
+    if config.kernel == "gluon_sm90":
+        # The Hopper tile is always 64 rows and the tuner gives it as many
+        # heads as fill them; an entry tuned at few heads has BLOCK_H capped
+        # by its head count, which would leave rows empty at more heads.
+        block_h = kernel_sm90.block_heads(num_heads, draft_len)
+    else:
+        block_h = max(1, min(num_heads, config.BLOCK_H * tuned_draft_len // draft_len))
     tuned_blocks = math.ceil(tuned_heads / config.BLOCK_H)
     blocks = math.ceil(num_heads / block_h)
     # round(splits * tuned_blocks / blocks), halves up, in exact integers.
