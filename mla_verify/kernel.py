@@ -40,6 +40,7 @@ import textwrap
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import ConstexprFunction
 
 from . import kernel_sm90
 from .config import KV_DTYPE_NAMES, VerifyConfig, rows_per_program, triton_next_pow2
@@ -371,9 +372,14 @@ def _kernel_source(jitted) -> str:
 
 
 def _jitted(namespace: dict) -> list:
-    # A module's jitted functions in definition order, compiled, Gluon or
-    # interpreted alike: a new helper is hashed without being listed.
-    return [v for v in namespace.values() if hasattr(v, "fn") and hasattr(v, "arg_names")]
+    # A module's jitted functions and the constexpr functions they call (a
+    # layout, say), in definition order, compiled, Gluon or interpreted
+    # alike: a new helper is hashed without being listed.
+    return [
+        v
+        for v in namespace.values()
+        if hasattr(v, "fn") and (hasattr(v, "arg_names") or isinstance(v, ConstexprFunction))
+    ]
 
 
 # Identifies the kernel code a tuned table was measured with: the jitted

@@ -8,7 +8,10 @@ useful tensor work), and nothing overlaps the row gathers with the products.
 Here each CTA holds 64 query rows (BLOCK_H heads x L drafts) and runs
 
     producer  (4 warps)  cp.async row gathers of 64 prefix tokens into a
-                         two-deep shared-memory ring; signals `ready`
+                         two-deep shared-memory ring; signals `ready`. It
+                         loads each tile's slot indices a tile ahead: with
+                         only two stages, a refill that began with that
+                         dependent load left the consumers waiting.
     consumer  (8 warps)  S = Q K^T with the score tile split by columns
                          across the two warpgroups (layout [4, 2], no
                          duplicated work), online softmax, P through shared
@@ -71,9 +74,9 @@ TOKENS = constexpr(64)  # prefix tokens per ring stage
 STAGES = constexpr(2)
 CONSUMER_WARPS = constexpr(8)
 PRODUCER_WARPS = constexpr(4)
-# The producer holds two tiles' slot indices (this tile's and the next's);
-# with fewer registers it spills them, and the consumers wait (56: -15%,
-# 88: +3-14% over 56 without the prefetch, measured; BENCHMARKS.md).
+# The producer holds two tiles' slot indices (this tile's and the next's):
+# with 56 registers it spilled them (1.14-1.22x the time without the
+# prefetch); with 88 the prefetch is 3-14% faster (BENCHMARKS.md).
 PRODUCER_REGS = constexpr(88)
 # 12 warps x 168 registers fill the register file; the producer gives its
 # surplus to the consumers (setmaxnreg): (12 * 168 - 4 * 88) / 8 = 208 each.

@@ -173,6 +173,14 @@ def test_merge_with_drafts_taken_by_stage_1(
             check_close(out[rows], merged(firsts[b], count), what=f"request {b}: {count} units")
 
 
+@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+def test_kernel_hash_covers_constexpr_functions():
+    # A table's kernel hash must change with anything that shapes the
+    # kernel, the producer's copy layout (a constexpr function) included.
+    hashed = {fn.fn.__name__ for fn in kernel._jitted(vars(kernel_sm90))}
+    assert {"_copy_layout", "_produce", "_prefix_kernel_sm90"} <= hashed
+
+
 def test_stale_workspace_never_leaks(device):
     """A short request after a long one: splits the short one leaves empty
     still hold the long call's partials (and then NaN); neither may leak."""

@@ -186,9 +186,9 @@ def test_shipped_table_is_valid_and_says_where_it_came_from(path):
 
 
 def test_shipped_tables_cover_the_default_grid():
-    """Every arch has the whole bf16 grid; other entries (sm90's fp8 ones,
-    where its tuning run stopped at the time limit) are tunable dtypes of
-    the same grid, each with every batch bucket."""
+    """Every arch has the whole bf16 grid; other entries (another KV dtype,
+    which a tuning run may cover only in part) are tunable dtypes of the
+    same grid, each with every batch bucket."""
     grid = {(h, l) for h in tune.DEFAULT_HEADS for l in tune.DEFAULT_DRAFT_LENS}
     bf16 = {tables.entry_key(h, l, "bf16") for h, l in grid}
     for arch in ("sm90", "gfx950"):
