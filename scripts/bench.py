@@ -20,7 +20,9 @@ Shape specs: ``H{heads}L{drafts}B{batch}`` then the prefix lengths, one of
 ``C{ctx}`` (uniform), ``Rlognormal{mean}`` (lognormal lengths, sigma 1, the
 same mean) or ``Rlong{long}x{short}`` (one request of ``long`` tokens among
 ``batch - 1`` of ``short``; ``x{short}`` defaults to 512). Lengths take an
-optional ``K`` (x1024): ``H16L4B32C16K``.
+optional ``K`` (x1024): ``H16L4B32C16K``. A ``-fp8`` suffix stores the KV
+cache in fp8 e4m3 (k_scale = v_scale = 1; q, the drafts and the output stay
+bf16): ``H16L4B32C16K-fp8``. FlashInfer is timed on bf16 KV only.
 
 Timing: CUDA-graph replays of N back-to-back launches, each launch reading a
 different set of scattered KV slots (sets rotate so the KV read per replay is
@@ -71,8 +73,10 @@ logger = logging.getLogger("bench")
 D_QK = 576  # latent 512 + rope 64
 D_V = 512
 D_ROPE = D_QK - D_V
-KV_DTYPE = torch.bfloat16
+KV_DTYPE = torch.bfloat16  # q, the drafts, the output, and the KV cache unless fp8
 ELEM = 2  # bytes of a bf16 element
+# KV cache dtypes a shape can name: torch dtype and bytes per element.
+KV_CACHE_DTYPES = {"bf16": (torch.bfloat16, 2), "fp8_e4m3": (torch.float8_e4m3fn, 1)}
 
 # Correctness gate applied before any contender is timed.
 MAX_REL_ERR = 1e-2
@@ -111,6 +115,7 @@ CSV_FIELDS = (
     "batch_size",
     "ctx_kind",
     "ctx",
+    "kv_dtype",
     "prefix_tokens",
     "prefix_min",
     "prefix_max",
@@ -166,20 +171,27 @@ class ShapeSpec:
     kind: str  # 'uniform' | 'lognormal' | 'long'
     ctx: int
     short: int = SHORT_CTX
+    kv_dtype: str = "bf16"  # a key of KV_CACHE_DTYPES
 
     @property
     def name(self) -> str:
         head = f"H{self.num_heads}L{self.draft_len}B{self.batch_size}"
+        suffix = "-fp8" if self.kv_dtype == "fp8_e4m3" else ""
         if self.kind == "uniform":
-            return f"{head}C{self.ctx}"
+            return f"{head}C{self.ctx}{suffix}"
         if self.kind == "lognormal":
-            return f"{head}Rlognormal{self.ctx}"
-        return f"{head}Rlong{self.ctx}x{self.short}"
+            return f"{head}Rlognormal{self.ctx}{suffix}"
+        return f"{head}Rlong{self.ctx}x{self.short}{suffix}"
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of one KV cache element."""
+        return KV_CACHE_DTYPES[self.kv_dtype][1]
 
 
 _SPEC_RE = re.compile(
     r"^H(\d+)L(\d+)B(\d+)"
-    r"(?:C(\d+K?)|Rlognormal(\d+K?)|Rlong(\d+K?)(?:x(\d+K?))?)$",
+    r"(?:C(\d+K?)|Rlognormal(\d+K?)|Rlong(\d+K?)(?:x(\d+K?))?)(-fp8)?$",
     re.IGNORECASE,
 )
 
@@ -190,21 +202,23 @@ def _length(text: str) -> int:
 
 
 def parse_shape(text: str) -> ShapeSpec:
-    """``H16L4B32C16384`` / ``H16L4B32Rlognormal16384`` / ``H16L4B64Rlong65536x512``."""
+    """``H16L4B32C16384`` / ``H16L4B32Rlognormal16384`` / ``H16L4B64Rlong65536x512``,
+    each optionally ``-fp8``."""
     m = _SPEC_RE.match(text.strip())
     if m is None:
         raise ValueError(
             f"shape {text!r}: expected H<heads>L<drafts>B<batch> then C<ctx>, "
-            "Rlognormal<mean> or Rlong<long>[x<short>], e.g. H16L4B32C16384"
+            "Rlognormal<mean> or Rlong<long>[x<short>], optionally -fp8, e.g. H16L4B32C16384"
         )
     heads, drafts, batch = (int(m.group(i)) for i in (1, 2, 3))
+    kv_dtype = "fp8_e4m3" if m.group(8) else "bf16"
     if m.group(4):
-        spec = ShapeSpec(heads, drafts, batch, "uniform", _length(m.group(4)))
+        spec = ShapeSpec(heads, drafts, batch, "uniform", _length(m.group(4)), kv_dtype=kv_dtype)
     elif m.group(5):
-        spec = ShapeSpec(heads, drafts, batch, "lognormal", _length(m.group(5)))
+        spec = ShapeSpec(heads, drafts, batch, "lognormal", _length(m.group(5)), kv_dtype=kv_dtype)
     else:
         short = _length(m.group(7)) if m.group(7) else SHORT_CTX
-        spec = ShapeSpec(heads, drafts, batch, "long", _length(m.group(6)), short)
+        spec = ShapeSpec(heads, drafts, batch, "long", _length(m.group(6)), short, kv_dtype)
     if min(spec.num_heads, spec.draft_len, spec.batch_size, spec.ctx, spec.short) < 1:
         raise ValueError(f"shape {text!r}: every number must be >= 1")
     return spec
@@ -253,12 +267,13 @@ class Work:
     flops: int  # 2 * H * L * sum(prefix) * (576 + 512)
 
 
-def shape_work(num_heads: int, draft_len: int, prefix_lens: Sequence[int]) -> Work:
+def shape_work(
+    num_heads: int, draft_len: int, prefix_lens: Sequence[int], kv_bytes: int = ELEM
+) -> Work:
     tokens = len(prefix_lens) * draft_len
     prefix = sum(prefix_lens)
-    nbytes = ELEM * (
-        prefix * D_QK  # latent KV, read once
-        + tokens * num_heads * D_QK  # q
+    nbytes = kv_bytes * prefix * D_QK + ELEM * (  # latent KV, read once
+        tokens * num_heads * D_QK  # q
         + tokens * num_heads * D_V  # out
         + tokens * (D_QK + D_V)  # k_extend + v_extend
     )
@@ -381,15 +396,16 @@ def plan_pool(
     l2_bytes: int,
     pool_min_bytes: int,
     max_rotations: int,
+    kv_bytes: int = ELEM,
 ) -> tuple[int, int]:
     """(rotation sets, pool slots): enough disjoint slot sets that one cycle
     through them reads about 4x the L2, and a pool larger than the used slots
     and than ``pool_min_bytes``."""
     per_set = sum(prefix_lens) + len(prefix_lens) * draft_len
-    set_bytes = per_set * D_QK * ELEM
+    set_bytes = per_set * D_QK * kv_bytes
     rotations = max(1, min(max_rotations, math.ceil(4 * l2_bytes / set_bytes)))
     needed = rotations * per_set
-    slots = max(math.ceil(pool_min_bytes / (D_QK * ELEM)), math.ceil(1.25 * needed))
+    slots = max(math.ceil(pool_min_bytes / (D_QK * kv_bytes)), math.ceil(1.25 * needed))
     return rotations, slots
 
 
@@ -398,7 +414,7 @@ def estimate_bytes(spec: ShapeSpec, prefix_lens: Sequence[int], slots: int, rota
     tokens = spec.batch_size * spec.draft_len
     per_set = sum(prefix_lens) + tokens
     return (
-        slots * D_QK * ELEM
+        slots * D_QK * spec.kv_bytes
         + slots * 8  # the slot permutation
         + 2 * rotations * per_set * 4  # our indices + FlashInfer's
         + tokens * spec.num_heads * (D_QK * ELEM + 5 * D_V * 4)  # q, outputs, fp32 reference
@@ -451,6 +467,7 @@ def build_batch(
     per_set = prefix + tokens
 
     k_buffer = torch.randn(slots, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
+    k_buffer = k_buffer.to(KV_CACHE_DTYPES[spec.kv_dtype][0])  # N(0, 1) fits fp8 e4m3
     q = torch.randn(tokens, H, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
     k_extend = torch.randn(tokens, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
     # MLA: the drafts' V is their latent, like the pool's V (needed for FlashInfer,
@@ -469,7 +486,7 @@ def build_batch(
     for r in range(rotations):
         prefix_slots = perm[r, :prefix]
         draft_slots = perm[r, prefix:]
-        k_buffer[draft_slots] = k_extend  # the drafts, as FlashInfer sees them
+        k_buffer[draft_slots] = k_extend.to(k_buffer.dtype)  # the drafts, as FlashInfer sees them
         kv_indices.append(prefix_slots.to(torch.int32).contiguous())
         fi_kv_indptr, fi_idx = paged_indices_with_drafts(prefix_slots, draft_slots, lens, L)
         fi_kv_indices.append(fi_idx)
@@ -725,7 +742,7 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     default = mla_verify.default_config(s.num_heads, s.draft_len, s.batch_size, arch)
     if name == "tuned":
         config, source = mla_verify.resolve_config(
-            s.num_heads, s.draft_len, s.batch_size, KV_DTYPE, arch
+            s.num_heads, s.draft_len, s.batch_size, batch.k_buffer.dtype, arch
         )
         # Launch through the table (config=None), exactly as an engine does.
         return Contender(name, _kernel_launches(batch, out, None), out, True, config, source)
@@ -855,10 +872,11 @@ class RunContext:
 
 
 def _base_row(spec: ShapeSpec, prefix_lens: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    work = shape_work(spec.num_heads, spec.draft_len, prefix_lens)
+    work = shape_work(spec.num_heads, spec.draft_len, prefix_lens, spec.kv_bytes)
     row: dict[str, Any] = dict.fromkeys(CSV_FIELDS)
     row.update(
         shape=spec.name,
+        kv_dtype=spec.kv_dtype,
         num_heads=spec.num_heads,
         draft_len=spec.draft_len,
         batch_size=spec.batch_size,
@@ -900,6 +918,8 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
     if name == "flashinfer":
         if not ctx.flashinfer.available:
             return ctx.flashinfer.reason
+        if batch.spec.kv_dtype != "bf16":
+            return "this benchmark times FlashInfer on bf16 KV only"
         try:
             return ctx.flashinfer.contender(batch)
         except Exception as exc:
@@ -978,6 +998,7 @@ def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
         l2_bytes=ctx.l2_bytes,
         pool_min_bytes=ctx.pool_min_bytes,
         max_rotations=ctx.max_rotations,
+        kv_bytes=spec.kv_bytes,
     )
     rows = []
     for name in ctx.contenders:
