@@ -119,9 +119,7 @@ def test_int64_index_tensors(device):
         (3, 12, [400, 5, 0, 2000], [7, 1, 0, 32]),
     ],
 )
-def test_merge_with_drafts_taken_by_stage_1(
-    draft_len, splits, prefix_lens, expected_units, device
-):
+def test_merge_with_drafts_taken_by_stage_1(draft_len, splits, prefix_lens, expected_units, device):
     """Stage 2 as the Hopper kernel uses it (drafts folded into the last
     unit): it merges the units of requests that have several, gives a
     request with an empty prefix its drafts alone, and leaves a request with
