@@ -211,14 +211,16 @@ def parse_shape(text: str) -> ShapeSpec:
             "Rlognormal<mean> or Rlong<long>[x<short>], optionally -fp8, e.g. H16L4B32C16384"
         )
     heads, drafts, batch = (int(m.group(i)) for i in (1, 2, 3))
-    kv_dtype = "fp8_e4m3" if m.group(8) else "bf16"
+    short = SHORT_CTX
     if m.group(4):
-        spec = ShapeSpec(heads, drafts, batch, "uniform", _length(m.group(4)), kv_dtype=kv_dtype)
+        kind, ctx = "uniform", _length(m.group(4))
     elif m.group(5):
-        spec = ShapeSpec(heads, drafts, batch, "lognormal", _length(m.group(5)), kv_dtype=kv_dtype)
+        kind, ctx = "lognormal", _length(m.group(5))
     else:
+        kind, ctx = "long", _length(m.group(6))
         short = _length(m.group(7)) if m.group(7) else SHORT_CTX
-        spec = ShapeSpec(heads, drafts, batch, "long", _length(m.group(6)), short, kv_dtype)
+    kv_dtype = "fp8_e4m3" if m.group(8) else "bf16"
+    spec = ShapeSpec(heads, drafts, batch, kind, ctx, short, kv_dtype)
     if min(spec.num_heads, spec.draft_len, spec.batch_size, spec.ctx, spec.short) < 1:
         raise ValueError(f"shape {text!r}: every number must be >= 1")
     return spec
