@@ -75,8 +75,21 @@ D_V = 512
 D_ROPE = D_QK - D_V
 KV_DTYPE = torch.bfloat16  # q, the drafts, the output, and the KV cache unless fp8
 ELEM = 2  # bytes of a bf16 element
-# KV cache dtypes a shape can name: torch dtype and bytes per element.
-KV_CACHE_DTYPES = {"bf16": (torch.bfloat16, 2), "fp8_e4m3": (torch.float8_e4m3fn, 1)}
+
+
+@dataclass(frozen=True)
+class KVCacheDtype:
+    """A KV cache dtype a shape can name, by the suffix of its spec."""
+
+    torch_dtype: torch.dtype
+    bytes: int
+    suffix: str
+
+
+KV_CACHE_DTYPES = {
+    "bf16": KVCacheDtype(torch.bfloat16, 2, ""),
+    "fp8_e4m3": KVCacheDtype(torch.float8_e4m3fn, 1, "-fp8"),
+}
 
 # Correctness gate applied before any contender is timed.
 MAX_REL_ERR = 1e-2
@@ -176,7 +189,7 @@ class ShapeSpec:
     @property
     def name(self) -> str:
         head = f"H{self.num_heads}L{self.draft_len}B{self.batch_size}"
-        suffix = "-fp8" if self.kv_dtype == "fp8_e4m3" else ""
+        suffix = KV_CACHE_DTYPES[self.kv_dtype].suffix
         if self.kind == "uniform":
             return f"{head}C{self.ctx}{suffix}"
         if self.kind == "lognormal":
@@ -186,12 +199,13 @@ class ShapeSpec:
     @property
     def kv_bytes(self) -> int:
         """Bytes of one KV cache element."""
-        return KV_CACHE_DTYPES[self.kv_dtype][1]
+        return KV_CACHE_DTYPES[self.kv_dtype].bytes
 
 
 _SPEC_RE = re.compile(
     r"^H(\d+)L(\d+)B(\d+)"
-    r"(?:C(\d+K?)|Rlognormal(\d+K?)|Rlong(\d+K?)(?:x(\d+K?))?)(-fp8)?$",
+    r"(?:C(\d+K?)|Rlognormal(\d+K?)|Rlong(\d+K?)(?:x(\d+K?))?)"
+    rf"({'|'.join(re.escape(d.suffix) for d in KV_CACHE_DTYPES.values())})$",
     re.IGNORECASE,
 )
 
@@ -219,7 +233,7 @@ def parse_shape(text: str) -> ShapeSpec:
     else:
         kind, ctx = "long", _length(m.group(6))
         short = _length(m.group(7)) if m.group(7) else SHORT_CTX
-    kv_dtype = "fp8_e4m3" if m.group(8) else "bf16"
+    kv_dtype = next(k for k, d in KV_CACHE_DTYPES.items() if d.suffix.lower() == m.group(8).lower())
     spec = ShapeSpec(heads, drafts, batch, kind, ctx, short, kv_dtype)
     if min(spec.num_heads, spec.draft_len, spec.batch_size, spec.ctx, spec.short) < 1:
         raise ValueError(f"shape {text!r}: every number must be >= 1")
@@ -469,7 +483,7 @@ def build_batch(
     per_set = prefix + tokens
 
     k_buffer = torch.randn(slots, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
-    k_buffer = k_buffer.to(KV_CACHE_DTYPES[spec.kv_dtype][0])  # N(0, 1) fits fp8 e4m3
+    k_buffer = k_buffer.to(KV_CACHE_DTYPES[spec.kv_dtype].torch_dtype)  # N(0, 1) fits fp8 e4m3
     q = torch.randn(tokens, H, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
     k_extend = torch.randn(tokens, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
     # MLA: the drafts' V is their latent, like the pool's V (needed for FlashInfer,
