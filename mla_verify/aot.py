@@ -12,7 +12,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import kernel, kernel_sm90
-from .config import VerifyConfig, rows_per_program
+from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program
 
 # arch -> (Triton target, shared memory per block in bytes)
 TARGETS: dict[str, tuple[GPUTarget, int]] = {
@@ -68,20 +68,24 @@ def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, a
         V_FROM_K=True,
         DOT_FP32=False,
     )
-    if config.kernel == "gluon_sm90" and arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES:
-        return _compile_hopper_kernel(config, draft_len, target, pointers)
+    if config.kernel in HOPPER_KERNELS and arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES:
+        score_value = kernel_sm90.runs_score_value(config.kernel == "gluon_sm90_sv", kv_dtype)
+        return _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
     src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)
     compiled = triton.compile(src, target=target, options=config.launch_options())
     return compiled.metadata.shared
 
 
-def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointers) -> int:
+def _compile_hopper_kernel(
+    config: VerifyConfig, draft_len: int, target, pointers, score_value: bool
+) -> int:
     fn = kernel_sm90._prefix_kernel_sm90
     constexprs = dict(
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,
         BLOCK_B=kernel.PLAN_BLOCK,
         V_EXT_FROM_K=False,
+        SCORE_VALUE=score_value,
     )
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     aligned = set(pointers) | {name for name in fn.arg_names if name.startswith("stride_")}
@@ -92,5 +96,5 @@ def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointer
         constexprs,
         aligned & set(fn.arg_names),
     )
-    options = {"num_warps": kernel_sm90.CONSUMER_WARPS.value, "maxnreg": kernel_sm90.MAX_REGS}
+    options = kernel_sm90.launch_options(score_value)
     return triton.compile(src, target=target, options=options).metadata.shared

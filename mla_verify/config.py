@@ -42,7 +42,10 @@ DEFAULT_SM_COUNT = 128
 # 8 warps' registers (see PERF_NOTES); 128 rows spills.
 MAX_ROWS = 64
 MAX_KV_SPLITS = 64
-KERNELS = ("triton", "gluon_sm90")
+# Stage 1's implementations: the Triton kernel (any GPU) and the two
+# schedules of the Hopper kernel (kernel_sm90's docstring).
+HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
+KERNELS = ("triton", *HOPPER_KERNELS)
 
 
 def kv_dtype_name(dtype: torch.dtype | str) -> str:
@@ -96,10 +99,13 @@ class VerifyConfig:
     num_stages     software-pipelining depth of the KV stream
     waves_per_eu, matrix_instr_nonkdim, kpack
                    AMD-only compiler options; None leaves them to Triton
-    kernel         stage 1's implementation: "triton" (any GPU) or
-                   "gluon_sm90" (Hopper: 64 rows, 64-token two-stage ring,
-                   8 warps; calls it cannot compute run the Triton kernel
-                   with the same tile)
+    kernel         stage 1's implementation: "triton" (any GPU), or the
+                   Hopper kernel (64 rows, 64-token two-stage ring) with its
+                   consumers splitting score columns, "gluon_sm90", or as a
+                   score and a value warpgroup, "gluon_sm90_sv" (bf16 KV;
+                   other KV dtypes run "gluon_sm90"); calls the Hopper
+                   kernel cannot compute run the Triton kernel with the same
+                   tile
     """
 
     BLOCK_H: int
@@ -133,12 +139,12 @@ class VerifyConfig:
             "an int in 1..6",
         )
         check("kernel", self.kernel in KERNELS, f"one of {KERNELS}")
-        if self.kernel == "gluon_sm90":
+        if self.kernel in HOPPER_KERNELS:
             # The Hopper kernel's tile is fixed; the fields say so, and they
             # are the Triton fallback's tile too.
-            check("BLOCK_N", self.BLOCK_N == 64, "64 with kernel='gluon_sm90'")
-            check("num_warps", self.num_warps == 8, "8 with kernel='gluon_sm90'")
-            check("num_stages", self.num_stages == 2, "2 with kernel='gluon_sm90'")
+            check("BLOCK_N", self.BLOCK_N == 64, f"64 with kernel={self.kernel!r}")
+            check("num_warps", self.num_warps == 8, f"8 with kernel={self.kernel!r}")
+            check("num_stages", self.num_stages == 2, f"2 with kernel={self.kernel!r}")
 
     def launch_options(self) -> dict[str, int]:
         """Keyword options for the Triton launch (AMD ones only where set)."""
@@ -189,16 +195,22 @@ def default_num_kv_splits(
     return units_for_chunks(max(1, sms * ctas_per_sm // programs))
 
 
-def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -> VerifyConfig:
+def default_config(
+    num_heads: int, draft_len: int, batch_size: int, arch: str, kv_dtype: str = "bf16"
+) -> VerifyConfig:
     """Built-in config: sound on any GPU, used where no table entry applies.
 
-    On sm90 the Hopper kernel, one wave of 64-row CTAs (it beat the tuned
-    Triton kernel on 12 of 13 benchmark shapes, BENCHMARKS.md). Elsewhere
+    On sm90 the Hopper kernel's score/value schedule (columns for fp8 KV),
+    one wave of 64-row CTAs: the Hopper kernel beat the tuned Triton kernel
+    on 12 of 13 benchmark shapes, and score/value beat columns on all 12
+    shapes measured (BENCHMARKS.md). Elsewhere
     rows per program follow H*L (16 rows for small products, 64 for large);
     64-row tiles need 8 warps for their [64, 512] fp32 accumulator.
     """
     if arch == "sm90" and draft_len <= MAX_ROWS:
-        return hopper_config(num_heads, draft_len, batch_size)
+        score_value = kernel_sm90.runs_score_value(True, kv_dtype)
+        kernel = "gluon_sm90_sv" if score_value else "gluon_sm90"
+        return hopper_config(num_heads, draft_len, batch_size, kernel)
     rows = min(MAX_ROWS, max(16, triton_next_pow2(num_heads * draft_len)))
     block_h = max(1, min(num_heads, rows // draft_len))
     rows = rows_per_program(block_h, draft_len)
@@ -214,9 +226,12 @@ def default_config(num_heads: int, draft_len: int, batch_size: int, arch: str) -
     )
 
 
-def hopper_config(num_heads: int, draft_len: int, batch_size: int) -> VerifyConfig:
+def hopper_config(
+    num_heads: int, draft_len: int, batch_size: int, kernel: str = "gluon_sm90"
+) -> VerifyConfig:
     """The sm90 Gluon kernel's tile with splits for about one wave of CTAs
-    (one per SM: it holds 224 KB of shared memory)."""
+    (one per SM: it holds 224 KB of shared memory); ``kernel`` names the
+    schedule."""
     block_h = kernel_sm90.block_heads(num_heads, draft_len)
     return VerifyConfig(
         BLOCK_H=block_h,
@@ -224,7 +239,7 @@ def hopper_config(num_heads: int, draft_len: int, batch_size: int) -> VerifyConf
         NUM_KV_SPLITS=default_num_kv_splits(num_heads, batch_size, block_h, MAX_ROWS, "sm90"),
         num_warps=8,
         num_stages=2,
-        kernel="gluon_sm90",
+        kernel=kernel,
     )
 
 
@@ -263,12 +278,15 @@ def tile_candidates(
     num_heads: int, draft_len: int, arch: str, kv_dtype: str = "bf16"
 ) -> list[VerifyConfig]:
     """Stage-1 tile shapes the tuner tries (NUM_KV_SPLITS left at 1; the
-    tuner searches splits separately): the Hopper kernel where it applies
-    (sm90, bf16 or fp8 e4m3 KV), and Triton tiles pruned where the answer is
-    known: accumulator registers and shared memory for the KV ring."""
+    tuner searches splits separately): the Hopper kernel's schedules where
+    they apply (sm90; columns for bf16 or fp8 e4m3 KV, score/value for bf16),
+    and Triton tiles pruned where the answer is known: accumulator registers
+    and shared memory for the KV ring."""
     out: list[VerifyConfig] = []
     if arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES and draft_len <= MAX_ROWS:
         out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
+        if kernel_sm90.runs_score_value(True, kv_dtype):
+            out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)
     for block_h in block_hs:

@@ -20,10 +20,11 @@ draft-draft block. A long request among short ones thus gets many units
 (as FlashMLA plans on the GPU), with no host sync: both stages derive the
 plan from kv_indptr on the device.
 
-On sm90, a config with kernel="gluon_sm90" runs stage 1 as the Gluon kernel
-of kernel_sm90.py instead (same plan). It also folds each request's drafts
-into the request's last unit, and a request with one unit gets its output
-there; stage 2 then only merges the requests with several units.
+On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
+as the Gluon kernel of kernel_sm90.py instead (same plan, two schedules). It
+also folds each request's drafts into the request's last unit, and a request
+with one unit gets its output there; stage 2 then only merges the requests
+with several units.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
@@ -43,7 +44,13 @@ import triton.language as tl
 from triton.runtime.jit import ConstexprFunction
 
 from . import kernel_sm90
-from .config import KV_DTYPE_NAMES, VerifyConfig, rows_per_program, triton_next_pow2
+from .config import (
+    HOPPER_KERNELS,
+    KV_DTYPE_NAMES,
+    VerifyConfig,
+    rows_per_program,
+    triton_next_pow2,
+)
 
 D_NOPE = 512
 D_ROPE = 64
@@ -406,8 +413,8 @@ def v_is_k_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
 def uses_gluon_sm90(
     q: torch.Tensor, k_buffer: torch.Tensor, draft_len: int, v_from_k: bool
 ) -> bool:
-    """Whether a "gluon_sm90" config runs the Hopper kernel for this call
-    (compiled, on an sm90 device, bf16 q and KV, V a view of K); otherwise
+    """Whether a Hopper config runs the Hopper kernel for this call
+    (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, V a view of K); otherwise
     the Triton kernel runs the same tile. Metadata only."""
     return (
         not INTERPRETED
@@ -455,7 +462,7 @@ def launch(
     # The Hopper kernel adds each request's drafts to its last unit (bf16
     # KV); stage 2 then skips the requests that have one unit.
     drafts_in_parts = False
-    if config.kernel == "gluon_sm90" and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
+    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
         drafts_in_parts = kernel_sm90.folds_drafts(q, k_buffer)
         kernel_sm90.launch_prefix(
             q,
@@ -478,6 +485,9 @@ def launch(
             with_drafts=drafts_in_parts,
             v_extend_from_k=v_is_k_view(k_ext, v_ext),
             plan_block=PLAN_BLOCK,
+            score_value=kernel_sm90.runs_score_value(
+                config.kernel == "gluon_sm90_sv", KV_DTYPE_NAMES[k_buffer.dtype]
+            ),
         )
     else:
         block_m = rows_per_program(config.BLOCK_H, draft_len)

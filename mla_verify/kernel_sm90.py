@@ -5,21 +5,32 @@ warp-specialised gather.
 Why a second kernel: plain Triton stalls near 275 TFLOP/s on this op
 (PERF_NOTES): it gives both warpgroups the whole score tile (about 1.5x the
 useful tensor work), and nothing overlaps the row gathers with the products.
-Here each CTA holds 64 query rows (BLOCK_H heads x L drafts) and runs
+Here each CTA holds 64 query rows (BLOCK_H heads x L drafts). A producer
+(4 warps) gathers 64 prefix tokens at a time with cp.async into a two-deep
+shared-memory ring and signals `ready`; it loads each tile's slot indices a
+tile ahead (with only two stages, a refill that began with that dependent
+load left the consumers waiting). Two warpgroups consume, in one of two
+schedules (config kernel "gluon_sm90" or "gluon_sm90_sv"):
 
-    producer  (4 warps)  cp.async row gathers of 64 prefix tokens into a
-                         two-deep shared-memory ring; signals `ready`. It
-                         loads each tile's slot indices a tile ahead: with
-                         only two stages, a refill that began with that
-                         dependent load left the consumers waiting.
-    consumer  (8 warps)  S = Q K^T with the score tile split by columns
-                         across the two warpgroups (layout [4, 2], no
-                         duplicated work), online softmax, P through shared
-                         memory, O += P V with V = the same latent tile;
-                         signals `empty`
+    columns      both warpgroups as one 8-warp partition: S = Q K^T split
+                 by score columns (layout [4, 2], no duplicated work), online
+                 softmax, P through shared memory, O += P V with V the same
+                 latent tile, each warpgroup 256 output columns; five CTA
+                 barriers a tile. Runs fp8 KV.
+    score/value  the score warpgroup computes the whole 64 x 64 score tile
+                 (n64 wgmma: each tile reads Q once, not twice), the softmax
+                 and output columns 0-255, and hands P (into the tile's spent
+                 rope rows) and the rescale factors to the value warpgroup,
+                 which adds P V for columns 256-511 while the score warpgroup
+                 goes on to the next tile; one mbarrier exchange a tile.
+                 2-12% faster than columns on every shape measured
+                 (BENCHMARKS.md). bf16 KV only: with fp8 it falls back to
+                 columns (the one widened tile would have to outlive the
+                 value warpgroup's P V while the next tile is widened).
 
-Shared memory: q 72 KB + 2 x 72 KB ring + P 8 KB = 224 of 227 KB, so one
-CTA per SM and exactly two stages. V must be a view of K (MLA); other calls
+Shared memory: q 72 KB + 2 x 72 KB ring + P 8 KB (columns; score/value
+puts P in the rope rows) = 224 of 227 KB, so one CTA per SM and exactly two
+stages. V must be a view of K (MLA); other calls
 take the plain-Triton kernel. The work plan (which unit owns which chunk of
 which request) is integer-for-integer the plain kernel's, so stage 2 merges
 either kernel's partials.
@@ -72,7 +83,8 @@ except ImportError:  # a Triton without Gluon's Hopper ops
 ROWS = constexpr(64)  # query rows per CTA: one wgmma M per warpgroup
 TOKENS = constexpr(64)  # prefix tokens per ring stage
 STAGES = constexpr(2)
-CONSUMER_WARPS = constexpr(8)
+CONSUMER_WARPS = constexpr(8)  # the columns schedule's consumer partition
+WARPGROUP = constexpr(4)  # warps of one warpgroup (the score/value partitions)
 PRODUCER_WARPS = constexpr(4)
 # The producer holds two tiles' slot indices (this tile's and the next's):
 # with 56 registers it spilled them (1.14-1.22x the time without the
@@ -80,7 +92,12 @@ PRODUCER_WARPS = constexpr(4)
 PRODUCER_REGS = constexpr(88)
 # 12 warps x 168 registers fill the register file; the producer gives its
 # surplus to the consumers (setmaxnreg): (12 * 168 - 4 * 88) / 8 = 208 each.
+# Score/value: the value warpgroup holds half the output (128 words a
+# thread) and takes 176, which leaves the score warpgroup
+# 12 * 168 - 4 * (88 + 176) = 4 * 240.
 MAX_REGS = 168
+VALUE_REGS = constexpr(176)
+HALF_V = constexpr(256)  # output columns per warpgroup
 D_NOPE = constexpr(512)
 D_ROPE = constexpr(64)
 
@@ -91,11 +108,19 @@ def block_heads(num_heads: int, draft_len: int) -> int:
 
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
+SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (docstring)
 
 
 def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
     """Calls this kernel computes; the plain kernel takes the rest."""
     return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name in KV_DTYPES and v_from_k
+
+
+def runs_score_value(asked: bool, kv_dtype_name: str) -> bool:
+    """Whether a call runs the score/value schedule: where the config asks
+    for it and the KV dtype allows it (else the columns schedule, same tile
+    and plan)."""
+    return asked and kv_dtype_name in SCORE_VALUE_KV_DTYPES
 
 
 def folds_drafts(q, k_buffer) -> bool:
@@ -163,14 +188,14 @@ if AVAILABLE:
         )
 
     @gluon.jit
-    def _in_tile(first, end, layout: gl.constexpr):
-        # Which of tokens first .. first + 63 come before end.
-        return first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout)) < end
+    def _tokens(first, layout: gl.constexpr):
+        # Tokens first .. first + 63, one per row of a tile laid out as layout.
+        return first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
 
     @gluon.jit
     def _slots(KV_INDICES, first, end, layout: gl.constexpr):
         # The pool slots of prefix tokens first .. first + 63 (0 past end).
-        offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
+        offs = _tokens(first, layout)
         return gl.load(KV_INDICES + offs, mask=offs < end, other=0)
 
     @gluon.jit
@@ -188,11 +213,11 @@ if AVAILABLE:
         # Tokens first .. end - 1 of one tile, at rows nope_rows / rope_rows
         # of BASE (laid out as _copy_layout).
         nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
-        mask = _in_tile(first, end, nope_layout)
+        mask = _tokens(first, nope_layout) < end
         _gather(nope, BASE, nope_rows, mask, stride_row, 0, D_NOPE, nope_layout)
         if WITH_ROPE:
             rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
-            mask = _in_tile(first, end, rope_layout)
+            mask = _tokens(first, rope_layout) < end
             _gather(rope, BASE, rope_rows, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
 
     @gluon.jit
@@ -202,14 +227,12 @@ if AVAILABLE:
         # The drafts' own rows of k_extend / v_extend.
         nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
         rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
-        nope_rows = q_first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, nope_layout))
-        rope_rows = q_first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, rope_layout))
         _gather_tile(
             nope,
             rope,
             BASE,
-            nope_rows,
-            rope_rows,
+            _tokens(q_first, nope_layout),
+            _tokens(q_first, rope_layout),
             q_first,
             q_first + DRAFT_LEN,
             stride_tok,
@@ -342,15 +365,20 @@ if AVAILABLE:
         return warpgroup_mma_wait(0, deps=[qk])
 
     @gluon.jit
-    def _softmax_step(qk, m_i, l_elem, acc, o_rows: gl.constexpr):
-        # Online softmax over one tile of log2-domain scores: returns P and
-        # the rescaled state.
+    def _online_softmax(qk, m_i):
+        # One tile of log2-domain scores: P, the factor that rescales the
+        # earlier tiles' sums and outputs, and the new running max.
         m_new = gl.maximum(m_i, gl.max(qk, 1))
-        alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(qk - m_new[:, None])
+        return p, gl.exp2(m_i - m_new), m_new
+
+    @gluon.jit
+    def _softmax_step(qk, m_i, l_elem, acc, o_rows: gl.constexpr):
+        # Columns: returns P and the rescaled state.
+        p, alpha, m_i = _online_softmax(qk, m_i)
         l_elem = l_elem * alpha[:, None] + p
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        return p, m_new, l_elem, acc
+        return p, m_i, l_elem, acc
 
     @gluon.jit
     def _add_pv(p, p_smem, v, acc):
@@ -434,19 +462,13 @@ if AVAILABLE:
         offs_c = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, zero_s.type.layout))
         stage = t % STAGES
         mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-        kv_nope = kv_nope_ring.index(stage)
         fence_async_shared()  # the gathers wrote through the generic proxy
-        qk = _scores(q_nope, q_rope, kv_nope, kv_rope_ring.index(stage), zero_s)
+        qk = _scores(q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s)
         _, draft_of_row, _ = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
         visible = offs_c[None, :] <= draft_of_row[:, None]
         qk = gl.where(visible, qk * draft_scale, float("-inf"))
         p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
-        if not V_EXT_FROM_K:
-            stage = (t + 1) % STAGES
-            mbarrier.wait(ready.index(stage), ((t + 1) // STAGES) & 1)
-            fence_async_shared()
-            kv_nope = kv_nope_ring.index(stage)
-        acc = _add_pv(p, p_smem, kv_nope, acc)
+        acc = _add_pv(p, p_smem, _draft_values(kv_nope_ring, ready, t, V_EXT_FROM_K), acc)
         return m_i, l_elem, acc
 
     @gluon.jit
@@ -547,11 +569,272 @@ if AVAILABLE:
                 )
 
         l_i = gl.sum(l_elem, 1)
-        offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, o_rows)
-        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, o_layout))
-        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        _store_out(
+            acc / gl.convert_layout(l_i, o_rows)[:, None],
+            0,
+            write_output,
+            PART_O,
+            O,
+            stride_o_tok,
+            stride_o_head,
+            q_first,
+            work,
+            head_block,
+            num_heads,
+            BLOCK_H,
+            DRAFT_LEN,
+        )
+        if not write_output:
+            _store_lse(m_i, l_i, PART_LSE, work, head_block, num_heads, BLOCK_H, DRAFT_LEN)
+
+    @gluon.jit
+    def _hand_over(qk, visible, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar):
+        # Score/value: one tile's softmax. P goes into the tile's rope rows
+        # (spent: only the score warpgroup read them, for the scores now
+        # done) and the factor that rescales the earlier tiles into xchg,
+        # for the value warpgroup.
+        qk = gl.where(visible, qk * scale, float("-inf"))
+        p, alpha, m_i = _online_softmax(qk, m_i)
+        kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
+        xchg.index(stage).store(alpha)
+        fence_async_shared()
+        _warps_barrier()  # all of the warpgroup's stores before the arrive
+        mbarrier.arrive(p_bar.index(stage), count=1)
+        return alpha, m_i, l_i * alpha + gl.sum(p, 1)
+
+    @gluon.jit
+    def _consume_scores(
+        q_nope,
+        q_rope,
+        kv_nope_ring,
+        kv_rope_ring,
+        xchg,
+        ready,
+        empty,
+        p_bar,
+        sums_bar,
+        lo,
+        hi,
+        with_drafts,
+        score_scale,
+        draft_scale,
+        v_scale,
+        write_output,
+        PART_O,
+        PART_LSE,
+        O,
+        stride_o_tok,
+        stride_o_head,
+        q_first,
+        work,
+        head_block,
+        num_heads,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
+    ):
+        # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
+        # the online softmax, and output columns 0 .. 255.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
+        )
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+        zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+        offs_c = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
+
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        if prefix_tiles > 0:
+            mbarrier.wait(ready.index(0), 0)
+            fence_async_shared()  # the gathers wrote through the generic proxy
+            qk = _scores(q_nope, q_rope, kv_nope_ring.index(0), kv_rope_ring.index(0), zero_s)
+            visible = (lo + offs_c < hi)[None, :]
+            _, m_i, l_i = _hand_over(
+                qk, visible, score_scale, m_i, l_i, 0, kv_rope_ring, xchg, p_bar
+            )
+        for t in range(1, prefix_tiles):
+            stage = t % STAGES
+            prev = (t - 1) % STAGES
+            # Tile t - 1's P V, and its stage freed, before waiting for tile
+            # t: issued behind tile t's scores instead, the stage was freed
+            # only once tile t had landed, and the ring ran one tile deep
+            # (2-11% slower, BENCHMARKS.md).
+            acc = warpgroup_mma(
+                kv_rope_ring.index(prev), kv_nope_ring.index(prev).slice(0, HALF_V, dim=1), acc
+            )
+            mbarrier.arrive(empty.index(prev), count=1)
+            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+            fence_async_shared()
+            qk = _scores(
+                q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s
+            )
+            visible = (lo + t * TOKENS + offs_c < hi)[None, :]
+            alpha, m_i, l_i = _hand_over(
+                qk, visible, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+            )
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        if prefix_tiles > 0:
+            last = (prefix_tiles - 1) % STAGES
+            acc = warpgroup_mma(
+                kv_rope_ring.index(last), kv_nope_ring.index(last).slice(0, HALF_V, dim=1), acc
+            )
+            mbarrier.arrive(empty.index(last), count=1)
+        # The KV cache's value scale applies to the prefix alone.
+        acc = acc * v_scale
+
+        if with_drafts:
+            # Tile n holds the drafts' K (and tile n + 1 their V unless V is
+            # a view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
+            n = prefix_tiles
+            stage = n % STAGES
+            mbarrier.wait(ready.index(stage), (n // STAGES) & 1)
+            fence_async_shared()
+            qk = _scores(
+                q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s
+            )
+            _, draft_of_row, _ = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
+            visible = offs_c[None, :] <= draft_of_row[:, None]
+            alpha, m_i, l_i = _hand_over(
+                qk, visible, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+            )
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            v_tile = _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K)
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
+
+        # The row sums, for the value warpgroup's normalisation.
+        xchg.index(STAGES).store(l_i)
+        _warps_barrier()
+        mbarrier.arrive(sums_bar, count=1)
+        _store_out(
+            acc / gl.convert_layout(l_i, o_rows)[:, None],
+            0,
+            write_output,
+            PART_O,
+            O,
+            stride_o_tok,
+            stride_o_head,
+            q_first,
+            work,
+            head_block,
+            num_heads,
+            BLOCK_H,
+            DRAFT_LEN,
+        )
+        if not write_output:
+            _store_lse(m_i, l_i, PART_LSE, work, head_block, num_heads, BLOCK_H, DRAFT_LEN)
+
+    @gluon.jit
+    def _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
+        # The drafts' V: tile n's latent rows when V is a view of K, else
+        # tile n + 1.
+        if V_EXT_FROM_K:
+            v_tile = kv_nope_ring.index(n % STAGES)
+        else:
+            mbarrier.wait(ready.index((n + 1) % STAGES), ((n + 1) // STAGES) & 1)
+            fence_async_shared()
+            v_tile = kv_nope_ring.index((n + 1) % STAGES)
+        return v_tile
+
+    @gluon.jit
+    def _consume_values(
+        kv_nope_ring,
+        kv_rope_ring,
+        xchg,
+        ready,
+        empty,
+        p_bar,
+        sums_bar,
+        lo,
+        hi,
+        with_drafts,
+        v_scale,
+        write_output,
+        PART_O,
+        O,
+        stride_o_tok,
+        stride_o_head,
+        q_first,
+        work,
+        head_block,
+        num_heads,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
+    ):
+        # The value warpgroup: output columns 256 .. 511, one P V for each P
+        # the score warpgroup hands over.
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
+        )
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
+            stage = t % STAGES
+            mbarrier.wait(p_bar.index(stage), (t // STAGES) & 1)
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
+            acc = warpgroup_mma(
+                kv_rope_ring.index(stage),
+                kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
+                acc,
+            )
+            mbarrier.arrive(empty.index(stage), count=1)
+        acc = acc * v_scale
+        if with_drafts:
+            n = prefix_tiles
+            stage = n % STAGES
+            mbarrier.wait(p_bar.index(stage), (n // STAGES) & 1)
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
+            v_tile = _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K)
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
+        mbarrier.wait(sums_bar, 0)
+        _store_out(
+            acc / xchg.index(STAGES).load(o_rows)[:, None],
+            HALF_V,
+            write_output,
+            PART_O,
+            O,
+            stride_o_tok,
+            stride_o_head,
+            q_first,
+            work,
+            head_block,
+            num_heads,
+            BLOCK_H,
+            DRAFT_LEN,
+        )
+
+    @gluon.jit
+    def _store_out(
+        out,
+        col0,
+        write_output,
+        PART_O,
+        O,
+        stride_o_tok,
+        stride_o_head,
+        q_first,
+        work,
+        head_block,
+        num_heads,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+    ):
+        # Output columns col0 onwards of the tile's rows: the output itself
+        # when this unit is the request's only one (drafts included), else
+        # the unit's partial.
+        layout: gl.constexpr = out.type.layout
+        offs_h, offs_i, mask_m = _row_coords(
+            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+        )
+        offs_d = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, layout))
         if write_output:
-            # The request's only unit, drafts included: this is its output.
             o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
             gl.store(
                 O + o_row[:, None] + offs_d[None, :], out.to(gl.bfloat16), mask=mask_m[:, None]
@@ -561,9 +844,23 @@ if AVAILABLE:
             gl.store(
                 PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None]
             )
-            lse_h, lse_i, lse_mask = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
-            lse_row = ((work * num_heads + lse_h) * DRAFT_LEN + lse_i).to(gl.int64)
-            gl.store(PART_LSE + lse_row, m_i + gl.log2(l_i), mask=lse_mask)
+
+    @gluon.jit
+    def _store_lse(
+        m_i,
+        l_i,
+        PART_LSE,
+        work,
+        head_block,
+        num_heads,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+    ):
+        # The unit's log2-sum-exp per row, for stage 2's merge.
+        layout: gl.constexpr = m_i.type.layout
+        offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, layout)
+        row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+        gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
     @gluon.jit(do_not_specialize=["batch_size", "num_kv_splits", "fold_drafts"])
     def _prefix_kernel_sm90(
@@ -595,11 +892,16 @@ if AVAILABLE:
         BLOCK_H: gl.constexpr,
         BLOCK_B: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
+        SCORE_VALUE: gl.constexpr,
     ):
         KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
+        gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
+        # Warps of the default partition: the consumers (columns) or the
+        # score warpgroup.
+        MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
         head_block = gl.program_id(0)
         work = gl.program_id(1)
-        plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [CONSUMER_WARPS], [0])
+        plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
         chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, TOKENS)
         # Which request owns unit `work`, and its first unit (the loop of
         # kernel._units_before, inlined: Gluon scans only in the kernel body).
@@ -638,7 +940,7 @@ if AVAILABLE:
             rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
                 [ROWS, D_ROPE], gl.bfloat16
             )
-            q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
+            q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [MAIN_WARPS, 1], [1, 0])
             q_nope = gl.allocate_shared_memory(
                 gl.bfloat16,
                 [ROWS, D_NOPE],
@@ -675,8 +977,8 @@ if AVAILABLE:
                     q_layout,
                 ),
             )
-            # The ring holds KV rows as stored; with fp8 KV, one bf16 tile
-            # besides (module docstring).
+            # The ring holds KV rows as stored; with fp8 KV (columns), one
+            # bf16 tile besides (module docstring).
             kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
             kv_nope_ring = gl.allocate_shared_memory(
                 kv_dtype,
@@ -688,84 +990,167 @@ if AVAILABLE:
                 [STAGES, TOKENS, D_ROPE],
                 gl.NVMMASharedLayout.get_default_for([TOKENS, D_ROPE], kv_dtype),
             )
-            if KV_FP8:
-                wide_nope = gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_NOPE], nope_smem)
-                wide_rope = gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_ROPE], rope_smem)
-            else:  # not used
-                wide_nope = kv_nope_ring
-                wide_rope = kv_rope_ring
-            p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
             ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for stage in gl.static_range(STAGES):
                 mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
-                mbarrier.init(empty.index(stage), count=1)
-            fence_async_shared()
-
-            gl.warp_specialize(
-                [
-                    (
-                        _consume,
-                        (
-                            q_nope,
-                            q_rope,
-                            kv_nope_ring,
-                            kv_rope_ring,
-                            wide_nope,
-                            wide_rope,
-                            p_smem,
-                            ready,
-                            empty,
-                            lo,
-                            hi,
-                            with_drafts,
-                            score_scale,
-                            draft_scale,
-                            v_scale,
-                            write_output,
-                            PART_O,
-                            PART_LSE,
-                            O,
-                            stride_o_tok,
-                            stride_o_head,
-                            q_first,
-                            work,
-                            head_block,
-                            num_heads,
-                            BLOCK_H,
-                            DRAFT_LEN,
-                            V_EXT_FROM_K,
-                            KV_FP8,
-                        ),
-                    ),
-                    (
-                        _produce,
-                        (
-                            K_BUF,
-                            KV_INDICES,
-                            K_EXT,
-                            V_EXT,
-                            kv_nope_ring,
-                            kv_rope_ring,
-                            ready,
-                            empty,
-                            kv_start,
-                            lo,
-                            hi,
-                            with_drafts,
-                            q_first,
-                            stride_k_slot,
-                            stride_ke_tok,
-                            stride_ve_tok,
-                            DRAFT_LEN,
-                            V_EXT_FROM_K,
-                            KV_FP8,
-                        ),
-                    ),
-                ],
-                [PRODUCER_WARPS],
-                [PRODUCER_REGS],
+                # Score/value: both warpgroups release each stage.
+                mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
+            produce_args = (
+                K_BUF,
+                KV_INDICES,
+                K_EXT,
+                V_EXT,
+                kv_nope_ring,
+                kv_rope_ring,
+                ready,
+                empty,
+                kv_start,
+                lo,
+                hi,
+                with_drafts,
+                q_first,
+                stride_k_slot,
+                stride_ke_tok,
+                stride_ve_tok,
+                DRAFT_LEN,
+                V_EXT_FROM_K,
+                KV_FP8,
             )
+            if SCORE_VALUE:
+                # Per stage the rescale factors of the P handed over, then
+                # the final row sums.
+                xchg = gl.allocate_shared_memory(
+                    gl.float32, [STAGES + 1, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
+                )
+                p_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+                sums_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+                for stage in gl.static_range(STAGES):
+                    mbarrier.init(p_bar.index(stage), count=1)
+                mbarrier.init(sums_bar, count=1)
+                fence_async_shared()
+                gl.warp_specialize(
+                    [
+                        (
+                            _consume_scores,
+                            (
+                                q_nope,
+                                q_rope,
+                                kv_nope_ring,
+                                kv_rope_ring,
+                                xchg,
+                                ready,
+                                empty,
+                                p_bar,
+                                sums_bar,
+                                lo,
+                                hi,
+                                with_drafts,
+                                score_scale,
+                                draft_scale,
+                                v_scale,
+                                write_output,
+                                PART_O,
+                                PART_LSE,
+                                O,
+                                stride_o_tok,
+                                stride_o_head,
+                                q_first,
+                                work,
+                                head_block,
+                                num_heads,
+                                BLOCK_H,
+                                DRAFT_LEN,
+                                V_EXT_FROM_K,
+                            ),
+                        ),
+                        (
+                            _consume_values,
+                            (
+                                kv_nope_ring,
+                                kv_rope_ring,
+                                xchg,
+                                ready,
+                                empty,
+                                p_bar,
+                                sums_bar,
+                                lo,
+                                hi,
+                                with_drafts,
+                                v_scale,
+                                write_output,
+                                PART_O,
+                                O,
+                                stride_o_tok,
+                                stride_o_head,
+                                q_first,
+                                work,
+                                head_block,
+                                num_heads,
+                                BLOCK_H,
+                                DRAFT_LEN,
+                                V_EXT_FROM_K,
+                            ),
+                        ),
+                        (_produce, produce_args),
+                    ],
+                    [WARPGROUP, PRODUCER_WARPS],
+                    [VALUE_REGS, PRODUCER_REGS],
+                )
+            else:
+                if KV_FP8:
+                    wide_nope = gl.allocate_shared_memory(
+                        gl.bfloat16, [1, TOKENS, D_NOPE], nope_smem
+                    )
+                    wide_rope = gl.allocate_shared_memory(
+                        gl.bfloat16, [1, TOKENS, D_ROPE], rope_smem
+                    )
+                else:  # not used
+                    wide_nope = kv_nope_ring
+                    wide_rope = kv_rope_ring
+                p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
+                fence_async_shared()
+                gl.warp_specialize(
+                    [
+                        (
+                            _consume,
+                            (
+                                q_nope,
+                                q_rope,
+                                kv_nope_ring,
+                                kv_rope_ring,
+                                wide_nope,
+                                wide_rope,
+                                p_smem,
+                                ready,
+                                empty,
+                                lo,
+                                hi,
+                                with_drafts,
+                                score_scale,
+                                draft_scale,
+                                v_scale,
+                                write_output,
+                                PART_O,
+                                PART_LSE,
+                                O,
+                                stride_o_tok,
+                                stride_o_head,
+                                q_first,
+                                work,
+                                head_block,
+                                num_heads,
+                                BLOCK_H,
+                                DRAFT_LEN,
+                                V_EXT_FROM_K,
+                                KV_FP8,
+                            ),
+                        ),
+                        (_produce, produce_args),
+                    ],
+                    [PRODUCER_WARPS],
+                    [PRODUCER_REGS],
+                )
 
 
 # The constants that shape the kernel, hashed with its jitted functions
@@ -778,7 +1163,16 @@ SHAPE = (
     PRODUCER_WARPS.value,
     PRODUCER_REGS.value,
     MAX_REGS,
+    WARPGROUP.value,
+    VALUE_REGS.value,
+    HALF_V.value,
 )
+
+
+def launch_options(score_value: bool) -> dict[str, int]:
+    """num_warps (the default partition's) and the register cap of a launch."""
+    warps = WARPGROUP.value if score_value else CONSUMER_WARPS.value
+    return {"num_warps": warps, "maxnreg": MAX_REGS}
 
 
 def launch_prefix(
@@ -803,13 +1197,18 @@ def launch_prefix(
     with_drafts: bool,
     v_extend_from_k: bool,
     plan_block: int,
+    score_value: bool,
 ) -> None:
     """Stage 1 on sm90: the same partials as the plain kernel (prefix values
     scaled by ``v_scale``); with ``with_drafts`` (bf16 KV only, see
     ``folds_drafts``), each request's last unit includes its drafts and a
-    request with one unit writes its output ``o`` directly."""
+    request with one unit writes its output ``o`` directly. ``score_value``
+    picks that schedule (bf16 KV only, see ``runs_score_value``) over
+    columns."""
     if with_drafts and not folds_drafts(q, k_buffer):
         raise ValueError(f"with_drafts: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
+    if score_value and k_buffer.dtype != q.dtype:
+        raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     num_heads = q.shape[1]
     grid = ((num_heads + block_h - 1) // block_h, batch_size * num_kv_splits)
     _prefix_kernel_sm90[grid](
@@ -841,6 +1240,6 @@ def launch_prefix(
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
         V_EXT_FROM_K=v_extend_from_k,
-        num_warps=CONSUMER_WARPS.value,
-        maxnreg=MAX_REGS,
+        SCORE_VALUE=score_value,
+        **launch_options(score_value),
     )

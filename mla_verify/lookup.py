@@ -30,7 +30,7 @@ b. No exact entry, but the arch has tuned entries: the nearest one.
    BLOCK_N, num_warps, num_stages and the AMD options are kept. Logged once
    per (arch, H, L, dtype) at INFO.
 c. No entry for the arch at all (or no candidate under rule b): the built-in
-   ``default_config(H, L, batch, arch)``, with one warning per
+   ``default_config(H, L, batch, arch, dtype)``, with one warning per
    (arch, H, L, dtype) naming the command that tunes it.
 
 Where tables come from: each dir of ``$MLA_VERIFY_CONFIG_DIR`` (os.pathsep-
@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 from . import kernel_sm90, tables
-from .config import MAX_KV_SPLITS, VerifyConfig, default_config, kv_dtype_name
+from .config import HOPPER_KERNELS, MAX_KV_SPLITS, VerifyConfig, default_config, kv_dtype_name
 from .kernel import KERNEL_HASH
 from .tables import LoadedEntry, entry_key
 
@@ -183,7 +183,7 @@ def _resolve(
         key,
         command,
     )
-    return default_config(num_heads, draft_len, batch_size, arch), "built-in default"
+    return default_config(num_heads, draft_len, batch_size, arch, dtype), "built-in default"
 
 
 def _log2_distance(a: int, b: int) -> Fraction:
@@ -223,7 +223,7 @@ def adapt_config(
     """A config tuned for (tuned_heads, tuned_draft_len) carried over to
     (num_heads, draft_len): rows per program at or below the tuned tile, and
     about the tuned grid size."""
-    if config.kernel == "gluon_sm90":
+    if config.kernel in HOPPER_KERNELS:
         # The Hopper tile is always 64 rows and the tuner gives it as many
         # heads as fill them; an entry tuned at few heads has BLOCK_H capped
         # by its head count, which would leave rows empty at more heads.

@@ -198,7 +198,7 @@ def precompile(entries, arch: str, workers: int) -> None:
     seen = set()
     for heads, draft_len, dtype_name in entries:
         for tile in tile_candidates(heads, draft_len, arch, dtype_name) + [
-            default_config(heads, draft_len, 1, arch)
+            default_config(heads, draft_len, 1, arch, dtype_name)
         ]:
             # Triton specialises ints on divisibility by 16: H=8 and H=12
             # compile alike, as do 16, 32, 64, 128.
@@ -265,7 +265,7 @@ def tune_entry(
 
     for bs in batch_sizes:
         problems = Problems(pool, heads, draft_len, bs, contexts_for(bs, contexts), device)
-        default = default_config(heads, draft_len, bs, arch)
+        default = default_config(heads, draft_len, bs, arch, dtype_name)
         default_us = check_and_time(default, problems, timer)
         if default_us is None:
             raise RuntimeError(f"{key} batch {bs}: the built-in default {default} failed")

@@ -749,13 +749,15 @@ def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Calla
 def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     """tuned (the table's config), default (the built-in one) or mha (BLOCK_H=1)."""
     import mla_verify
-    from mla_verify.config import default_num_kv_splits, rows_per_program
+    from mla_verify.config import default_num_kv_splits, kv_dtype_name, rows_per_program
 
     s = batch.spec
     out = torch.empty(
         s.batch_size * s.draft_len, s.num_heads, D_V, dtype=KV_DTYPE, device=batch.q.device
     )
-    default = mla_verify.default_config(s.num_heads, s.draft_len, s.batch_size, arch)
+    default = mla_verify.default_config(
+        s.num_heads, s.draft_len, s.batch_size, arch, kv_dtype_name(batch.k_buffer.dtype)
+    )
     if name == "tuned":
         config, source = mla_verify.resolve_config(
             s.num_heads, s.draft_len, s.batch_size, batch.k_buffer.dtype, arch

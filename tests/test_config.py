@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from mla_verify import kernel_sm90
 from mla_verify.config import (
+    HOPPER_KERNELS,
     VerifyConfig,
     default_config,
     for_separate_v,
@@ -20,12 +22,13 @@ def test_kernel_field_is_validated_and_named():
         )
 
 
+@pytest.mark.parametrize("kernel", HOPPER_KERNELS)
 @pytest.mark.parametrize("field,value", [("BLOCK_N", 32), ("num_warps", 4), ("num_stages", 3)])
-def test_hopper_kernel_tile_is_fixed(field, value):
+def test_hopper_kernel_tile_is_fixed(field, value, kernel):
     fields = dict(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=8, num_stages=2)
     fields[field] = value
-    with pytest.raises(ValueError, match=f"VerifyConfig.{field}: expected .*gluon_sm90"):
-        VerifyConfig(**fields, kernel="gluon_sm90")
+    with pytest.raises(ValueError, match=f"VerifyConfig.{field}: expected .*'{kernel}'"):
+        VerifyConfig(**fields, kernel=kernel)
 
 
 def test_to_dict_round_trips_and_leaves_out_the_default_kernel():
@@ -33,14 +36,18 @@ def test_to_dict_round_trips_and_leaves_out_the_default_kernel():
     assert "kernel" not in triton_config.to_dict()  # tables from before the field read the same
     hopper = hopper_config(128, 4, 32)
     assert hopper.to_dict()["kernel"] == "gluon_sm90"
-    for config in (triton_config, hopper):
+    score_value = hopper_config(128, 4, 32, "gluon_sm90_sv")
+    assert score_value.to_dict()["kernel"] == "gluon_sm90_sv"
+    for config in (triton_config, hopper, score_value):
         assert VerifyConfig.from_dict(config.to_dict()) == config
 
 
+@pytest.mark.parametrize("kv_dtype,kernel", [("bf16", "gluon_sm90_sv"), ("fp8_e4m3", "gluon_sm90")])
 @pytest.mark.parametrize("heads,draft_len", [(8, 1), (16, 4), (128, 4), (40, 3), (128, 8)])
-def test_default_on_sm90_is_the_hopper_kernel_with_64_rows(heads, draft_len):
-    config = default_config(heads, draft_len, 32, "sm90")
-    assert config.kernel == "gluon_sm90"
+def test_default_on_sm90_is_the_hopper_kernel_with_64_rows(heads, draft_len, kv_dtype, kernel):
+    # score/value for bf16 KV, columns (the schedule that runs fp8) for fp8
+    config = default_config(heads, draft_len, 32, "sm90", kv_dtype)
+    assert config.kernel == kernel
     assert config.BLOCK_H == min(heads, 64 // draft_len)
 
 
@@ -50,17 +57,28 @@ def test_default_elsewhere_is_the_triton_kernel(arch):
 
 
 def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
-    def hopper_tiles(arch, dtype):
-        return [c for c in tile_candidates(16, 4, arch, dtype) if c.kernel == "gluon_sm90"]
+    def hopper_kernels(arch, dtype):
+        return [c.kernel for c in tile_candidates(16, 4, arch, dtype) if c.kernel != "triton"]
 
-    assert len(hopper_tiles("sm90", "bf16")) == 1
-    assert len(hopper_tiles("sm90", "fp8_e4m3")) == 1
-    assert hopper_tiles("sm90", "fp16") == []
-    assert hopper_tiles("gfx950", "bf16") == []
+    # both schedules for bf16; fp8 runs the columns schedule only
+    assert hopper_kernels("sm90", "bf16") == ["gluon_sm90", "gluon_sm90_sv"]
+    assert hopper_kernels("sm90", "fp8_e4m3") == ["gluon_sm90"]
+    assert hopper_kernels("sm90", "fp16") == []
+    assert hopper_kernels("gfx950", "bf16") == []
     assert (
         len(tile_candidates(16, 4, "sm90", "bf16"))
-        == len(tile_candidates(16, 4, "sm90", "fp16")) + 1
+        == len(tile_candidates(16, 4, "sm90", "fp16")) + 2
     )
+
+
+@pytest.mark.parametrize(
+    "asked,kv_dtype,runs",
+    [(True, "bf16", True), (True, "fp8_e4m3", False), (False, "bf16", False)],
+)
+def test_score_value_schedule_runs_for_bf16_kv_only(asked, kv_dtype, runs):
+    # An sv entry looked up for fp8 KV (which takes the bf16 entry of its
+    # shape) runs the columns schedule: same tile, same plan.
+    assert kernel_sm90.runs_score_value(asked, kv_dtype) is runs
 
 
 def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mla_verify import VerifyConfig, kernel, kernel_sm90, verify_mla_fwd
-from mla_verify.config import hopper_config, tile_candidates
+from mla_verify.config import HOPPER_KERNELS, hopper_config, tile_candidates
 from mla_verify.testing import check_close, make_batch
 from mla_verify.workspace import get_workspace
 
@@ -176,7 +176,7 @@ def test_kernel_hash_covers_constexpr_functions():
     # A table's kernel hash must change with anything that shapes the
     # kernel, the producer's copy layout (a constexpr function) included.
     hashed = {fn.fn.__name__ for fn in kernel._jitted(vars(kernel_sm90))}
-    assert {"_copy_layout", "_produce", "_prefix_kernel_sm90"} <= hashed
+    assert {"_copy_layout", "_produce", "_consume_values", "_prefix_kernel_sm90"} <= hashed
 
 
 def test_stale_workspace_never_leaks(device):
@@ -278,13 +278,14 @@ HOPPER_KV = {
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("schedule", HOPPER_KERNELS)
 @pytest.mark.parametrize("kv", list(HOPPER_KV))
 @pytest.mark.parametrize(
     "heads,draft_len,prefix_lens",
     GPU_SHAPES,
     ids=[f"H{h}_L{l}_bs{len(p)}_max{max(p)}" for h, l, p in GPU_SHAPES],
 )
-def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens, kv):
+def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens, kv, schedule):
     batch = make_batch(
         heads,
         draft_len,
@@ -297,7 +298,7 @@ def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens, kv):
     assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
     ref = batch.reference()
     for splits in (1, 2, 9):
-        config = hopper_config(heads, draft_len, len(prefix_lens)).with_splits(splits)
+        config = hopper_config(heads, draft_len, len(prefix_lens), schedule).with_splits(splits)
         _poison_workspace("cuda")
         out = batch.new_output()
         assert batch.run(out, config) is True
@@ -318,18 +319,19 @@ DRAFT_VARIANTS = {
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("schedule", HOPPER_KERNELS)
 @pytest.mark.parametrize("variant", list(DRAFT_VARIANTS))
 @pytest.mark.parametrize(
     "heads,draft_len,prefix_lens",
     [(16, 4, [3000, 1, 0, 700]), (128, 2, [64, 5000]), (8, 8, [130] * 5)],
     ids=["H16_L4_ragged", "H128_L2", "H8_L8"],
 )
-def test_gpu_hopper_kernel_draft_variants(heads, draft_len, prefix_lens, variant):
+def test_gpu_hopper_kernel_draft_variants(heads, draft_len, prefix_lens, variant, schedule):
     batch = make_batch(heads, draft_len, prefix_lens, device="cuda", **DRAFT_VARIANTS[variant])
     assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
     ref = batch.reference()
     for splits in (1, 4):
-        config = hopper_config(heads, draft_len, len(prefix_lens)).with_splits(splits)
+        config = hopper_config(heads, draft_len, len(prefix_lens), schedule).with_splits(splits)
         _poison_workspace("cuda")
         out = batch.new_output()
         assert batch.run(out, config) is True

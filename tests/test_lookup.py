@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from mla_verify import lookup, tables
-from mla_verify.config import VerifyConfig, default_config, hopper_config
+from mla_verify.config import HOPPER_KERNELS, VerifyConfig, default_config, hopper_config
 from mla_verify.kernel import KERNEL_HASH
 
 PACKAGE_DIR = Path(lookup.__file__).parent
@@ -178,16 +178,17 @@ def test_unseen_draft_len_adapts_nearest(sm90, heads, draft_len, expected):
     assert source.endswith(f"adapted to H{heads}_L{draft_len}_bf16")
 
 
-def test_hopper_entry_adapts_to_a_full_tile(dirs):
+@pytest.mark.parametrize("kernel", HOPPER_KERNELS)
+def test_hopper_entry_adapts_to_a_full_tile(dirs, kernel):
     # Tuned at H12 L4 the Hopper tile holds all 12 heads (48 of its 64 rows):
     # carried to more heads it takes as many as fill the 64 rows.
-    tuned = hopper_config(12, 4, 32).with_splits(3)
+    tuned = hopper_config(12, 4, 32, kernel).with_splits(3)
     assert tuned.BLOCK_H == 12
     write_table(dirs.env, "sm90", [entry(12, 4, "bf16", {32: tuned})])
     lookup.reload_tables()
     config, source = lookup.resolve_config(128, 4, 32, arch="sm90")
     assert "entry H12_L4_bf16" in source
-    assert (config.kernel, config.BLOCK_H) == ("gluon_sm90", 16)
+    assert (config.kernel, config.BLOCK_H) == (kernel, 16)
     assert config.NUM_KV_SPLITS == 1  # 3 splits x 1 head block / 8 head blocks, at least 1
     # a longer draft: 8 heads of 8 rows (the Triton rule would give 12 * 4 // 8 = 6)
     assert lookup.resolve_config(12, 8, 32, arch="sm90")[0].BLOCK_H == 8
