@@ -27,7 +27,11 @@ bf16): ``H16L4B32C16K-fp8``. FlashInfer is timed on bf16 KV only.
 Timing: CUDA-graph replays of N back-to-back launches, each launch reading a
 different set of scattered KV slots (sets rotate so the KV read per replay is
 a few times the L2), reported as median, p20 and p80 over replays in
-microseconds per launch. ``torch_ref`` syncs, so it is timed eagerly.
+microseconds per launch. ``torch_ref`` syncs, so it is timed eagerly. The
+contenders of a shape are timed in ``--rounds`` interleaved rounds, each
+round starting with the next contender, and each one's replays are pooled:
+timed one after another, the one timed first ran up to 12% faster than the
+same config timed next (BENCHMARKS.md).
 
 Writes under --out: results.csv, results.json (one row per shape x contender,
 each with device, versions, commit, date, config, times, error), summary.md
@@ -552,9 +556,10 @@ class Timing:
     mode: str  # 'cudagraph' | 'eager'
     launches_per_replay: int
     replays: int
+    per_launch_us: tuple[float, ...] = ()
 
 
-def _summarise(per_launch_us: list[float], mode: str, launches: int) -> Timing:
+def _summarise(per_launch_us: Sequence[float], mode: str, launches: int) -> Timing:
     return Timing(
         median_us=percentile(per_launch_us, 50),
         p20_us=percentile(per_launch_us, 20),
@@ -562,7 +567,15 @@ def _summarise(per_launch_us: list[float], mode: str, launches: int) -> Timing:
         mode=mode,
         launches_per_replay=launches,
         replays=len(per_launch_us),
+        per_launch_us=tuple(per_launch_us),
     )
+
+
+def pool_timings(timings: Sequence[Timing]) -> Timing:
+    """One contender's rounds as one timing: every replay of every round."""
+    first = timings[0]
+    samples = [t for timing in timings for t in timing.per_launch_us]
+    return _summarise(samples, first.mode, first.launches_per_replay)
 
 
 def _elapsed_ms(run: Callable[[], None], repeats: int = 1) -> float:
@@ -881,6 +894,7 @@ class RunContext:
     contenders: tuple[str, ...]
     meta: dict[str, Any]
     rep_ms: float
+    rounds: int
     pool_min_bytes: int
     l2_bytes: int
     max_rotations: int
@@ -948,15 +962,15 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
     raise ValueError(f"unknown contender {name!r}")
 
 
-def run_contender(
+def prepare_contender(
     name: str, batch: Batch, ref: torch.Tensor, ctx: RunContext, row: dict[str, Any]
-) -> None:
-    """Check, then time one contender; fills ``row`` (status ok / FAILED /
-    skipped / error)."""
+) -> Contender | None:
+    """Build and check one contender; None (with ``row`` saying skipped or
+    FAILED) if it is not to be timed."""
     made = _make_contender(name, batch, ctx)
     if isinstance(made, str):
         row.update(status="skipped", reason=made)
-        return
+        return None
     contender = made
     _with_config(row, contender)
     contender.out.fill_(float("nan"))
@@ -967,25 +981,34 @@ def run_contender(
     row.update(rel_err=check.rel_err, max_abs_err=check.max_abs_err)
     if not check.ok:
         row.update(status="FAILED", reason=check.reason)
-        return
-    if contender.graphable:
+        return None
+    return contender
+
+
+def time_contender(
+    contender: Contender, batch: Batch, ctx: RunContext, row: dict[str, Any]
+) -> Timing:
+    """One round of one contender: graph replays where it can be captured."""
+    if contender.graphable and row.get("timing") != "eager":
         try:
             timing = time_graph(contender.launches, rep_ms=ctx.rep_ms, out=contender.out)
             row["rotations"] = len(contender.launches)
+            return timing
         except Exception as exc:
             logger.warning(
                 "%s %s: graph capture failed (%s); timing eagerly",
                 batch.spec.name,
-                name,
+                row["contender"],
                 describe_error(exc),
             )
             torch.cuda.synchronize()
-            timing = time_eager(contender.launches[0], rep_ms=ctx.rep_ms)
-            row["rotations"] = 1
             row["reason"] = f"graph capture failed: {describe_error(exc)}"
-    else:
-        timing = time_eager(contender.launches[0], rep_ms=ctx.rep_ms)
-        row["rotations"] = 1
+    row["timing"] = "eager"
+    row["rotations"] = 1
+    return time_eager(contender.launches[0], rep_ms=ctx.rep_ms)
+
+
+def record_timing(row: dict[str, Any], timing: Timing, ctx: RunContext) -> None:
     row.update(
         status="ok",
         median_us=timing.median_us,
@@ -996,6 +1019,30 @@ def run_contender(
         replays=timing.replays,
     )
     row.update(metrics(timing.median_us, Work(row["bytes"], row["flops"]), ctx.ceilings))
+
+
+def time_interleaved(
+    ready: list[tuple[dict[str, Any], Contender]], batch: Batch, ctx: RunContext
+) -> None:
+    """Time the checked contenders in ctx.rounds rounds, round r starting
+    with contender r, so none is always timed first; pools each one's
+    replays into its row."""
+    rounds: dict[int, list[Timing]] = {id(row): [] for row, _ in ready}
+    for r in range(ctx.rounds):
+        start = r % len(ready)
+        for row, contender in ready[start:] + ready[:start]:
+            if row["status"] == "error":
+                continue
+            try:
+                rounds[id(row)].append(time_contender(contender, batch, ctx, row))
+            except Exception as exc:
+                logger.exception("%s %s: error", batch.spec.name, row["contender"])
+                row.update(status="error", reason=describe_error(exc))
+                if not _cuda_healthy(ctx.device):
+                    raise
+    for row, _ in ready:
+        if row["status"] != "error":
+            record_timing(row, pool_timings(rounds[id(row)]), ctx)
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
@@ -1047,15 +1094,22 @@ def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
         batch.pool_bytes / 1e9,
         rotations,
     )
+    ready = []
     for row in rows:
         name = row["contender"]
         try:
-            run_contender(name, batch, ref, ctx, row)
+            contender = prepare_contender(name, batch, ref, ctx, row)
         except Exception as exc:
             logger.exception("%s %s: error", spec.name, name)
             row.update(status="error", reason=describe_error(exc))
             if not _cuda_healthy(ctx.device):
                 raise
+            continue
+        if contender is not None:
+            ready.append((row, contender))
+    if ready:
+        time_interleaved(ready, batch, ctx)
+    for row in rows:
         _log_row(row)
     add_speedups(rows)
     return rows
@@ -1404,6 +1458,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1024.0,
         help="size of each buffer of the copy-bandwidth ceiling (default 1024)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved timing rounds per shape, each contender's replays pooled (default 3)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument(
@@ -1421,6 +1481,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(str(exc))
     if args.max_rotations < 1:
         parser.error("--max-rotations must be >= 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected an int >= 1, got {args.rounds}")
     return args
 
 
@@ -1485,6 +1547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         contenders=tuple(args.contenders),
         meta=meta,
         rep_ms=args.rep_ms,
+        rounds=args.rounds,
         pool_min_bytes=int(args.pool_mb * 2**20),
         l2_bytes=l2_bytes,
         max_rotations=args.max_rotations,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,25 @@ def test_fp8_kv_counts_one_byte_per_cache_element():
     assert bf16.flops == fp8.flops
     spec = bench.parse_shape("H16L4B2C500-fp8")
     assert spec.kv_bytes == 1 and bench.parse_shape("H16L4B2C500").kv_bytes == 2
+
+
+def test_contenders_are_timed_in_rotating_rounds_and_pooled(monkeypatch):
+    # Timed one after another, the contender timed first ran up to 12%
+    # faster: each round starts with the next one, and every round's
+    # replays count.
+    calls = []
+
+    def fake_time(contender, batch, ctx, row):
+        calls.append(row["contender"])
+        base = {"a": 10.0, "b": 20.0, "c": 30.0}[row["contender"]]
+        return bench._summarise([base + len(calls)] * 4, "cudagraph", 1)
+
+    monkeypatch.setattr(bench, "time_contender", fake_time)
+    ctx = types.SimpleNamespace(rounds=3, ceilings=bench.Ceilings(None, None))
+    rows = [{"contender": n, "status": None, "bytes": 1, "flops": 1} for n in "abc"]
+    bench.time_interleaved([(row, object()) for row in rows], batch=None, ctx=ctx)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    a = rows[0]
+    assert a["status"] == "ok" and a["replays"] == 12
+    # a's rounds ran as calls 1, 6 and 8: samples 11, 16 and 18 (4 each)
+    assert (a["p20_us"], a["median_us"], a["p80_us"]) == (11.0, 16.0, 18.0)
