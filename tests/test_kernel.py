@@ -224,6 +224,27 @@ def test_hopper_config_elsewhere_runs_the_triton_kernel_with_its_tile(device):
     _run_and_check(batch, hopper_config(8, 4, 2).with_splits(3), device)
 
 
+@pytest.mark.parametrize(
+    "kernel_name,kv_dtype,score_value",
+    [
+        ("gluon_sm90_sv", torch.bfloat16, True),
+        ("gluon_sm90_sv", torch.float8_e4m3fn, False),
+        ("gluon_sm90", torch.bfloat16, False),
+    ],
+)
+def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_dtype, score_value):
+    """Score/value runs where the config asks for it and the KV is bf16; a
+    score/value entry taken for fp8 KV runs the columns schedule."""
+    launched = []
+    monkeypatch.setattr(kernel, "uses_gluon_sm90", lambda *args: True)
+    monkeypatch.setattr(
+        kernel_sm90, "launch_prefix", lambda *args, **kw: launched.append(kw["score_value"])
+    )
+    batch = make_batch(16, 2, [70, 5], kv_dtype=kv_dtype, device=device)
+    batch.run(batch.new_output(), hopper_config(16, 2, 2, kernel_name))
+    assert launched == [score_value]
+
+
 # --------------------------------------------------------------------- GPU lane
 
 GPU_SHAPES = [
