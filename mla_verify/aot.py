@@ -12,7 +12,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import kernel, kernel_sm90
-from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program
+from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
 
 # arch -> (Triton target, shared memory per block in bytes)
 TARGETS: dict[str, tuple[GPUTarget, int]] = {
@@ -69,7 +69,7 @@ def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, a
         DOT_FP32=False,
     )
     if config.kernel in HOPPER_KERNELS and arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES:
-        score_value = kernel_sm90.runs_score_value(config.kernel == "gluon_sm90_sv", kv_dtype)
+        score_value = runs_score_value(config.kernel, kv_dtype)
         return _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
     src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)
     compiled = triton.compile(src, target=target, options=config.launch_options())

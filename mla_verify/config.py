@@ -48,6 +48,13 @@ HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
 KERNELS = ("triton", *HOPPER_KERNELS)
 
 
+def runs_score_value(kernel: str, kv_dtype: str) -> bool:
+    """Whether a config's stage 1 runs the Hopper kernel's score/value
+    schedule: where it names it and the KV dtype allows it; otherwise a
+    "gluon_sm90_sv" config runs the columns schedule (same tile and plan)."""
+    return kernel == "gluon_sm90_sv" and kv_dtype in kernel_sm90.SCORE_VALUE_KV_DTYPES
+
+
 def kv_dtype_name(dtype: torch.dtype | str) -> str:
     """Table key of a KV dtype ('bf16', 'fp16', 'fp8_e4m3', ...)."""
     if isinstance(dtype, str):
@@ -208,8 +215,7 @@ def default_config(
     64-row tiles need 8 warps for their [64, 512] fp32 accumulator.
     """
     if arch == "sm90" and draft_len <= MAX_ROWS:
-        score_value = kernel_sm90.runs_score_value(True, kv_dtype)
-        kernel = "gluon_sm90_sv" if score_value else "gluon_sm90"
+        kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
         return hopper_config(num_heads, draft_len, batch_size, kernel)
     rows = min(MAX_ROWS, max(16, triton_next_pow2(num_heads * draft_len)))
     block_h = max(1, min(num_heads, rows // draft_len))
@@ -285,7 +291,7 @@ def tile_candidates(
     out: list[VerifyConfig] = []
     if arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES and draft_len <= MAX_ROWS:
         out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
-        if kernel_sm90.runs_score_value(True, kv_dtype):
+        if runs_score_value("gluon_sm90_sv", kv_dtype):
             out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)

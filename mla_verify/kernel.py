@@ -49,6 +49,7 @@ from .config import (
     KV_DTYPE_NAMES,
     VerifyConfig,
     rows_per_program,
+    runs_score_value,
     triton_next_pow2,
 )
 
@@ -485,9 +486,7 @@ def launch(
             with_drafts=drafts_in_parts,
             v_extend_from_k=v_is_k_view(k_ext, v_ext),
             plan_block=PLAN_BLOCK,
-            score_value=kernel_sm90.runs_score_value(
-                config.kernel == "gluon_sm90_sv", KV_DTYPE_NAMES[k_buffer.dtype]
-            ),
+            score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
         )
     else:
         block_m = rows_per_program(config.BLOCK_H, draft_len)

@@ -116,13 +116,6 @@ def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
     return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name in KV_DTYPES and v_from_k
 
 
-def runs_score_value(asked: bool, kv_dtype_name: str) -> bool:
-    """Whether a call runs the score/value schedule: where the config asks
-    for it and the KV dtype allows it (else the columns schedule, same tile
-    and plan)."""
-    return asked and kv_dtype_name in SCORE_VALUE_KV_DTYPES
-
-
 def folds_drafts(q, k_buffer) -> bool:
     """Whether the kernel can take the drafts into each request's last unit:
     they share the ring, so only with KV in q's dtype (bf16); with fp8 KV
@@ -1203,7 +1196,7 @@ def launch_prefix(
     scaled by ``v_scale``); with ``with_drafts`` (bf16 KV only, see
     ``folds_drafts``), each request's last unit includes its drafts and a
     request with one unit writes its output ``o`` directly. ``score_value``
-    picks that schedule (bf16 KV only, see ``runs_score_value``) over
+    picks that schedule (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over
     columns."""
     if with_drafts and not folds_drafts(q, k_buffer):
         raise ValueError(f"with_drafts: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from mla_verify import kernel_sm90
 from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
     default_config,
     for_separate_v,
     hopper_config,
+    runs_score_value,
     tile_candidates,
 )
 
@@ -72,13 +72,18 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
 
 
 @pytest.mark.parametrize(
-    "asked,kv_dtype,runs",
-    [(True, "bf16", True), (True, "fp8_e4m3", False), (False, "bf16", False)],
+    "kernel,kv_dtype,runs",
+    [
+        ("gluon_sm90_sv", "bf16", True),
+        ("gluon_sm90_sv", "fp8_e4m3", False),
+        ("gluon_sm90", "bf16", False),
+        ("triton", "bf16", False),
+    ],
 )
-def test_score_value_schedule_runs_for_bf16_kv_only(asked, kv_dtype, runs):
-    # An sv entry looked up for fp8 KV (which takes the bf16 entry of its
-    # shape) runs the columns schedule: same tile, same plan.
-    assert kernel_sm90.runs_score_value(asked, kv_dtype) is runs
+def test_score_value_schedule_runs_for_bf16_kv_only(kernel, kv_dtype, runs):
+    # An sv entry used for fp8 KV (a user's own bf16-only table, say) runs
+    # the columns schedule: same tile, same plan.
+    assert runs_score_value(kernel, kv_dtype) is runs
 
 
 def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():
