@@ -358,17 +358,46 @@ if AVAILABLE:
         return warpgroup_mma_wait(0, deps=[qk])
 
     @gluon.jit
-    def _online_softmax(qk, m_i):
-        # One tile of log2-domain scores: P, the factor that rescales the
-        # earlier tiles' sums and outputs, and the new running max.
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        p = gl.exp2(qk - m_new[:, None])
+    def _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s):
+        # Waits for tile t of the ring, then its scores.
+        stage = t % STAGES
+        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+        fence_async_shared()  # the gathers wrote through the generic proxy
+        return _scores(q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s)
+
+    @gluon.jit
+    def _online_softmax(qk, scale, m_i):
+        # One tile of raw scores (-inf where masked) and their log2-domain
+        # scale: P, the factor that rescales the earlier tiles' sums and
+        # outputs, and the new running max (scaled). The scale goes into
+        # one fma with the max (scale > 0, so it commutes with the max).
+        m_new = gl.maximum(m_i, gl.max(qk, 1) * scale)
+        p = gl.exp2(qk * scale - m_new[:, None])
         return p, gl.exp2(m_i - m_new), m_new
 
     @gluon.jit
-    def _softmax_step(qk, m_i, l_elem, acc, o_rows: gl.constexpr):
+    def _mask_tail(qk, first, hi):
+        # Keys first .. first + 63 of a prefix tile: those at or past hi are
+        # masked (-inf). Only a unit's last tile can have any, so the others
+        # skip the select.
+        if first + TOKENS > hi:
+            layout: gl.constexpr = qk.type.layout
+            keys = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
+            qk = gl.where((keys < hi)[None, :], qk, float("-inf"))
+        return qk
+
+    @gluon.jit
+    def _mask_drafts(qk, DRAFT_LEN: gl.constexpr):
+        # The drafts' tile: row (h, i) sees drafts 0..i.
+        layout: gl.constexpr = qk.type.layout
+        draft_of_row = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+        draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
+        return gl.where(draft[None, :] <= draft_of_row[:, None], qk, float("-inf"))
+
+    @gluon.jit
+    def _softmax_step(qk, scale, m_i, l_elem, acc, o_rows: gl.constexpr):
         # Columns: returns P and the rescaled state.
-        p, alpha, m_i = _online_softmax(qk, m_i)
+        p, alpha, m_i = _online_softmax(qk, scale, m_i)
         l_elem = l_elem * alpha[:, None] + p
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         return p, m_i, l_elem, acc
@@ -442,25 +471,15 @@ if AVAILABLE:
         l_elem,
         acc,
         zero_s,
-        head_block,
-        num_heads,
-        BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
     ):
         # Tile t holds the drafts' K (and tile t + 1 their V, unless V is a
         # view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
-        s_rows: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-        offs_c = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, zero_s.type.layout))
-        stage = t % STAGES
-        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-        fence_async_shared()  # the gathers wrote through the generic proxy
-        qk = _scores(q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s)
-        _, draft_of_row, _ = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
-        visible = offs_c[None, :] <= draft_of_row[:, None]
-        qk = gl.where(visible, qk * draft_scale, float("-inf"))
-        p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
+        qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
+        qk = _mask_drafts(qk, DRAFT_LEN)
+        p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
         acc = _add_pv(p, p_smem, _draft_values(kv_nope_ring, ready, t, V_EXT_FROM_K), acc)
         return m_i, l_elem, acc
 
@@ -481,16 +500,7 @@ if AVAILABLE:
         score_scale,
         draft_scale,
         v_scale,
-        write_output,
-        PART_O,
-        PART_LSE,
-        O,
-        stride_o_tok,
-        stride_o_head,
-        q_first,
-        work,
-        head_block,
-        num_heads,
+        dest,
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
@@ -512,7 +522,6 @@ if AVAILABLE:
         l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-        offs_c = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
 
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
@@ -530,9 +539,8 @@ if AVAILABLE:
                 kv_rope = kv_rope_ring.index(stage)
                 fence_async_shared()  # the gathers wrote through the generic proxy
             qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
-            visible = (lo + t * TOKENS + offs_c) < hi
-            qk = gl.where(visible[None, :], qk * score_scale, float("-inf"))
-            p, m_i, l_elem, acc = _softmax_step(qk, m_i, l_elem, acc, o_rows)
+            qk = _mask_tail(qk, lo + t * TOKENS, hi)
+            p, m_i, l_elem, acc = _softmax_step(qk, score_scale, m_i, l_elem, acc, o_rows)
             acc = _add_pv(p, p_smem, kv_nope, acc)
             if not KV_FP8:
                 mbarrier.arrive(empty.index(stage), count=1)
@@ -554,9 +562,6 @@ if AVAILABLE:
                     l_elem,
                     acc,
                     zero_s,
-                    head_block,
-                    num_heads,
-                    BLOCK_H,
                     DRAFT_LEN,
                     V_EXT_FROM_K,
                 )
@@ -565,29 +570,19 @@ if AVAILABLE:
         _store_out(
             acc / gl.convert_layout(l_i, o_rows)[:, None],
             0,
-            write_output,
-            PART_O,
-            O,
-            stride_o_tok,
-            stride_o_head,
-            q_first,
-            work,
-            head_block,
-            num_heads,
+            dest,
             BLOCK_H,
             DRAFT_LEN,
         )
-        if not write_output:
-            _store_lse(m_i, l_i, PART_LSE, work, head_block, num_heads, BLOCK_H, DRAFT_LEN)
+        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
     @gluon.jit
-    def _hand_over(qk, visible, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar):
+    def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar):
         # Score/value: one tile's softmax. P goes into the tile's rope rows
         # (spent: only the score warpgroup read them, for the scores now
         # done) and the factor that rescales the earlier tiles into xchg,
         # for the value warpgroup.
-        qk = gl.where(visible, qk * scale, float("-inf"))
-        p, alpha, m_i = _online_softmax(qk, m_i)
+        p, alpha, m_i = _online_softmax(qk, scale, m_i)
         kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
         xchg.index(stage).store(alpha)
         fence_async_shared()
@@ -612,16 +607,7 @@ if AVAILABLE:
         score_scale,
         draft_scale,
         v_scale,
-        write_output,
-        PART_O,
-        PART_LSE,
-        O,
-        stride_o_tok,
-        stride_o_head,
-        q_first,
-        work,
-        head_block,
-        num_heads,
+        dest,
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
@@ -640,44 +626,24 @@ if AVAILABLE:
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-        offs_c = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, s_layout))
 
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        if prefix_tiles > 0:
-            mbarrier.wait(ready.index(0), 0)
-            fence_async_shared()  # the gathers wrote through the generic proxy
-            qk = _scores(q_nope, q_rope, kv_nope_ring.index(0), kv_rope_ring.index(0), zero_s)
-            visible = (lo + offs_c < hi)[None, :]
-            _, m_i, l_i = _hand_over(
-                qk, visible, score_scale, m_i, l_i, 0, kv_rope_ring, xchg, p_bar
-            )
-        for t in range(1, prefix_tiles):
+        for t in range(prefix_tiles):
             stage = t % STAGES
-            prev = (t - 1) % STAGES
-            # Tile t - 1's P V, and its stage freed, before waiting for tile
-            # t: issued behind tile t's scores instead, the stage was freed
-            # only once tile t had landed, and the ring ran one tile deep
-            # (2-11% slower, BENCHMARKS.md).
-            acc = warpgroup_mma(
-                kv_rope_ring.index(prev), kv_nope_ring.index(prev).slice(0, HALF_V, dim=1), acc
-            )
-            mbarrier.arrive(empty.index(prev), count=1)
-            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-            fence_async_shared()
-            qk = _scores(
-                q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s
-            )
-            visible = (lo + t * TOKENS + offs_c < hi)[None, :]
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
+            qk = _mask_tail(qk, lo + t * TOKENS, hi)
             alpha, m_i, l_i = _hand_over(
-                qk, visible, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        if prefix_tiles > 0:
-            last = (prefix_tiles - 1) % STAGES
+            # This tile's P V, and its stage freed, before waiting for the
+            # next tile: issued behind the next tile's scores instead, the
+            # stage was freed only once that tile had landed, and the ring
+            # ran one tile deep (1.5-10% slower, BENCHMARKS.md).
             acc = warpgroup_mma(
-                kv_rope_ring.index(last), kv_nope_ring.index(last).slice(0, HALF_V, dim=1), acc
+                kv_rope_ring.index(stage), kv_nope_ring.index(stage).slice(0, HALF_V, dim=1), acc
             )
-            mbarrier.arrive(empty.index(last), count=1)
+            mbarrier.arrive(empty.index(stage), count=1)
         # The KV cache's value scale applies to the prefix alone.
         acc = acc * v_scale
 
@@ -686,15 +652,10 @@ if AVAILABLE:
             # a view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
             n = prefix_tiles
             stage = n % STAGES
-            mbarrier.wait(ready.index(stage), (n // STAGES) & 1)
-            fence_async_shared()
-            qk = _scores(
-                q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s
-            )
-            _, draft_of_row, _ = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, s_rows)
-            visible = offs_c[None, :] <= draft_of_row[:, None]
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, n, zero_s)
+            qk = _mask_drafts(qk, DRAFT_LEN)
             alpha, m_i, l_i = _hand_over(
-                qk, visible, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K)
@@ -707,20 +668,11 @@ if AVAILABLE:
         _store_out(
             acc / gl.convert_layout(l_i, o_rows)[:, None],
             0,
-            write_output,
-            PART_O,
-            O,
-            stride_o_tok,
-            stride_o_head,
-            q_first,
-            work,
-            head_block,
-            num_heads,
+            dest,
             BLOCK_H,
             DRAFT_LEN,
         )
-        if not write_output:
-            _store_lse(m_i, l_i, PART_LSE, work, head_block, num_heads, BLOCK_H, DRAFT_LEN)
+        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
     @gluon.jit
     def _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
@@ -747,15 +699,7 @@ if AVAILABLE:
         hi,
         with_drafts,
         v_scale,
-        write_output,
-        PART_O,
-        O,
-        stride_o_tok,
-        stride_o_head,
-        q_first,
-        work,
-        head_block,
-        num_heads,
+        dest,
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
@@ -790,38 +734,28 @@ if AVAILABLE:
         _store_out(
             acc / xchg.index(STAGES).load(o_rows)[:, None],
             HALF_V,
-            write_output,
-            PART_O,
-            O,
-            stride_o_tok,
-            stride_o_head,
-            q_first,
-            work,
-            head_block,
-            num_heads,
+            dest,
             BLOCK_H,
             DRAFT_LEN,
         )
 
     @gluon.jit
-    def _store_out(
-        out,
-        col0,
-        write_output,
-        PART_O,
-        O,
-        stride_o_tok,
-        stride_o_head,
-        q_first,
-        work,
-        head_block,
-        num_heads,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-    ):
+    def _store_out(out, col0, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         # Output columns col0 onwards of the tile's rows: the output itself
         # when this unit is the request's only one (drafts included), else
         # the unit's partial.
+        (
+            write_output,
+            O,
+            stride_o_tok,
+            stride_o_head,
+            PART_O,
+            _,
+            q_first,
+            work,
+            head_block,
+            num_heads,
+        ) = dest
         layout: gl.constexpr = out.type.layout
         offs_h, offs_i, mask_m = _row_coords(
             head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
@@ -839,21 +773,15 @@ if AVAILABLE:
             )
 
     @gluon.jit
-    def _store_lse(
-        m_i,
-        l_i,
-        PART_LSE,
-        work,
-        head_block,
-        num_heads,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-    ):
-        # The unit's log2-sum-exp per row, for stage 2's merge.
-        layout: gl.constexpr = m_i.type.layout
-        offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, layout)
-        row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
-        gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
+    def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
+        # The unit's log2-sum-exp per row, for stage 2's merge (none when
+        # the unit wrote the output itself).
+        write_output, _, _, _, _, PART_LSE, _, work, head_block, num_heads = dest
+        if not write_output:
+            layout: gl.constexpr = m_i.type.layout
+            offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, layout)
+            row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+            gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
     @gluon.jit(do_not_specialize=["batch_size", "num_kv_splits", "fold_drafts"])
     def _prefix_kernel_sm90(
@@ -926,6 +854,19 @@ if AVAILABLE:
             # folded away.
             with_drafts = (hi == kv_len) & (fold_drafts != 0)
             write_output = (lo == 0) & with_drafts
+            # Where the unit's results go (_store_out, _store_lse).
+            dest = (
+                write_output,
+                O,
+                stride_o_tok,
+                stride_o_head,
+                PART_O,
+                PART_LSE,
+                q_first,
+                work,
+                head_block,
+                num_heads,
+            )
 
             nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
                 [ROWS, D_NOPE], gl.bfloat16
@@ -1042,16 +983,7 @@ if AVAILABLE:
                                 score_scale,
                                 draft_scale,
                                 v_scale,
-                                write_output,
-                                PART_O,
-                                PART_LSE,
-                                O,
-                                stride_o_tok,
-                                stride_o_head,
-                                q_first,
-                                work,
-                                head_block,
-                                num_heads,
+                                dest,
                                 BLOCK_H,
                                 DRAFT_LEN,
                                 V_EXT_FROM_K,
@@ -1071,15 +1003,7 @@ if AVAILABLE:
                                 hi,
                                 with_drafts,
                                 v_scale,
-                                write_output,
-                                PART_O,
-                                O,
-                                stride_o_tok,
-                                stride_o_head,
-                                q_first,
-                                work,
-                                head_block,
-                                num_heads,
+                                dest,
                                 BLOCK_H,
                                 DRAFT_LEN,
                                 V_EXT_FROM_K,
@@ -1123,16 +1047,7 @@ if AVAILABLE:
                                 score_scale,
                                 draft_scale,
                                 v_scale,
-                                write_output,
-                                PART_O,
-                                PART_LSE,
-                                O,
-                                stride_o_tok,
-                                stride_o_head,
-                                q_first,
-                                work,
-                                head_block,
-                                num_heads,
+                                dest,
                                 BLOCK_H,
                                 DRAFT_LEN,
                                 V_EXT_FROM_K,
