@@ -224,13 +224,16 @@ def _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, draft_len):
         _expect(lo >= 0 and hi < slots, "kv_indices", f"slots in [0, {slots})", f"[{lo}, {hi}]")
 
 
-def _as_scale(value: float, name: str) -> float:
+def _as_scale(value: float, name: str, *, positive: bool = False) -> float:
     _expect(
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
         name,
         "a finite Python float (tensor scales would need a GPU sync)",
         repr(value),
     )
+    # The kernels scale each row's running score maximum rather than every
+    # score, which is exact only for a positive score scale.
+    _expect(not positive or value > 0, name, "a positive score scale", repr(value))
     return float(value)
 
 
@@ -263,9 +266,10 @@ def verify_mla_fwd(
     Computes, for every request b with L = ``max_len_extend`` drafts, head h
     and draft i, attention of ``q_extend[b*L + i, h]`` over the request's
     whole prefix (latent rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
-    scores scaled by ``sm_scale * k_scale``, values by ``v_scale``) and over
-    drafts 0..i of the request (``k_extend`` / ``v_extend``, unscaled), and
-    writes the result into ``o_extend`` [bs*L, H, 512].
+    scores scaled by ``sm_scale * k_scale``, both positive, values by
+    ``v_scale``) and over drafts 0..i of the request (``k_extend`` /
+    ``v_extend``, unscaled), and writes the result into ``o_extend``
+    [bs*L, H, 512].
 
     Shapes: q_extend [bs*L, H, 576] (bf16/fp16, any head/token strides),
     k_extend [bs*L, 1, 576], v_extend [bs*L, 1, 512], k_buffer [slots, 1, 576]
@@ -303,9 +307,11 @@ def verify_mla_fwd(
     _validate(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices
     )
-    k_scale = _as_scale(k_scale, "k_scale")
+    k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
-    sm_scale = 1.0 / math.sqrt(Q_HEAD_DIM) if sm_scale is None else _as_scale(sm_scale, "sm_scale")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(Q_HEAD_DIM)
+    sm_scale = _as_scale(sm_scale, "sm_scale", positive=True)
 
     bs = qo_indptr.shape[0] - 1
     num_heads = q_extend.shape[1]

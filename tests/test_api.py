@@ -137,6 +137,8 @@ def test_refusal_writes_nothing(device):
         (lambda b: {"kv_indices": b.kv_indices.to("meta")}, "kv_indices.device"),
         (lambda b: {"k_scale": torch.tensor(1.0)}, "k_scale"),
         (lambda b: {"sm_scale": float("nan")}, "sm_scale"),
+        (lambda b: {"k_scale": -0.5}, "k_scale"),
+        (lambda b: {"sm_scale": 0.0}, "sm_scale"),
     ],
     ids=[
         "o_wrong_shape",
@@ -149,6 +151,8 @@ def test_refusal_writes_nothing(device):
         "indices_on_other_device",
         "tensor_scale",
         "nan_sm_scale",
+        "negative_k_scale",
+        "zero_sm_scale",
     ],
 )
 def test_malformed_input_names_the_argument(over, match):
