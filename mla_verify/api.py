@@ -231,8 +231,8 @@ def _as_scale(value: float, name: str, *, positive: bool = False) -> float:
         "a finite Python float (tensor scales would need a GPU sync)",
         repr(value),
     )
-    # The kernels scale each row's running score maximum rather than every
-    # score, which is exact only for a positive score scale.
+    # The Hopper kernel scales each row's score maximum, not every score
+    # before the maximum: the same only for a positive score scale.
     _expect(not positive or value > 0, name, "a positive score scale", repr(value))
     return float(value)
 
