@@ -322,8 +322,9 @@ def verify_mla_fwd(
     config = fit_grid(config, bs)
     if _debug and not capturing(q_extend.device):
         _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, max_len_extend)
+    ctas = kernel.share_ctas(q_extend, k_buffer, v_buffer, max_len_extend, config)
     part_o, part_lse = get_workspace(q_extend.device).views(
-        q_extend.shape[0], num_heads, config.NUM_KV_SPLITS
+        kernel.partial_slots(bs, config.NUM_KV_SPLITS, ctas), num_heads, max_len_extend
     )
     kernel.launch(
         q_extend,

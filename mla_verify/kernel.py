@@ -10,6 +10,7 @@ U = bs * NUM_KV_SPLITS work units):
     o        [T, H, 512]
     part_o   [U, H, L, 512]   fp32 workspace: normalised output of each unit
     part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each unit
+             (the Hopper kernel: U = 2 slots per share, see partial_slots)
 
 Algorithm: the batch's prefix tokens are cut into chunks of one size, sized
 from the total so that every request's chunks fit in U units; stage 1 runs
@@ -21,10 +22,11 @@ draft-draft block. A long request among short ones thus gets many units
 plan from kv_indptr on the device.
 
 On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
-as the Gluon kernel of kernel_sm90.py instead (same plan, two schedules). It
-also folds each request's drafts into the request's last unit, and a request
-with one unit gets its output there; stage 2 then only merges the requests
-with several units.
+as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
+plan: balanced shares of the batch's tiles on one wave of CTAs, each
+request's drafts folded in (kernel_sm90's docstring). NUM_KV_SPLITS then
+plays no part; stage 2 merges only the requests that several shares hold,
+and the others are written by stage 1.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
@@ -33,6 +35,7 @@ Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import re
@@ -97,6 +100,25 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
         first += tl.sum(tl.where(before, units, 0), 0)
         done += tl.sum(units, 0)
     return owner, first
+
+
+@triton.jit
+def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: tl.constexpr):
+    # The Hopper kernel's positions (kernel_sm90._positions: each request's
+    # prefix tiles of TOKENS, then one for its drafts): those of the
+    # requests before req, and the batch's.
+    before = 0
+    total = 0
+    for start in range(0, batch_size, BLOCK_B):
+        offs_b = start + tl.arange(0, BLOCK_B)
+        mask_b = offs_b < batch_size
+        lens = tl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - tl.load(
+            KV_INDPTR + offs_b, mask=mask_b, other=0
+        )
+        positions = tl.where(mask_b, tl.cdiv(lens.to(tl.int32), TOKENS) + 1, 0)
+        before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
+        total += tl.sum(positions, 0)
+    return before, total
 
 
 @triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
@@ -202,7 +224,7 @@ def _prefix_kernel(
     tl.store(PART_LSE + part_row, m_i + tl.log2(l_i), mask=mask_m)
 
 
-@triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
+@triton.jit(do_not_specialize=["batch_size", "num_kv_splits", "share_ctas"])
 def _merge_extend_kernel(
     Q,
     K_EXT,
@@ -221,6 +243,7 @@ def _merge_extend_kernel(
     num_heads,
     batch_size,
     num_kv_splits,
+    share_ctas,
     ext_scale,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
@@ -229,43 +252,60 @@ def _merge_extend_kernel(
     BLOCK_B: tl.constexpr,
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
-    DRAFTS_IN_PARTS: tl.constexpr,
+    SHARES: tl.constexpr,
+    MIN_SHARE: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
-    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
-    num_units = tl.cdiv(kv_len, chunk)
-    # DRAFTS_IN_PARTS: stage 1 put the drafts in each request's last unit
-    # and wrote the output of every request with one unit.
-    with_drafts = True
-    if DRAFTS_IN_PARTS:
-        if num_units == 1:
-            return
-        with_drafts = num_units == 0
+    # The request's partials ("pieces"): piece j is at partial slot
+    # first + j (units plan), or, after the Hopper kernel's shares, at the
+    # slot of the j-th CTA whose range holds part of the request.
+    first = 0
+    c0 = 0
+    if SHARES:
+        # Positions base .. base + n - 1 are the request's (drafts
+        # included: stage 1 added them). CTA c's range begins at c * total
+        # // ctas, so the CTA that holds position p is ((p + 1) * ctas - 1)
+        # // total (int64: the products pass 2^31 on large batches).
+        base, total = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, BLOCK_N)
+        ctas = tl.minimum(share_ctas, tl.cdiv(total, MIN_SHARE)).to(tl.int64)
+        n = tl.cdiv(kv_len, BLOCK_N) + 1
+        c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
+        c1 = (((base + n) * ctas - 1) // total).to(tl.int32)
+        if c0 == c1:
+            return  # one CTA held the whole request and wrote its output
+        num_pieces = c1 - c0 + 1
+        # CTA c0's part is its first segment when its range begins with
+        # the request, else its last; the later CTAs' is their first.
+        first = 2 * c0 + ((c0.to(tl.int64) * total // ctas) < base).to(tl.int32)
+    else:
+        chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
+        num_pieces = tl.cdiv(kv_len, chunk)
+        _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
 
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < DRAFT_LEN
     offs_d = tl.arange(0, D_NOPE)
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
 
-    # Prefix: merge the request's units (log2-sum-exp2 weights), found by
-    # the same plan stage 1 followed. Row r of the tile is draft r % L_PAD of
-    # slot r // L_PAD; each slot merges every SLOTS-th unit, so one load
-    # fetches SLOTS units and the loop (a chain of L2 round trips on a long
+    # Merge the request's pieces (log2-sum-exp2 weights), found by the
+    # plan stage 1 followed. Row r of the tile is draft r % L_PAD of slot
+    # r // L_PAD; each slot merges every SLOTS-th piece, so one load fetches
+    # SLOTS pieces and the loop (a chain of L2 round trips on a long
     # request) is SLOTS times shorter. The slots are merged at the end.
     SLOTS: tl.constexpr = BLOCK_L // L_PAD
     slot = offs_i // L_PAD
     draft = offs_i % L_PAD
-    _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
     m_r = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
     l_r = tl.zeros([BLOCK_L], dtype=tl.float32)
     acc = tl.zeros([BLOCK_L, D_NOPE], dtype=tl.float32)
-    for unit0 in range(first, first + num_units, SLOTS):
-        unit = unit0 + slot
-        valid = (draft < DRAFT_LEN) & (unit < first + num_units)
-        part_row = ((unit * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
+    for piece0 in range(0, num_pieces, SLOTS):
+        piece = piece0 + slot
+        valid = (draft < DRAFT_LEN) & (piece < num_pieces)
+        part = tl.where(piece == 0, first, 2 * (c0 + piece)) if SHARES else first + piece
+        part_row = ((part * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
         lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
         part = tl.load(
             PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=valid[:, None], other=0.0
@@ -288,7 +328,7 @@ def _merge_extend_kernel(
     m_i = tl.reshape(tl.broadcast_to(m_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     l_i = tl.reshape(tl.broadcast_to(l_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_NOPE]), [BLOCK_L, D_NOPE])
-    if with_drafts:
+    if not SHARES:  # the shares' pieces include the drafts
         acc, l_i = _add_drafts(
             Q,
             K_EXT,
@@ -427,10 +467,45 @@ def uses_gluon_sm90(
     )
 
 
-def workspace_numel(num_tokens: int, num_heads: int, num_kv_splits: int) -> tuple[int, int]:
-    """fp32 elements of (part_o, part_lse) for one launch: one row per
-    (unit, head, draft); units = batch x NUM_KV_SPLITS."""
-    rows = num_tokens * num_heads * num_kv_splits
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (cached: no query, no sync, after the
+    first call)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def share_ctas(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    draft_len: int,
+    config: VerifyConfig,
+) -> int:
+    """CTAs per head block when stage 1 runs the Hopper kernel (its
+    balanced shares, one wave), 0 where the Triton kernel runs (its units:
+    NUM_KV_SPLITS per request). Metadata only."""
+    v_from_k = v_is_k_view(k_buffer, v_buffer)
+    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
+        return kernel_sm90.ctas_per_head_block(sm_count(q.device), q.shape[1], config.BLOCK_H)
+    return 0
+
+
+def partial_slots(batch_size: int, num_kv_splits: int, share_ctas: int) -> int:
+    """Partial slots stage 1 writes: two per share (the Hopper kernel), or
+    one per unit (batch x NUM_KV_SPLITS)."""
+    if share_ctas:
+        return kernel_sm90.partial_slots(share_ctas)
+    return batch_size * num_kv_splits
+
+
+def workspace_numel(slots: int, num_heads: int, draft_len: int) -> tuple[int, int]:
+    """fp32 elements of (part_o, part_lse) for ``slots`` partial slots: one
+    row per (slot, head, draft)."""
+    rows = slots * num_heads * draft_len
     return rows * D_NOPE, rows
 
 
@@ -455,16 +530,13 @@ def launch(
     config: VerifyConfig,
 ) -> None:
     """Launch both stages. Inputs are trusted (the API validates them);
-    ``part_o`` / ``part_lse`` hold at least ``workspace_numel(...)`` elements.
-    Looks nothing up, allocates nothing, never synchronises."""
+    ``part_o`` / ``part_lse`` hold at least ``workspace_numel(partial_slots(
+    ...), ...)`` elements. Looks nothing up, allocates nothing, never
+    synchronises."""
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
-    v_from_k = v_is_k_view(k_buffer, v_buffer)
-    # The Hopper kernel adds each request's drafts to its last unit (bf16
-    # KV); stage 2 then skips the requests that have one unit.
-    drafts_in_parts = False
-    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
-        drafts_in_parts = kernel_sm90.folds_drafts(q, k_buffer)
+    ctas = share_ctas(q, k_buffer, v_buffer, draft_len, config)
+    if ctas:
         kernel_sm90.launch_prefix(
             q,
             k_buffer,
@@ -479,11 +551,10 @@ def launch(
             batch_size=batch_size,
             draft_len=draft_len,
             block_h=config.BLOCK_H,
-            num_kv_splits=splits,
+            ctas=ctas,
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
             v_scale=v_scale,
-            with_drafts=drafts_in_parts,
             v_extend_from_k=v_is_k_view(k_ext, v_ext),
             plan_block=PLAN_BLOCK,
             score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
@@ -516,7 +587,7 @@ def launch(
             BLOCK_B=PLAN_BLOCK,
             D_NOPE=D_NOPE,
             D_ROPE=D_ROPE,
-            V_FROM_K=v_from_k,
+            V_FROM_K=v_is_k_view(k_buffer, v_buffer),
             DOT_FP32=INTERPRETED,
             **config.launch_options(),
         )
@@ -531,10 +602,10 @@ def launch(
         part_lse,
         batch_size=batch_size,
         draft_len=draft_len,
-        block_n=config.BLOCK_N,
+        block_n=kernel_sm90.TOKENS.value if ctas else config.BLOCK_N,
         num_kv_splits=splits,
         sm_scale=sm_scale,
-        drafts_in_parts=drafts_in_parts,
+        share_ctas=ctas,
     )
 
 
@@ -553,11 +624,14 @@ def launch_merge(
     block_n: int,
     num_kv_splits: int,
     sm_scale: float,
-    drafts_in_parts: bool,
+    share_ctas: int = 0,
 ) -> None:
-    """Stage 2: merge each request's unit partials (the plan of stage 1 with
-    ``block_n``) and, unless stage 1 took them (``drafts_in_parts``), add the
-    drafts; write ``o``."""
+    """Stage 2, writes ``o``: after the Triton kernel (``share_ctas`` 0),
+    merges each request's unit partials (the plan of stage 1 with
+    ``block_n``) and adds the drafts; after the Hopper kernel's shares
+    (``share_ctas`` per head block, ``block_n`` its tile), merges the
+    requests that several shares hold (drafts included) and leaves the
+    others, which stage 1 wrote."""
     num_heads = q.shape[1]
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
@@ -577,6 +651,7 @@ def launch_merge(
         num_heads,
         batch_size,
         num_kv_splits,
+        share_ctas,
         sm_scale * LOG2E,
         DRAFT_LEN=draft_len,
         L_PAD=triton_next_pow2(draft_len),
@@ -585,7 +660,8 @@ def launch_merge(
         BLOCK_B=PLAN_BLOCK,
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
-        DRAFTS_IN_PARTS=drafts_in_parts,
+        SHARES=share_ctas > 0,
+        MIN_SHARE=kernel_sm90.MIN_SHARE.value,
         DOT_FP32=INTERPRETED,
         num_warps=MERGE_WARPS,
         num_stages=1,

@@ -30,10 +30,22 @@ schedules (config kernel "gluon_sm90" or "gluon_sm90_sv"):
 
 Shared memory: q 72 KB + 2 x 72 KB ring + P 8 KB (columns; score/value
 puts P in the rope rows) = 224 of 227 KB, so one CTA per SM and exactly two
-stages. V must be a view of K (MLA); other calls
-take the plain-Triton kernel. The work plan (which unit owns which chunk of
-which request) is integer-for-integer the plain kernel's, so stage 2 merges
-either kernel's partials.
+stages. V must be a view of K (MLA); other calls take the plain-Triton
+kernel.
+
+The work is cut in balanced shares, as a persistent grid: each head block
+gets one wave of CTAs (`ctas_per_head_block`), and the batch's positions
+(each request's prefix tiles, then one for its drafts) are cut into that
+many equal ranges of consecutive positions (fewer on a small batch: at
+least MIN_SHARE positions each), from kv_indptr on the device
+(no host sync). A CTA runs its range request by request ("segments"); the
+ring runs on across them, so the next request's first tiles arrive while
+the consumers finish one, and each segment's query rows are staged by the
+warps that read them. A segment that is a whole request writes its output;
+only the first and last segment of a range can be part of a request, and
+those write a partial (slot 2 cta or 2 cta + 1) that stage 2 merges. A long
+request among short ones is thus spread over many CTAs, and short ones are
+packed several to a CTA.
 
 fp8 e4m3 KV: wgmma takes fp8 only as K-major operands, and V is not K-major
 in P V, so the tile is widened to bf16 in shared memory. The ring's two
@@ -42,13 +54,9 @@ place of the second bf16 stage; the consumer widens each stage into it and
 frees the stage at once, so the producer runs up to two tiles ahead. The
 widening (108 KB of shared-memory traffic a tile) is on the consumer's
 critical path: fp8 KV takes 1.2-1.6x the bf16 time (BENCHMARKS.md). The
-drafts (bf16, like q) are left to stage 2 with fp8 KV.
-
-With fold_drafts, a request's last unit runs one more tile after its prefix:
-the causal draft block (k_extend's rows, then v_extend's unless it is a view
-of k_extend) through the same ring. A request whose prefix is one unit (all
-of them with one split) is then finished here and written to the output,
-with no partials and no stage-2 work.
+drafts are bf16 (like q): with bf16 KV they come through the ring as one
+more tile (two when V is not a view of K); with fp8 KV the consumers load
+them into the bf16 tile.
 
 Gluon does not run under Triton's interpreter: CI compiles this kernel for
 sm90 ahead of time, and the GPU tests check it against the reference.
@@ -86,6 +94,10 @@ STAGES = constexpr(2)
 CONSUMER_WARPS = constexpr(8)  # the columns schedule's consumer partition
 WARPGROUP = constexpr(4)  # warps of one warpgroup (the score/value partitions)
 PRODUCER_WARPS = constexpr(4)
+# Positions a share holds at least: on a small batch, one wave of shares of
+# a tile or two each left stage 2 a merge of over 100 partials a request
+# (0.6x the time of the earlier plan on one 16K request, H16 L4).
+MIN_SHARE = constexpr(4)
 # The producer holds two tiles' slot indices (this tile's and the next's):
 # with 56 registers it spilled them (1.14-1.22x the time without the
 # prefetch); with 88 the prefetch is 3-14% faster (BENCHMARKS.md).
@@ -116,26 +128,11 @@ def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
     return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name in KV_DTYPES and v_from_k
 
 
-def folds_drafts(q, k_buffer) -> bool:
-    """Whether the kernel can take the drafts into each request's last unit:
-    they share the ring, so only with KV in q's dtype (bf16); with fp8 KV
-    stage 2 adds them. Metadata only."""
-    return k_buffer.dtype == q.dtype
-
-
 if AVAILABLE:
 
     @gluon.jit
     def _add(a, b):
         return a + b
-
-    @gluon.jit
-    def _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N: gl.constexpr):
-        # Must equal kernel._chunk_len: stage 2 follows that plan.
-        total = (gl.load(KV_INDPTR + batch_size) - gl.load(KV_INDPTR)).to(gl.int32)
-        spare = gl.maximum(batch_size * (num_kv_splits - 1), 1)
-        chunk = gl.maximum((total + spare - 1) // spare, 1)
-        return (chunk + BLOCK_N - 1) // BLOCK_N * BLOCK_N
 
     @gluon.jit
     def _row_coords(
@@ -233,21 +230,140 @@ if AVAILABLE:
         )
 
     @gluon.jit
+    def _positions(KV_INDPTR, start, batch_size, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+        # Positions of requests start .. start + BLOCK_B - 1 (0 past the
+        # batch): one per prefix tile, and one for the drafts.
+        offs = start + gl.arange(0, BLOCK_B, layout=layout)
+        mask = offs < batch_size
+        lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            KV_INDPTR + offs, mask=mask, other=0
+        )
+        return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + 1, 0)
+
+    @gluon.jit
+    def _segment(share, b, base):
+        # Request b's part of this CTA's share (positions base .. of the
+        # batch are b's): its prefix tokens lo .. hi - 1, whether the
+        # drafts' position is in it, whether it is the whole request, its
+        # first query row, and where the next request's positions begin.
+        KV_INDPTR, QO_INDPTR, _, _, _, s0, s1 = share
+        kv_start = gl.load(KV_INDPTR + b)
+        kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
+        positions = (kv_len + TOKENS - 1) // TOKENS + 1
+        j_lo = gl.maximum(s0 - base, 0)
+        j_hi = gl.minimum(positions, s1 - base)
+        hi = gl.minimum(j_hi * TOKENS, kv_len)
+        lo = gl.minimum(j_lo * TOKENS, hi)
+        with_drafts = j_hi == positions
+        whole = (j_lo == 0) & with_drafts
+        q_first = gl.load(QO_INDPTR + b)
+        return kv_start, lo, hi, with_drafts, whole, q_first, base + positions
+
+    @gluon.jit
+    def _dest(out_args, b, b0, whole, q_first):
+        # Where a segment's results go (_store_out, _store_lse): the output
+        # for a whole request, else the CTA's slot for its first segment
+        # (2 cta) or its last (2 cta + 1); any other is whole.
+        O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads = out_args
+        slot = 2 * cta + (b != b0).to(gl.int32)
+        return (
+            whole,
+            O,
+            stride_o_tok,
+            stride_o_head,
+            PART_O,
+            PART_LSE,
+            q_first,
+            slot,
+            head_block,
+            num_heads,
+        )
+
+    @gluon.jit
+    def _stage_q(
+        q_nope,
+        q_rope,
+        q_args,
+        q_first,
+        head_block,
+        num_heads,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+        WARPS: gl.constexpr,
+    ):
+        # A segment's query rows into shared memory, by the warps that read
+        # them, once all of them are done with the previous segment's. The
+        # producer meanwhile fetches the segment's first tiles.
+        Q, stride_q_tok, stride_q_head = q_args
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        _warps_barrier()
+        for half in gl.static_range(2):
+            q_nope.slice(half * HALF_V, HALF_V, dim=1).store(
+                _load_q(
+                    Q,
+                    q_first,
+                    head_block,
+                    num_heads,
+                    stride_q_tok,
+                    stride_q_head,
+                    half * HALF_V,
+                    HALF_V,
+                    BLOCK_H,
+                    DRAFT_LEN,
+                    layout,
+                )
+            )
+        q_rope.store(
+            _load_q(
+                Q,
+                q_first,
+                head_block,
+                num_heads,
+                stride_q_tok,
+                stride_q_head,
+                D_NOPE,
+                D_ROPE,
+                BLOCK_H,
+                DRAFT_LEN,
+                layout,
+            )
+        )
+        fence_async_shared()
+        _warps_barrier()
+
+    # The helpers below branch on V_EXT_FROM_K with `if`, never in Python:
+    # a worker partition receives its constexpr arguments as runtime values.
+    @gluon.jit
+    def _after_drafts(t, V_EXT_FROM_K: gl.constexpr):
+        # The ring position after a request's drafts at tile t: their K
+        # tile, then their V tile unless it is a view of K.
+        if V_EXT_FROM_K:
+            t += 1
+        else:
+            t += 2
+        return t
+
+    @gluon.jit
+    def _release_drafts(empty, t, V_EXT_FROM_K: gl.constexpr):
+        # The drafts' ring tiles (from tile t) are free.
+        mbarrier.arrive(empty.index(t % STAGES), count=1)
+        if not V_EXT_FROM_K:
+            mbarrier.arrive(empty.index((t + 1) % STAGES), count=1)
+
+    @gluon.jit
     def _produce_drafts(
-        K_EXT,
-        V_EXT,
+        ext,
         kv_nope_ring,
         kv_rope_ring,
         ready,
         empty,
         t,
         q_first,
-        stride_ke_tok,
-        stride_ve_tok,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
     ):
         # Tile t: the drafts' K; then their V unless it is K's view.
+        K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
         stage = t % STAGES
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
         _gather_drafts(
@@ -276,77 +392,77 @@ if AVAILABLE:
 
     @gluon.jit
     def _produce(
+        share,
         K_BUF,
         KV_INDICES,
-        K_EXT,
-        V_EXT,
+        stride_k_slot,
+        ext,
         kv_nope_ring,
         kv_rope_ring,
         ready,
         empty,
-        kv_start,
-        lo,
-        hi,
-        with_drafts,
-        q_first,
-        stride_k_slot,
-        stride_ke_tok,
-        stride_ve_tok,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
         KV_FP8: gl.constexpr,
     ):
+        # The ring runs on across the share's segments: while the consumers
+        # finish one request, the next one's first tiles arrive.
         nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE)
         rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE)
-        end = kv_start + hi
-        nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
-        rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
-        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        for t in range(prefix_tiles):
-            stage = t % STAGES
-            first = kv_start + lo + t * TOKENS
-            # The next tile's slots, loaded before the wait: their latency
-            # hides behind it and this tile's copies. Loaded after the wait,
-            # they kept the ring from refilling in time (3-14% slower).
-            next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
-            next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
-            # A fresh mbarrier counts as having completed phase 1: the first
-            # pass over the ring does not wait.
-            mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
-            _gather_tile(
-                kv_nope_ring.index(stage),
-                kv_rope_ring.index(stage),
-                K_BUF,
-                nope_rows,
-                rope_rows,
-                first,
-                end,
-                stride_k_slot,
-                True,
-            )
-            nope_rows = next_nope_rows
-            rope_rows = next_rope_rows
-            # Each producer thread arrives once its own copies have landed.
-            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-
-        # The drafts are bf16: with fp8 KV the launcher leaves them to stage 2
-        # (folds_drafts), and this code is not compiled for the fp8 ring.
-        if not KV_FP8:  # noqa: SIM102 (constexpr: not compiled for fp8)
-            if with_drafts:
-                _produce_drafts(
-                    K_EXT,
-                    V_EXT,
-                    kv_nope_ring,
-                    kv_rope_ring,
-                    ready,
-                    empty,
-                    prefix_tiles,
-                    q_first,
-                    stride_ke_tok,
-                    stride_ve_tok,
-                    DRAFT_LEN,
-                    V_EXT_FROM_K,
+        _, _, b0, b1, base, _, _ = share
+        t0 = 0  # ring tiles of the earlier segments
+        for b in range(b0, b1 + 1):
+            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+            end = kv_start + hi
+            nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
+            rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
+            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+            for t in range(prefix_tiles):
+                tile = t0 + t
+                stage = tile % STAGES
+                first = kv_start + lo + t * TOKENS
+                # The next tile's slots, loaded before the wait: their latency
+                # hides behind it and this tile's copies. Loaded after the wait,
+                # they kept the ring from refilling in time (3-14% slower).
+                next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
+                next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
+                # A fresh mbarrier counts as having completed phase 1: the first
+                # pass over the ring does not wait.
+                mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
+                _gather_tile(
+                    kv_nope_ring.index(stage),
+                    kv_rope_ring.index(stage),
+                    K_BUF,
+                    nope_rows,
+                    rope_rows,
+                    first,
+                    end,
+                    stride_k_slot,
+                    True,
                 )
+                nope_rows = next_nope_rows
+                rope_rows = next_rope_rows
+                # Each producer thread arrives once its own copies have landed.
+                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+            t0 += prefix_tiles
+
+            # The drafts are bf16: with fp8 KV the consumers load them
+            # (_consume_loaded_drafts), and this code is not compiled for the
+            # fp8 ring.
+            if not KV_FP8:  # noqa: SIM102 (constexpr: not compiled for fp8)
+                if with_drafts:
+                    _produce_drafts(
+                        ext,
+                        kv_nope_ring,
+                        kv_rope_ring,
+                        ready,
+                        empty,
+                        t0,
+                        q_first,
+                        DRAFT_LEN,
+                        V_EXT_FROM_K,
+                    )
+                    t0 = _after_drafts(t0, V_EXT_FROM_K)
 
     @gluon.jit
     def _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s):
@@ -465,6 +581,7 @@ if AVAILABLE:
         kv_rope_ring,
         p_smem,
         ready,
+        empty,
         t,
         draft_scale,
         m_i,
@@ -481,26 +598,85 @@ if AVAILABLE:
         qk = _mask_drafts(qk, DRAFT_LEN)
         p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
         acc = _add_pv(p, p_smem, _draft_values(kv_nope_ring, ready, t, V_EXT_FROM_K), acc)
+        _release_drafts(empty, t, V_EXT_FROM_K)
         return m_i, l_elem, acc
 
     @gluon.jit
+    def _load_draft_rows(dst, BASE, q_first, stride_tok, col0, DRAFT_LEN: gl.constexpr):
+        # Rows q_first .. q_first + L - 1 of k_extend / v_extend, columns
+        # col0 onwards, into dst (rows past L zero).
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
+        rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
+        cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, layout))
+        ptrs = BASE + (q_first + rows).to(gl.int64)[:, None] * stride_tok + cols[None, :]
+        dst.store(gl.load(ptrs, mask=(rows < DRAFT_LEN)[:, None], other=0.0))
+
+    @gluon.jit
+    def _consume_loaded_drafts(
+        q_nope,
+        q_rope,
+        ext,
+        wide_nope,
+        wide_rope,
+        p_smem,
+        q_first,
+        draft_scale,
+        m_i,
+        l_elem,
+        acc,
+        zero_s,
+        DRAFT_LEN: gl.constexpr,
+        V_EXT_FROM_K: gl.constexpr,
+    ):
+        # fp8 KV: the ring holds fp8 rows, so the consumers load the drafts
+        # (bf16) into the widened tile themselves. The last prefix tile's
+        # P V is done (_add_pv's last barrier): the tile is free.
+        K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+        o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        for half in gl.static_range(2):
+            _load_draft_rows(
+                wide_nope.slice(half * HALF_V, HALF_V, dim=1),
+                K_EXT,
+                q_first,
+                stride_ke_tok,
+                half * HALF_V,
+                DRAFT_LEN,
+            )
+        _load_draft_rows(wide_rope, K_EXT, q_first, stride_ke_tok, D_NOPE, DRAFT_LEN)
+        fence_async_shared()
+        _warps_barrier()
+        qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
+        qk = _mask_drafts(qk, DRAFT_LEN)
+        p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
+        if not V_EXT_FROM_K:
+            _warps_barrier()  # both warpgroups' scores have read K's rows
+            for half in gl.static_range(2):
+                _load_draft_rows(
+                    wide_nope.slice(half * HALF_V, HALF_V, dim=1),
+                    V_EXT,
+                    q_first,
+                    stride_ve_tok,
+                    half * HALF_V,
+                    DRAFT_LEN,
+                )
+        # _add_pv fences and waits for every warp's stores before its P V.
+        return m_i, l_elem, _add_pv(p, p_smem, wide_nope, acc)
+
+    @gluon.jit
     def _consume(
+        share,
+        q_args,
+        ext,
         q_nope,
         q_rope,
         kv_nope_ring,
         kv_rope_ring,
-        wide_nope,
-        wide_rope,
+        wide,
         p_smem,
         ready,
         empty,
-        lo,
-        hi,
-        with_drafts,
-        score_scale,
-        draft_scale,
-        v_scale,
-        dest,
+        scales,
+        out_args,
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
@@ -516,65 +692,98 @@ if AVAILABLE:
         )
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-        # Row sums kept per element and reduced once at the end: one
-        # cross-warpgroup reduction per tile instead of two.
-        l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-        acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+        score_scale, draft_scale, v_scale = scales
+        wide_nope, wide_rope = wide  # read with fp8 KV only
+        _, _, _, _, _, _, head_block, num_heads = out_args
+        _, _, b0, b1, base, _, _ = share
+        t0 = 0  # ring tiles of the earlier segments
+        for b in range(b0, b1 + 1):
+            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+            _stage_q(
+                q_nope,
+                q_rope,
+                q_args,
+                q_first,
+                head_block,
+                num_heads,
+                BLOCK_H,
+                DRAFT_LEN,
+                CONSUMER_WARPS,
+            )
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+            # Row sums kept per element and reduced once at the end: one
+            # cross-warpgroup reduction per tile instead of two.
+            l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+            acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
+            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+            for t in range(prefix_tiles):
+                tile = t0 + t
+                stage = tile % STAGES
+                mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
+                if KV_FP8:
+                    # The previous tile's P V is done (_add_pv's last barrier):
+                    # the bf16 tile is free, and the fp8 stage is free once read.
+                    kv_nope = wide_nope
+                    kv_rope = wide_rope
+                    _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
+                    mbarrier.arrive(empty.index(stage), count=1)
+                else:
+                    kv_nope = kv_nope_ring.index(stage)
+                    kv_rope = kv_rope_ring.index(stage)
+                    fence_async_shared()  # the gathers wrote through the generic proxy
+                qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
+                qk = _mask_tail(qk, lo + t * TOKENS, hi)
+                p, m_i, l_elem, acc = _softmax_step(qk, score_scale, m_i, l_elem, acc, o_rows)
+                acc = _add_pv(p, p_smem, kv_nope, acc)
+                if not KV_FP8:
+                    mbarrier.arrive(empty.index(stage), count=1)
+            t0 += prefix_tiles
+            # The KV cache's value scale applies to the prefix alone.
+            acc = acc * v_scale
 
-        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        for t in range(prefix_tiles):
-            stage = t % STAGES
-            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-            if KV_FP8:
-                # The previous tile's P V is done (_add_pv's last barrier):
-                # the bf16 tile is free, and the fp8 stage is free once read.
-                kv_nope = wide_nope.index(0)
-                kv_rope = wide_rope.index(0)
-                _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
-                mbarrier.arrive(empty.index(stage), count=1)
-            else:
-                kv_nope = kv_nope_ring.index(stage)
-                kv_rope = kv_rope_ring.index(stage)
-                fence_async_shared()  # the gathers wrote through the generic proxy
-            qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
-            qk = _mask_tail(qk, lo + t * TOKENS, hi)
-            p, m_i, l_elem, acc = _softmax_step(qk, score_scale, m_i, l_elem, acc, o_rows)
-            acc = _add_pv(p, p_smem, kv_nope, acc)
-            if not KV_FP8:
-                mbarrier.arrive(empty.index(stage), count=1)
-        # The KV cache's value scale applies to the prefix alone.
-        acc = acc * v_scale
-
-        if not KV_FP8:  # noqa: SIM102 (constexpr; with fp8 KV stage 2 adds the drafts)
             if with_drafts:
-                m_i, l_elem, acc = _consume_drafts(
-                    q_nope,
-                    q_rope,
-                    kv_nope_ring,
-                    kv_rope_ring,
-                    p_smem,
-                    ready,
-                    prefix_tiles,
-                    draft_scale,
-                    m_i,
-                    l_elem,
-                    acc,
-                    zero_s,
-                    DRAFT_LEN,
-                    V_EXT_FROM_K,
-                )
+                if KV_FP8:
+                    m_i, l_elem, acc = _consume_loaded_drafts(
+                        q_nope,
+                        q_rope,
+                        ext,
+                        wide_nope,
+                        wide_rope,
+                        p_smem,
+                        q_first,
+                        draft_scale,
+                        m_i,
+                        l_elem,
+                        acc,
+                        zero_s,
+                        DRAFT_LEN,
+                        V_EXT_FROM_K,
+                    )
+                else:
+                    m_i, l_elem, acc = _consume_drafts(
+                        q_nope,
+                        q_rope,
+                        kv_nope_ring,
+                        kv_rope_ring,
+                        p_smem,
+                        ready,
+                        empty,
+                        t0,
+                        draft_scale,
+                        m_i,
+                        l_elem,
+                        acc,
+                        zero_s,
+                        DRAFT_LEN,
+                        V_EXT_FROM_K,
+                    )
+                    t0 = _after_drafts(t0, V_EXT_FROM_K)
 
-        l_i = gl.sum(l_elem, 1)
-        _store_out(
-            acc / gl.convert_layout(l_i, o_rows)[:, None],
-            0,
-            dest,
-            BLOCK_H,
-            DRAFT_LEN,
-        )
-        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
+            l_i = gl.sum(l_elem, 1)
+            dest = _dest(out_args, b, b0, whole, q_first)
+            _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
+            _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
     @gluon.jit
     def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar):
@@ -592,22 +801,16 @@ if AVAILABLE:
 
     @gluon.jit
     def _consume_scores(
+        share,
+        q_args,
         q_nope,
         q_rope,
         kv_nope_ring,
         kv_rope_ring,
         xchg,
-        ready,
-        empty,
-        p_bar,
-        sums_bar,
-        lo,
-        hi,
-        with_drafts,
-        score_scale,
-        draft_scale,
-        v_scale,
-        dest,
+        bars,
+        scales,
+        out_args,
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
@@ -622,57 +825,83 @@ if AVAILABLE:
         )
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-
-        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        for t in range(prefix_tiles):
-            stage = t % STAGES
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
-            qk = _mask_tail(qk, lo + t * TOKENS, hi)
-            alpha, m_i, l_i = _hand_over(
-                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+        ready, empty, p_bar, sums_bar, sums_free = bars
+        score_scale, draft_scale, v_scale = scales
+        _, _, _, _, _, _, head_block, num_heads = out_args
+        _, _, b0, b1, base, _, _ = share
+        t0 = 0  # ring tiles of the earlier segments
+        for b in range(b0, b1 + 1):
+            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+            _stage_q(
+                q_nope,
+                q_rope,
+                q_args,
+                q_first,
+                head_block,
+                num_heads,
+                BLOCK_H,
+                DRAFT_LEN,
+                WARPGROUP,
             )
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            # This tile's P V, and its stage freed, before waiting for the
-            # next tile: issued behind the next tile's scores instead, the
-            # stage was freed only once that tile had landed, and the ring
-            # ran one tile deep (1.5-10% slower, BENCHMARKS.md).
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage), kv_nope_ring.index(stage).slice(0, HALF_V, dim=1), acc
-            )
-            mbarrier.arrive(empty.index(stage), count=1)
-        # The KV cache's value scale applies to the prefix alone.
-        acc = acc * v_scale
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+            l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+            acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+            for t in range(prefix_tiles):
+                tile = t0 + t
+                stage = tile % STAGES
+                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
+                qk = _mask_tail(qk, lo + t * TOKENS, hi)
+                alpha, m_i, l_i = _hand_over(
+                    qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+                )
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                # This tile's P V, and its stage freed, before waiting for the
+                # next tile: issued behind the next tile's scores instead, the
+                # stage was freed only once that tile had landed, and the ring
+                # ran one tile deep (1.5-10% slower, BENCHMARKS.md).
+                acc = warpgroup_mma(
+                    kv_rope_ring.index(stage),
+                    kv_nope_ring.index(stage).slice(0, HALF_V, dim=1),
+                    acc,
+                )
+                mbarrier.arrive(empty.index(stage), count=1)
+            t0 += prefix_tiles
+            # The KV cache's value scale applies to the prefix alone.
+            acc = acc * v_scale
 
-        if with_drafts:
-            # Tile n holds the drafts' K (and tile n + 1 their V unless V is
-            # a view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
-            n = prefix_tiles
-            stage = n % STAGES
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, n, zero_s)
-            qk = _mask_drafts(qk, DRAFT_LEN)
-            alpha, m_i, l_i = _hand_over(
-                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
-            )
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K)
-            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
+            if with_drafts:
+                # Tile n holds the drafts' K (and tile n + 1 their V unless V
+                # is a view of K). Row (h, i) sees drafts 0..i, scored without
+                # k_scale.
+                stage = t0 % STAGES
+                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
+                qk = _mask_drafts(qk, DRAFT_LEN)
+                alpha, m_i, l_i = _hand_over(
+                    qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+                )
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
+                acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
+                mbarrier.arrive(empty.index(stage), count=1)
+                if not V_EXT_FROM_K:
+                    # V's tile carries no P; an arrive keeps that stage's
+                    # p_bar phases in step with the ring (nobody waits on it).
+                    stage = (t0 + 1) % STAGES
+                    mbarrier.arrive(p_bar.index(stage), count=1)
+                    mbarrier.arrive(empty.index(stage), count=1)
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
 
-        # The row sums, for the value warpgroup's normalisation.
-        xchg.index(STAGES).store(l_i)
-        _warps_barrier()
-        mbarrier.arrive(sums_bar, count=1)
-        _store_out(
-            acc / gl.convert_layout(l_i, o_rows)[:, None],
-            0,
-            dest,
-            BLOCK_H,
-            DRAFT_LEN,
-        )
-        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
+            # The row sums, for the value warpgroup's normalisation, once it
+            # has read the previous segment's.
+            mbarrier.wait(sums_free, ((b - b0) & 1) ^ 1)
+            xchg.index(STAGES).store(l_i)
+            _warps_barrier()
+            mbarrier.arrive(sums_bar, count=1)
+            dest = _dest(out_args, b, b0, whole, q_first)
+            _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
+            _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
     @gluon.jit
     def _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
@@ -688,18 +917,13 @@ if AVAILABLE:
 
     @gluon.jit
     def _consume_values(
+        share,
         kv_nope_ring,
         kv_rope_ring,
         xchg,
-        ready,
-        empty,
-        p_bar,
-        sums_bar,
-        lo,
-        hi,
-        with_drafts,
+        bars,
         v_scale,
-        dest,
+        out_args,
         BLOCK_H: gl.constexpr,
         DRAFT_LEN: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
@@ -710,40 +934,48 @@ if AVAILABLE:
             version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
         )
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
-        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        for t in range(prefix_tiles):
-            stage = t % STAGES
-            mbarrier.wait(p_bar.index(stage), (t // STAGES) & 1)
-            acc = acc * xchg.index(stage).load(o_rows)[:, None]
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage),
-                kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
-                acc,
-            )
-            mbarrier.arrive(empty.index(stage), count=1)
-        acc = acc * v_scale
-        if with_drafts:
-            n = prefix_tiles
-            stage = n % STAGES
-            mbarrier.wait(p_bar.index(stage), (n // STAGES) & 1)
-            acc = acc * xchg.index(stage).load(o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K)
-            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
-        mbarrier.wait(sums_bar, 0)
-        _store_out(
-            acc / xchg.index(STAGES).load(o_rows)[:, None],
-            HALF_V,
-            dest,
-            BLOCK_H,
-            DRAFT_LEN,
-        )
+        ready, empty, p_bar, sums_bar, sums_free = bars
+        _, _, b0, b1, base, _, _ = share
+        t0 = 0  # ring tiles of the earlier segments
+        for b in range(b0, b1 + 1):
+            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+            acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+            for t in range(prefix_tiles):
+                tile = t0 + t
+                stage = tile % STAGES
+                mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
+                acc = acc * xchg.index(stage).load(o_rows)[:, None]
+                acc = warpgroup_mma(
+                    kv_rope_ring.index(stage),
+                    kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
+                    acc,
+                )
+                mbarrier.arrive(empty.index(stage), count=1)
+            t0 += prefix_tiles
+            acc = acc * v_scale
+            if with_drafts:
+                stage = t0 % STAGES
+                mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
+                acc = acc * xchg.index(stage).load(o_rows)[:, None]
+                v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
+                acc = warpgroup_mma(
+                    kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc
+                )
+                _release_drafts(empty, t0, V_EXT_FROM_K)
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
+            mbarrier.wait(sums_bar, (b - b0) & 1)
+            l_i = xchg.index(STAGES).load(o_rows)
+            _warps_barrier()  # every warp has read the sums
+            mbarrier.arrive(sums_free, count=1)
+            dest = _dest(out_args, b, b0, whole, q_first)
+            _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
     @gluon.jit
     def _store_out(out, col0, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         # Output columns col0 onwards of the tile's rows: the output itself
-        # when this unit is the request's only one (drafts included), else
-        # the unit's partial.
+        # when the segment is the whole request (drafts included), else the
+        # segment's partial.
         (
             write_output,
             O,
@@ -752,7 +984,7 @@ if AVAILABLE:
             PART_O,
             _,
             q_first,
-            work,
+            slot,
             head_block,
             num_heads,
         ) = dest
@@ -767,23 +999,23 @@ if AVAILABLE:
                 O + o_row[:, None] + offs_d[None, :], out.to(gl.bfloat16), mask=mask_m[:, None]
             )
         else:
-            part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+            part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
             gl.store(
                 PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None]
             )
 
     @gluon.jit
     def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
-        # The unit's log2-sum-exp per row, for stage 2's merge (none when
-        # the unit wrote the output itself).
-        write_output, _, _, _, _, PART_LSE, _, work, head_block, num_heads = dest
+        # The segment's log2-sum-exp per row, for stage 2's merge (none
+        # when it wrote the output itself).
+        write_output, _, _, _, _, PART_LSE, _, slot, head_block, num_heads = dest
         if not write_output:
             layout: gl.constexpr = m_i.type.layout
             offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, layout)
-            row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+            row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
             gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
-    @gluon.jit(do_not_specialize=["batch_size", "num_kv_splits", "fold_drafts"])
+    @gluon.jit(do_not_specialize=["batch_size"])
     def _prefix_kernel_sm90(
         Q,
         K_BUF,
@@ -804,11 +1036,9 @@ if AVAILABLE:
         stride_o_head,
         num_heads,
         batch_size,
-        num_kv_splits,
         score_scale,
         draft_scale,
         v_scale,
-        fold_drafts,
         DRAFT_LEN: gl.constexpr,
         BLOCK_H: gl.constexpr,
         BLOCK_B: gl.constexpr,
@@ -821,49 +1051,42 @@ if AVAILABLE:
         # score warpgroup.
         MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
         head_block = gl.program_id(0)
-        work = gl.program_id(1)
+        cta = gl.program_id(1)
         plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
-        chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, TOKENS)
-        # Which request owns unit `work`, and its first unit (the loop of
-        # kernel._units_before, inlined: Gluon scans only in the kernel body).
-        req = 0
-        first = 0
-        done = 0
+        # The share (module docstring): the batch's positions, cut into
+        # equal ranges, one per CTA, of MIN_SHARE positions at least.
+        total = 0
         for start in range(0, batch_size, BLOCK_B):
-            offs_b = start + gl.arange(0, BLOCK_B, layout=plan_layout)
-            mask_b = offs_b < batch_size
-            lens = gl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - gl.load(
-                KV_INDPTR + offs_b, mask=mask_b, other=0
-            )
-            units = (lens.to(gl.int32) + chunk - 1) // chunk
-            ends = done + gl.associative_scan(units, 0, _add)
-            before = (ends <= work) & mask_b
-            req += gl.sum(before.to(gl.int32), 0)
-            first += gl.sum(gl.where(before, units, 0), 0)
-            done += gl.sum(units, 0)
-        if req < batch_size:
-            kv_start = gl.load(KV_INDPTR + req)
-            kv_len = (gl.load(KV_INDPTR + req + 1) - kv_start).to(gl.int32)
-            lo = (work - first) * chunk
-            hi = gl.minimum(lo + chunk, kv_len)
-            q_first = gl.load(QO_INDPTR + req)
-            # With fold_drafts, the request's last unit also takes its drafts
-            # (one more tile, two when V is not a view of K); a request with
-            # one unit is then complete here. A runtime flag, not a constexpr:
-            # Triton 3.6 fails to compile the partitions with the branch
-            # folded away.
-            with_drafts = (hi == kv_len) & (fold_drafts != 0)
-            write_output = (lo == 0) & with_drafts
-            # Where the unit's results go (_store_out, _store_lse).
-            dest = (
-                write_output,
+            total += gl.sum(_positions(KV_INDPTR, start, batch_size, BLOCK_B, plan_layout), 0)
+        ctas = gl.minimum(gl.num_programs(1), (total + MIN_SHARE - 1) // MIN_SHARE)
+        if cta < ctas:
+            s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
+            s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
+            # The requests that hold positions s0 and s1 - 1, and where the
+            # first one's begin (Gluon scans only in the kernel body).
+            b0 = 0
+            base0 = 0
+            b1 = 0
+            done = 0
+            for start in range(0, batch_size, BLOCK_B):
+                positions = _positions(KV_INDPTR, start, batch_size, BLOCK_B, plan_layout)
+                ends = done + gl.associative_scan(positions, 0, _add)
+                before = ends <= s0
+                b0 += gl.sum(before.to(gl.int32), 0)
+                base0 += gl.sum(gl.where(before, positions, 0), 0)
+                b1 += gl.sum((ends < s1).to(gl.int32), 0)
+                done += gl.sum(positions, 0)
+            share = (KV_INDPTR, QO_INDPTR, b0, b1, base0, s0, s1)
+            q_args = (Q, stride_q_tok, stride_q_head)
+            ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
+            scales = (score_scale, draft_scale, v_scale)
+            out_args = (
                 O,
                 stride_o_tok,
                 stride_o_head,
                 PART_O,
                 PART_LSE,
-                q_first,
-                work,
+                cta,
                 head_block,
                 num_heads,
             )
@@ -874,43 +1097,10 @@ if AVAILABLE:
             rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
                 [ROWS, D_ROPE], gl.bfloat16
             )
-            q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [MAIN_WARPS, 1], [1, 0])
-            q_nope = gl.allocate_shared_memory(
-                gl.bfloat16,
-                [ROWS, D_NOPE],
-                nope_smem,
-                _load_q(
-                    Q,
-                    q_first,
-                    head_block,
-                    num_heads,
-                    stride_q_tok,
-                    stride_q_head,
-                    0,
-                    D_NOPE,
-                    BLOCK_H,
-                    DRAFT_LEN,
-                    q_layout,
-                ),
-            )
-            q_rope = gl.allocate_shared_memory(
-                gl.bfloat16,
-                [ROWS, D_ROPE],
-                rope_smem,
-                _load_q(
-                    Q,
-                    q_first,
-                    head_block,
-                    num_heads,
-                    stride_q_tok,
-                    stride_q_head,
-                    D_NOPE,
-                    D_ROPE,
-                    BLOCK_H,
-                    DRAFT_LEN,
-                    q_layout,
-                ),
-            )
+            # Each segment's query rows are staged by the warps that read
+            # them (_stage_q).
+            q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
+            q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], rope_smem)
             # The ring holds KV rows as stored; with fp8 KV (columns), one
             # bf16 tile besides (module docstring).
             kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
@@ -931,22 +1121,15 @@ if AVAILABLE:
                 # Score/value: both warpgroups release each stage.
                 mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
             produce_args = (
+                share,
                 K_BUF,
                 KV_INDICES,
-                K_EXT,
-                V_EXT,
+                stride_k_slot,
+                ext,
                 kv_nope_ring,
                 kv_rope_ring,
                 ready,
                 empty,
-                kv_start,
-                lo,
-                hi,
-                with_drafts,
-                q_first,
-                stride_k_slot,
-                stride_ke_tok,
-                stride_ve_tok,
                 DRAFT_LEN,
                 V_EXT_FROM_K,
                 KV_FP8,
@@ -959,31 +1142,28 @@ if AVAILABLE:
                 )
                 p_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
                 sums_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+                sums_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
                 for stage in gl.static_range(STAGES):
                     mbarrier.init(p_bar.index(stage), count=1)
                 mbarrier.init(sums_bar, count=1)
+                mbarrier.init(sums_free, count=1)
                 fence_async_shared()
+                bars = (ready, empty, p_bar, sums_bar, sums_free)
                 gl.warp_specialize(
                     [
                         (
                             _consume_scores,
                             (
+                                share,
+                                q_args,
                                 q_nope,
                                 q_rope,
                                 kv_nope_ring,
                                 kv_rope_ring,
                                 xchg,
-                                ready,
-                                empty,
-                                p_bar,
-                                sums_bar,
-                                lo,
-                                hi,
-                                with_drafts,
-                                score_scale,
-                                draft_scale,
-                                v_scale,
-                                dest,
+                                bars,
+                                scales,
+                                out_args,
                                 BLOCK_H,
                                 DRAFT_LEN,
                                 V_EXT_FROM_K,
@@ -992,18 +1172,13 @@ if AVAILABLE:
                         (
                             _consume_values,
                             (
+                                share,
                                 kv_nope_ring,
                                 kv_rope_ring,
                                 xchg,
-                                ready,
-                                empty,
-                                p_bar,
-                                sums_bar,
-                                lo,
-                                hi,
-                                with_drafts,
+                                bars,
                                 v_scale,
-                                dest,
+                                out_args,
                                 BLOCK_H,
                                 DRAFT_LEN,
                                 V_EXT_FROM_K,
@@ -1015,16 +1190,15 @@ if AVAILABLE:
                     [VALUE_REGS, PRODUCER_REGS],
                 )
             else:
+                # The bf16 tile the consumers read: with fp8 KV the widened
+                # one, with bf16 KV the ring's stages as they are.
                 if KV_FP8:
-                    wide_nope = gl.allocate_shared_memory(
-                        gl.bfloat16, [1, TOKENS, D_NOPE], nope_smem
+                    wide = (
+                        gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem),
+                        gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_ROPE], rope_smem),
                     )
-                    wide_rope = gl.allocate_shared_memory(
-                        gl.bfloat16, [1, TOKENS, D_ROPE], rope_smem
-                    )
-                else:  # not used
-                    wide_nope = kv_nope_ring
-                    wide_rope = kv_rope_ring
+                else:
+                    wide = (kv_nope_ring, kv_rope_ring)
                 p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
                 fence_async_shared()
                 gl.warp_specialize(
@@ -1032,22 +1206,19 @@ if AVAILABLE:
                         (
                             _consume,
                             (
+                                share,
+                                q_args,
+                                ext,
                                 q_nope,
                                 q_rope,
                                 kv_nope_ring,
                                 kv_rope_ring,
-                                wide_nope,
-                                wide_rope,
+                                wide,
                                 p_smem,
                                 ready,
                                 empty,
-                                lo,
-                                hi,
-                                with_drafts,
-                                score_scale,
-                                draft_scale,
-                                v_scale,
-                                dest,
+                                scales,
+                                out_args,
                                 BLOCK_H,
                                 DRAFT_LEN,
                                 V_EXT_FROM_K,
@@ -1070,6 +1241,7 @@ SHAPE = (
     CONSUMER_WARPS.value,
     PRODUCER_WARPS.value,
     PRODUCER_REGS.value,
+    MIN_SHARE.value,
     MAX_REGS,
     WARPGROUP.value,
     VALUE_REGS.value,
@@ -1081,6 +1253,19 @@ def launch_options(score_value: bool) -> dict[str, int]:
     """num_warps (the default partition's) and the register cap of a launch."""
     warps = WARPGROUP.value if score_value else CONSUMER_WARPS.value
     return {"num_warps": warps, "maxnreg": MAX_REGS}
+
+
+def ctas_per_head_block(sm_count: int, num_heads: int, block_h: int) -> int:
+    """The share count: one wave of CTAs (one per SM, see the docstring)
+    over the head blocks."""
+    head_blocks = (num_heads + block_h - 1) // block_h
+    return max(1, sm_count // head_blocks)
+
+
+def partial_slots(ctas: int) -> int:
+    """Partial slots of a launch with ``ctas`` shares per head block: one
+    for each CTA's first segment and one for its last."""
+    return 2 * ctas
 
 
 def launch_prefix(
@@ -1098,27 +1283,24 @@ def launch_prefix(
     batch_size: int,
     draft_len: int,
     block_h: int,
-    num_kv_splits: int,
+    ctas: int,
     score_scale: float,
     draft_scale: float,
     v_scale: float,
-    with_drafts: bool,
     v_extend_from_k: bool,
     plan_block: int,
     score_value: bool,
 ) -> None:
-    """Stage 1 on sm90: the same partials as the plain kernel (prefix values
-    scaled by ``v_scale``); with ``with_drafts`` (bf16 KV only, see
-    ``folds_drafts``), each request's last unit includes its drafts and a
-    request with one unit writes its output ``o`` directly. ``score_value``
-    picks that schedule (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over
-    columns."""
-    if with_drafts and not folds_drafts(q, k_buffer):
-        raise ValueError(f"with_drafts: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
+    """Stage 1 on sm90 with ``ctas`` shares per head block: writes the output
+    of every request a share holds whole, and the partials (prefix values
+    scaled by ``v_scale``, drafts included) of the others, ``part_o`` /
+    ``part_lse`` rows ``(slot, head, draft)`` for ``partial_slots(ctas)``
+    slots. ``score_value`` picks that schedule (bf16 KV only, see
+    ``SCORE_VALUE_KV_DTYPES``) over columns."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     num_heads = q.shape[1]
-    grid = ((num_heads + block_h - 1) // block_h, batch_size * num_kv_splits)
+    grid = ((num_heads + block_h - 1) // block_h, ctas)
     _prefix_kernel_sm90[grid](
         q,
         k_buffer,
@@ -1139,11 +1321,9 @@ def launch_prefix(
         o.stride(1),
         num_heads,
         batch_size,
-        num_kv_splits,
         score_scale,
         draft_scale,
         v_scale,
-        int(with_drafts),
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=plan_block,

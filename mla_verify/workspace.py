@@ -12,7 +12,9 @@ import logging
 
 import torch
 
-from .kernel import D_NOPE, workspace_numel
+from . import kernel_sm90
+from .config import DEFAULT_SM_COUNT, HOPPER_KERNELS, SM_COUNT
+from .kernel import D_NOPE, partial_slots, sm_count, workspace_numel
 from .lookup import block_config, current_arch
 
 logger = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ class Workspace:
         return (self.part_o.numel() + self.part_lse.numel()) * 4
 
     def reserve(self, rows: int) -> None:
-        """Make room for ``rows`` (token, head, split) partial rows."""
+        """Make room for ``rows`` (slot, head, draft) partial rows."""
         if rows <= self.part_lse.numel():
             return
         if capturing(self.device):
@@ -51,9 +53,9 @@ class Workspace:
         logger.debug("workspace on %s grown to %.1f MB", self.device, self.nbytes / 1e6)
 
     def views(
-        self, num_tokens: int, num_heads: int, num_kv_splits: int
+        self, slots: int, num_heads: int, draft_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n_o, n_lse = workspace_numel(num_tokens, num_heads, num_kv_splits)
+        n_o, n_lse = workspace_numel(slots, num_heads, draft_len)
         self.reserve(n_lse)
         if capturing(self.device):
             self._used_in_capture = True
@@ -78,13 +80,22 @@ def workspace_bytes(
     draft_len: int,
     kv_dtype: torch.dtype = torch.bfloat16,
     arch: str | None = None,
+    sms: int | None = None,
 ) -> int:
-    """Workspace bytes the tuned configs need for any batch up to the max."""
-    rows = 0
+    """Workspace bytes the tuned configs need for any batch up to the max
+    (``sms``: the GPU's multiprocessors, by default the arch's count)."""
+    if sms is None:
+        sms = SM_COUNT.get(arch or "", DEFAULT_SM_COUNT)
+    slots = 0
     for bs in range(1, max_batch_size + 1):
-        splits = block_config(num_heads, draft_len, bs, kv_dtype, arch).NUM_KV_SPLITS
-        rows = max(rows, workspace_numel(bs * draft_len, num_heads, splits)[1])
-    return rows * (D_NOPE + 1) * 4
+        config = block_config(num_heads, draft_len, bs, kv_dtype, arch)
+        # A Hopper config runs the Hopper kernel's shares where it can, and
+        # the Triton kernel's units elsewhere: room for either.
+        slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, 0))
+        if config.kernel in HOPPER_KERNELS:
+            ctas = kernel_sm90.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
+            slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, ctas))
+    return workspace_numel(slots, num_heads, draft_len)[1] * (D_NOPE + 1) * 4
 
 
 def prepare_workspace(
@@ -98,7 +109,8 @@ def prepare_workspace(
     ``max_batch_size`` needs with the tuned configs; returns its bytes."""
     device = torch.device(device) if device is not None else torch.device("cuda")
     arch = current_arch(device) if device.type == "cuda" else "cpu"
-    nbytes = workspace_bytes(max_batch_size, num_heads, draft_len, kv_dtype, arch)
+    sms = sm_count(device) if device.type == "cuda" else None
+    nbytes = workspace_bytes(max_batch_size, num_heads, draft_len, kv_dtype, arch, sms)
     get_workspace(device).reserve(nbytes // ((D_NOPE + 1) * 4))
     return nbytes
 

@@ -109,34 +109,45 @@ def test_int64_index_tensors(device):
 
 
 @pytest.mark.parametrize(
-    "draft_len,splits,prefix_lens,expected_units",
+    "draft_len,ctas,prefix_lens,expected_pieces",
     [
-        # Chunks of 32 tokens.
-        (2, 3, [40, 5, 0, 100], [2, 1, 0, 4]),
-        # Chunks of 64: more units than the merge's slots (16 // next_pow2(L)),
-        # so each slot merges several units.
-        (1, 12, [400, 5, 0, 2000], [7, 1, 0, 32]),
-        (3, 12, [400, 5, 0, 2000], [7, 1, 0, 32]),
+        (2, 5, [0, 130, 7, 64, 300], [1, 2, 1, 1, 2]),
+        # One request over every share, more of them than the merge's
+        # slots (16 // next_pow2(L)), so each slot merges several.
+        (3, 12, [2000], [9]),
+        (1, 40, [6000], [24]),
+        (1, 40, [10, 0, 5], [1, 1, 1]),  # too few positions for two shares
+        (4, 3, [64] * 7, [1, 1, 1, 1, 2, 1, 1]),
     ],
 )
-def test_merge_with_drafts_taken_by_stage_1(draft_len, splits, prefix_lens, expected_units, device):
-    """Stage 2 as the Hopper kernel uses it (drafts folded into the last
-    unit): it merges the units of requests that have several, gives a
-    request with an empty prefix its drafts alone, and leaves a request with
-    one unit (stage 1 writes it) untouched."""
-    heads, block_n = 3, 16
+def test_merge_after_shares(draft_len, ctas, prefix_lens, expected_pieces, device):
+    """Stage 2 after the Hopper kernel's balanced shares: it merges the
+    partials of each request that several shares hold (drafts included, so
+    it adds none) and leaves the others, which stage 1 writes, untouched."""
+    heads, tokens = 3, kernel_sm90.TOKENS.value
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
-    # The work plan, derived here independently: one chunk length for the
-    # batch, units numbered request by request.
-    spare = max(batch.batch_size * (splits - 1), 1)
-    chunk = -(-max(-(-sum(prefix_lens) // spare), 1) // block_n) * block_n
-    units = [-(-n // chunk) for n in prefix_lens]
-    assert units == expected_units
-    firsts = [sum(units[:b]) for b in range(len(units))]
+    # The plan, derived here independently: each request's prefix tiles and
+    # its drafts are positions; share c holds positions starts[c] ..
+    # starts[c + 1] - 1; a share's first part of a request is at slot 2c,
+    # a later one at 2c + 1.
+    positions = [-(-n // tokens) + 1 for n in prefix_lens]
+    total = sum(positions)
+    used = min(ctas, -(-total // kernel_sm90.MIN_SHARE.value))
+    starts = [c * total // used for c in range(used + 1)]
+
+    def share_of(p: int) -> int:
+        return max(c for c in range(used) if starts[c] <= p)
+
+    pieces = []
+    base = 0
+    for n in positions:
+        c0, c1 = share_of(base), share_of(base + n - 1)
+        pieces.append([2 * c0 + (starts[c0] < base)] + [2 * c for c in range(c0 + 1, c1 + 1)])
+        base += n
+    assert [len(p) for p in pieces] == expected_pieces
     gen = torch.Generator(device=device).manual_seed(0)
-    num_units = batch.batch_size * splits
-    part_o = torch.randn(num_units, heads, draft_len, 512, generator=gen, device=device)
-    part_lse = 4 * torch.randn(num_units, heads, draft_len, generator=gen, device=device)
+    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
     out = batch.new_output()
     kernel.launch_merge(
         batch.q,
@@ -149,26 +160,21 @@ def test_merge_with_drafts_taken_by_stage_1(draft_len, splits, prefix_lens, expe
         part_lse,
         batch_size=batch.batch_size,
         draft_len=draft_len,
-        block_n=block_n,
-        num_kv_splits=splits,
+        block_n=tokens,
+        num_kv_splits=1,
         sm_scale=batch.sm_scale,
-        drafts_in_parts=True,
+        share_ctas=ctas,
     )
 
-    def merged(first: int, count: int) -> torch.Tensor:
-        # Weights 2^lse, normalised; [L, H, 512] like the output rows.
-        weights = torch.softmax(part_lse[first : first + count] * math.log(2), dim=0)
-        return (weights[..., None] * part_o[first : first + count]).sum(0).transpose(0, 1)
-
-    reference = batch.reference()
-    for b, count in enumerate(units):
+    for b, slots in enumerate(pieces):
         rows = slice(b * draft_len, (b + 1) * draft_len)
-        if count == 0:
-            check_close(out[rows], reference[rows], what=f"request {b}: empty prefix, drafts alone")
-        elif count == 1:
-            assert torch.isnan(out[rows]).all(), f"request {b} has one unit: stage 1 writes it"
+        if len(slots) == 1:
+            assert torch.isnan(out[rows]).all(), f"request {b} is one share's: stage 1 writes it"
         else:
-            check_close(out[rows], merged(firsts[b], count), what=f"request {b}: {count} units")
+            # Weights 2^lse, normalised; [L, H, 512] like the output rows.
+            weights = torch.softmax(part_lse[slots] * math.log(2), dim=0)
+            merged = (weights[..., None] * part_o[slots]).sum(0).transpose(0, 1)
+            check_close(out[rows], merged, what=f"request {b}: slots {slots}")
 
 
 @pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
@@ -237,6 +243,7 @@ def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_d
     score/value entry taken for fp8 KV runs the columns schedule."""
     launched = []
     monkeypatch.setattr(kernel, "uses_gluon_sm90", lambda *args: True)
+    monkeypatch.setattr(kernel, "sm_count", lambda device: 132)
     monkeypatch.setattr(
         kernel_sm90, "launch_prefix", lambda *args, **kw: launched.append(kw["score_value"])
     )
