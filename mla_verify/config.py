@@ -235,9 +235,10 @@ def default_config(
 def hopper_config(
     num_heads: int, draft_len: int, batch_size: int, kernel: str = "gluon_sm90"
 ) -> VerifyConfig:
-    """The sm90 Gluon kernel's tile with splits for about one wave of CTAs
-    (one per SM: it holds 224 KB of shared memory); ``kernel`` names the
-    schedule."""
+    """The sm90 Gluon kernel's tile; ``kernel`` names the schedule. The
+    kernel plans its own shares (one wave of CTAs); NUM_KV_SPLITS, for about
+    one wave of CTAs, serves the Triton kernel where a call cannot take the
+    Hopper one."""
     block_h = kernel_sm90.block_heads(num_heads, draft_len)
     return VerifyConfig(
         BLOCK_H=block_h,
@@ -320,8 +321,14 @@ def tile_candidates(
     return out
 
 
-def split_candidates(num_heads: int, batch_size: int, block_h: int, arch: str) -> list[int]:
-    """NUM_KV_SPLITS worth timing: chunks for about 0.5 to 4 waves of the grid."""
+def split_candidates(
+    num_heads: int, batch_size: int, block_h: int, arch: str, kernel: str = "triton"
+) -> list[int]:
+    """NUM_KV_SPLITS worth timing: chunks for about 0.5 to 4 waves of the grid.
+    One value for the Hopper kernel on sm90, which plans its own balanced
+    shares and ignores the field (the value stays for a Triton fallback)."""
+    if kernel in HOPPER_KERNELS and arch == "sm90" and kernel_sm90.AVAILABLE:
+        return [default_num_kv_splits(num_heads, batch_size, block_h, MAX_ROWS, arch)]
     sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
     programs = batch_size * math.ceil(num_heads / block_h)
     cands = {1}

@@ -5,8 +5,9 @@ Per (heads H, draft length L, KV dtype) entry the search runs in two steps:
   1. tile search at one representative batch size: every stage-1 tile from
      ``config.tile_candidates`` (BLOCK_H, BLOCK_N, num_warps, num_stages),
      each with the default split rule; the fastest ``--top-k`` go on;
-  2. per batch bucket: those tiles x ``config.split_candidates``, and the
-     built-in default, timed side by side in the same run.
+  2. per batch bucket: those tiles x ``config.split_candidates`` (one value
+     for the Hopper kernel, which plans its own shares), and the built-in
+     default, timed side by side in the same run.
 A bucket keeps a tuned config only where it beats the default by
 ``--margin``; the table records both times either way.
 
@@ -271,7 +272,7 @@ def tune_entry(
             raise RuntimeError(f"{key} batch {bs}: the built-in default {default} failed")
         best, best_us = default, default_us
         for tile in finalists:
-            for splits in split_candidates(heads, bs, tile.BLOCK_H, arch):
+            for splits in split_candidates(heads, bs, tile.BLOCK_H, arch, tile.kernel):
                 cand = tile.with_splits(splits)
                 if cand == default:
                     continue

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from mla_verify import kernel_sm90
 from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
     default_config,
+    default_num_kv_splits,
     for_separate_v,
     hopper_config,
     runs_score_value,
+    split_candidates,
     tile_candidates,
 )
 
@@ -89,3 +92,15 @@ def test_score_value_schedule_runs_for_bf16_kv_only(kernel, kv_dtype, runs):
 def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():
     config = for_separate_v(hopper_config(16, 4, 32))
     assert (config.kernel, config.BLOCK_N, config.num_stages) == ("triton", 32, 1)
+
+
+@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+@pytest.mark.parametrize("kernel", HOPPER_KERNELS)
+def test_tuner_times_one_split_count_for_the_hopper_kernel(kernel):
+    # The Hopper kernel plans its own shares and ignores NUM_KV_SPLITS: the
+    # tuner must not time the same launch once per split count.
+    assert split_candidates(16, 8, 16, "sm90", kernel) == [
+        default_num_kv_splits(16, 8, 16, 64, "sm90")
+    ]
+    assert len(split_candidates(16, 8, 16, "sm90", "triton")) > 1
+    assert len(split_candidates(16, 8, 16, "gfx950", kernel)) > 1  # the Triton kernel runs there
