@@ -80,6 +80,16 @@ def _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _prefix_lens(KV_INDPTR, offs_b, mask_b):
+    # Prefix lengths of requests offs_b (0 where masked), in int32 whatever
+    # the index dtype: loop-carried types must not change.
+    lens = tl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - tl.load(
+        KV_INDPTR + offs_b, mask=mask_b, other=0
+    )
+    return lens.to(tl.int32)
+
+
+@triton.jit
 def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
     # Over requests b < limit: how many own units that end at or before
     # `work` (so, the request that owns unit `work`), and those units' count.
@@ -89,11 +99,7 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
     for start in range(0, limit, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < limit
-        lens = tl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - tl.load(
-            KV_INDPTR + offs_b, mask=mask_b, other=0
-        )
-        lens = lens.to(tl.int32)
-        units = tl.cdiv(lens, chunk)
+        units = tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), chunk)
         ends = done + tl.cumsum(units, 0)
         before = (ends <= work) & mask_b
         owner += tl.sum(before.to(tl.int32), 0)
@@ -112,10 +118,8 @@ def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: 
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
-        lens = tl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - tl.load(
-            KV_INDPTR + offs_b, mask=mask_b, other=0
-        )
-        positions = tl.where(mask_b, tl.cdiv(lens.to(tl.int32), TOKENS) + 1, 0)
+        lens = _prefix_lens(KV_INDPTR, offs_b, mask_b)
+        positions = tl.where(mask_b, tl.cdiv(lens, TOKENS) + 1, 0)
         before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
         total += tl.sum(positions, 0)
     return before, total
