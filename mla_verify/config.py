@@ -113,6 +113,10 @@ class VerifyConfig:
                    other KV dtypes run "gluon_sm90"); calls the Hopper
                    kernel cannot compute run the Triton kernel with the same
                    tile
+    MIN_SHARE      Hopper kernel only: prefix tiles (plus one for a
+                   request's drafts) a CTA's share of the batch holds at
+                   least; a small batch then runs on fewer CTAs, with fewer
+                   partials to merge. None: the kernel's default
     """
 
     BLOCK_H: int
@@ -124,6 +128,7 @@ class VerifyConfig:
     matrix_instr_nonkdim: int | None = None
     kpack: int | None = None
     kernel: str = "triton"
+    MIN_SHARE: int | None = None
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, expected: str) -> None:
@@ -146,6 +151,16 @@ class VerifyConfig:
             "an int in 1..6",
         )
         check("kernel", self.kernel in KERNELS, f"one of {KERNELS}")
+        check(
+            "MIN_SHARE",
+            self.MIN_SHARE is None
+            or (
+                self.kernel in HOPPER_KERNELS
+                and isinstance(self.MIN_SHARE, int)
+                and 1 <= self.MIN_SHARE <= 1024
+            ),
+            f"None, or an int in 1..1024 with kernel in {HOPPER_KERNELS}",
+        )
         if self.kernel in HOPPER_KERNELS:
             # The Hopper kernel's tile is fixed; the fields say so, and they
             # are the Triton fallback's tile too.
@@ -181,6 +196,9 @@ class VerifyConfig:
 
     def with_splits(self, num_kv_splits: int) -> VerifyConfig:
         return dataclasses.replace(self, NUM_KV_SPLITS=num_kv_splits)
+
+    def with_min_share(self, min_share: int | None) -> VerifyConfig:
+        return dataclasses.replace(self, MIN_SHARE=min_share)
 
 
 def units_for_chunks(chunks: int) -> int:
@@ -285,15 +303,19 @@ def tile_candidates(
     num_heads: int, draft_len: int, arch: str, kv_dtype: str = "bf16"
 ) -> list[VerifyConfig]:
     """Stage-1 tile shapes the tuner tries (NUM_KV_SPLITS left at 1; the
-    tuner searches splits separately): the Hopper kernel's schedules where
-    they apply (sm90; columns for bf16 or fp8 e4m3 KV, score/value for bf16),
-    and Triton tiles pruned where the answer is known: accumulator registers
-    and shared memory for the KV ring."""
+    tuner searches splits separately). On sm90, where the Hopper kernel
+    runs (bf16 or fp8 e4m3 KV), only its schedules: columns, and
+    score/value for bf16; Triton tiles won none of the 864 buckets of the
+    2026-11-29 tables (BENCHMARKS.md). Elsewhere Triton tiles, pruned where
+    the answer is known: accumulator registers and shared memory for the KV
+    ring."""
     out: list[VerifyConfig] = []
     if arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES and draft_len <= MAX_ROWS:
         out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
         if runs_score_value("gluon_sm90_sv", kv_dtype):
             out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
+        if kernel_sm90.AVAILABLE:
+            return out
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)
     for block_h in block_hs:
@@ -335,3 +357,19 @@ def split_candidates(
     for waves in (0.5, 1, 2, 3, 4):
         cands.add(units_for_chunks(round(sms * waves / programs)))
     return sorted(cands)
+
+
+# Share floors the tuner tries on top of the kernel's default (None, 4):
+# the best floor of small batches ranged over 1-4 on the H200 (2026-11-29,
+# BENCHMARKS.md), and 8 cuts the merge further on a single request.
+MIN_SHARE_CANDIDATES = (2, 8)
+
+
+def min_share_candidates(arch: str, kernel: str) -> list[int | None]:
+    """MIN_SHARE values worth timing: the default alone, except for the
+    Hopper kernel on sm90, whose small batches run on more, shorter shares
+    with a lower floor (more CTAs, more partials to merge) or on fewer,
+    longer ones with a higher floor."""
+    if kernel in HOPPER_KERNELS and arch == "sm90" and kernel_sm90.AVAILABLE:
+        return [None, *MIN_SHARE_CANDIDATES]
+    return [None]

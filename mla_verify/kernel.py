@@ -60,12 +60,21 @@ D_NOPE = 512
 D_ROPE = 64
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
-# Stage 2: one program per (request, head), all 512 columns, unpipelined:
-# measured fastest on the H200 (BENCHMARKS.md). Splitting the columns repeats
-# the draft block and the plan; pipelining the unit loop, and blocks of heads
-# per program, never paid. Its unit loop takes 16 // next_pow2(L) units per
-# load (the slots of _merge_extend_kernel).
+# Stage 2 after the Triton kernel: one program per (request, head), all 512
+# columns, unpipelined: measured fastest on the H200 (BENCHMARKS.md).
+# Splitting the columns repeats the draft block and the plan; pipelining the
+# unit loop, and blocks of heads per program, never paid. Its unit loop takes
+# 16 // next_pow2(L) units per load (the slots of _merge_pieces).
 MERGE_WARPS = 4
+# fp32 elements of one load of stage 2 after the shares (its tile: pieces x
+# drafts rows, a block of columns): 16 a thread. The units' merge tile of
+# 8192 took 168-255 registers (ptxas, sm90), two or three programs an SM for
+# a merge of a few small pieces bound by latency.
+MERGE_SHARES_TILE = 2048
+# (request x head pairs at most, column blocks) of stage 2 after the shares:
+# the fastest blocking of 17 shapes on the H200 (2026-11-29, BENCHMARKS.md),
+# 256-4096 programs in all; past 4096 pairs, one block.
+MERGE_COLUMN_BLOCKS = ((32, 16), (128, 8), (1024, 4), (4096, 2))
 
 
 @triton.jit
@@ -228,7 +237,64 @@ def _prefix_kernel(
     tl.store(PART_LSE + part_row, m_i + tl.log2(l_i), mask=mask_m)
 
 
-@triton.jit(do_not_specialize=["batch_size", "num_kv_splits", "share_ctas"])
+@triton.jit
+def _merge_pieces(
+    PART_O,
+    PART_LSE,
+    head,
+    num_heads,
+    first,
+    later,
+    step,
+    num_pieces,
+    col0,
+    DRAFT_LEN: tl.constexpr,
+    L_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    D_BLOCK: tl.constexpr,
+    D_NOPE: tl.constexpr,
+):
+    # Merges a request's partials ("pieces"; log2-sum-exp2 weights) for one
+    # head, columns col0 .. col0 + D_BLOCK - 1: piece 0 is at partial slot
+    # `first`, piece j > 0 at later + step * j. Row r of the tile is draft
+    # r % L_PAD of slot r // L_PAD; each slot merges every SLOTS-th piece, so
+    # one load fetches SLOTS pieces and the loop (a chain of L2 round trips
+    # on a long request) is SLOTS times shorter. Returns the running max,
+    # sum and values of drafts 0 .. L_PAD - 1: [L_PAD], [L_PAD], [L_PAD, D_BLOCK].
+    SLOTS: tl.constexpr = ROWS // L_PAD
+    offs_r = tl.arange(0, ROWS)
+    slot = offs_r // L_PAD
+    draft = offs_r % L_PAD
+    offs_d = col0 + tl.arange(0, D_BLOCK)
+    m_r = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_r = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, D_BLOCK], dtype=tl.float32)
+    for piece0 in range(0, num_pieces, SLOTS):
+        piece = piece0 + slot
+        valid = (draft < DRAFT_LEN) & (piece < num_pieces)
+        part = tl.where(piece == 0, first, later + step * piece)
+        part_row = ((part * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
+        lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
+        part = tl.load(
+            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=valid[:, None], other=0.0
+        )
+        m_new = tl.maximum(m_r, lse)
+        # A slot with no piece yet keeps m = -inf: shift by 0 there, not NaN.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_r - shift)
+        w = tl.exp2(lse - shift)
+        acc = acc * alpha[:, None] + w[:, None] * part
+        l_r = l_r * alpha + w
+        m_r = m_new
+    m_slots = tl.reshape(m_r, [SLOTS, L_PAD])
+    m_i = tl.max(m_slots, 0)
+    w_slots = tl.exp2(m_slots - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+    l_i = tl.sum(tl.reshape(l_r, [SLOTS, L_PAD]) * w_slots, 0)
+    acc = tl.sum(tl.reshape(acc, [SLOTS, L_PAD, D_BLOCK]) * w_slots[:, :, None], 0)
+    return m_i, l_i, acc
+
+
+@triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
 def _merge_extend_kernel(
     Q,
     K_EXT,
@@ -247,7 +313,6 @@ def _merge_extend_kernel(
     num_heads,
     batch_size,
     num_kv_splits,
-    share_ctas,
     ext_scale,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
@@ -256,105 +321,129 @@ def _merge_extend_kernel(
     BLOCK_B: tl.constexpr,
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
-    SHARES: tl.constexpr,
-    MIN_SHARE: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
+    # After the Triton kernel: the request's unit partials (at slots first
+    # .. first + pieces - 1, the plan stage 1 followed), then the drafts.
     req = tl.program_id(0)
     head = tl.program_id(1)
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
-    # The request's partials ("pieces"): piece j is at partial slot
-    # first + j (units plan), or, after the Hopper kernel's shares, at the
-    # slot of the j-th CTA whose range holds part of the request.
-    first = 0
-    c0 = 0
-    if SHARES:
-        # Positions base .. base + n - 1 are the request's (drafts
-        # included: stage 1 added them). CTA c's range begins at c * total
-        # // ctas, so the CTA that holds position p is ((p + 1) * ctas - 1)
-        # // total (int64: the products pass 2^31 on large batches).
-        base, total = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, BLOCK_N)
-        ctas = tl.minimum(share_ctas, tl.cdiv(total, MIN_SHARE)).to(tl.int64)
-        n = tl.cdiv(kv_len, BLOCK_N) + 1
-        c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
-        c1 = (((base + n) * ctas - 1) // total).to(tl.int32)
-        if c0 == c1:
-            return  # one CTA held the whole request and wrote its output
-        num_pieces = c1 - c0 + 1
-        # CTA c0's part is its first segment when its range begins with
-        # the request, else its last; the later CTAs' is their first.
-        first = 2 * c0 + ((c0.to(tl.int64) * total // ctas) < base).to(tl.int32)
-    else:
-        chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
-        num_pieces = tl.cdiv(kv_len, chunk)
-        _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
-
-    offs_i = tl.arange(0, BLOCK_L)
-    mask_i = offs_i < DRAFT_LEN
-    offs_d = tl.arange(0, D_NOPE)
-    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
-
-    # Merge the request's pieces (log2-sum-exp2 weights), found by the
-    # plan stage 1 followed. Row r of the tile is draft r % L_PAD of slot
-    # r // L_PAD; each slot merges every SLOTS-th piece, so one load fetches
-    # SLOTS pieces and the loop (a chain of L2 round trips on a long
-    # request) is SLOTS times shorter. The slots are merged at the end.
-    SLOTS: tl.constexpr = BLOCK_L // L_PAD
-    slot = offs_i // L_PAD
-    draft = offs_i % L_PAD
-    m_r = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
-    l_r = tl.zeros([BLOCK_L], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_L, D_NOPE], dtype=tl.float32)
-    for piece0 in range(0, num_pieces, SLOTS):
-        piece = piece0 + slot
-        valid = (draft < DRAFT_LEN) & (piece < num_pieces)
-        part = tl.where(piece == 0, first, 2 * (c0 + piece)) if SHARES else first + piece
-        part_row = ((part * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
-        lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
-        part = tl.load(
-            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=valid[:, None], other=0.0
-        )
-        m_new = tl.maximum(m_r, lse)
-        # A slot with no unit yet keeps m = -inf: shift by 0 there, not NaN.
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_r - shift)
-        w = tl.exp2(lse - shift)
-        acc = acc * alpha[:, None] + w[:, None] * part
-        l_r = l_r * alpha + w
-        m_r = m_new
-    m_slots = tl.reshape(m_r, [SLOTS, L_PAD])
-    m_i = tl.max(m_slots, 0)
-    w_slots = tl.exp2(m_slots - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-    l_i = tl.sum(tl.reshape(l_r, [SLOTS, L_PAD]) * w_slots, 0)
-    acc = tl.sum(tl.reshape(acc, [SLOTS, L_PAD, D_NOPE]) * w_slots[:, :, None], 0)
+    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
+    num_pieces = tl.cdiv(kv_len, chunk)
+    _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
+    m_i, l_i, acc = _merge_pieces(
+        PART_O,
+        PART_LSE,
+        head,
+        num_heads,
+        first,
+        first,
+        1,
+        num_pieces,
+        0,
+        DRAFT_LEN,
+        L_PAD,
+        BLOCK_L,
+        D_NOPE,
+        D_NOPE,
+    )
     # Back to BLOCK_L rows, row r holding draft r % L_PAD (rows >= DRAFT_LEN
     # are padding): the shape the draft block's dots need.
+    SLOTS: tl.constexpr = BLOCK_L // L_PAD
     m_i = tl.reshape(tl.broadcast_to(m_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     l_i = tl.reshape(tl.broadcast_to(l_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_NOPE]), [BLOCK_L, D_NOPE])
-    if not SHARES:  # the shares' pieces include the drafts
-        acc, l_i = _add_drafts(
-            Q,
-            K_EXT,
-            V_EXT,
-            q_row,
-            head,
-            stride_q_tok,
-            stride_q_head,
-            stride_ke_tok,
-            stride_ve_tok,
-            ext_scale,
-            acc,
-            m_i,
-            l_i,
-            DRAFT_LEN,
-            BLOCK_L,
-            D_NOPE,
-            D_ROPE,
-            DOT_FP32,
-        )
+    offs_i = tl.arange(0, BLOCK_L)
+    mask_i = offs_i < DRAFT_LEN
+    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+    acc, l_i = _add_drafts(
+        Q,
+        K_EXT,
+        V_EXT,
+        q_row,
+        head,
+        stride_q_tok,
+        stride_q_head,
+        stride_ke_tok,
+        stride_ve_tok,
+        ext_scale,
+        acc,
+        m_i,
+        l_i,
+        DRAFT_LEN,
+        BLOCK_L,
+        D_NOPE,
+        D_ROPE,
+        DOT_FP32,
+    )
+    offs_d = tl.arange(0, D_NOPE)
     ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
     tl.store(ptr_o, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_i[:, None])
+
+
+@triton.jit(do_not_specialize=["batch_size", "share_ctas", "min_share"])
+def _merge_shares_kernel(
+    O,
+    QO_INDPTR,
+    KV_INDPTR,
+    PART_O,
+    PART_LSE,
+    stride_o_tok,
+    stride_o_head,
+    num_heads,
+    batch_size,
+    share_ctas,
+    min_share,
+    DRAFT_LEN: tl.constexpr,
+    L_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    D_BLOCK: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    TOKENS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    # After the Hopper kernel's shares: the partials of a request that
+    # several shares hold (drafts included), columns of block program_id(2).
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    col0 = tl.program_id(2) * D_BLOCK
+    # Positions base .. base + n - 1 are the request's. CTA c's range
+    # begins at c * total // ctas, so the CTA that holds position p is
+    # ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on large
+    # batches).
+    base, total = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, TOKENS)
+    ctas = tl.minimum(share_ctas, tl.cdiv(total, min_share)).to(tl.int64)
+    kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
+    n = tl.cdiv(kv_len, TOKENS) + 1
+    c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
+    c1 = (((base + n) * ctas - 1) // total).to(tl.int32)
+    if c0 != c1:  # else one CTA held the whole request and wrote its output
+        # CTA c0's part is its first segment when its range begins with the
+        # request, else its last (slot 2 c0 + 1); the later CTAs' is their
+        # first (slot 2 c).
+        first = 2 * c0 + ((c0.to(tl.int64) * total // ctas) < base).to(tl.int32)
+        _, l_i, acc = _merge_pieces(
+            PART_O,
+            PART_LSE,
+            head,
+            num_heads,
+            first,
+            2 * c0,
+            2,
+            c1 - c0 + 1,
+            col0,
+            DRAFT_LEN,
+            L_PAD,
+            ROWS,
+            D_BLOCK,
+            D_NOPE,
+        )
+        offs_i = tl.arange(0, L_PAD)
+        q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+        offs_d = col0 + tl.arange(0, D_BLOCK)
+        ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
+        out = (acc / l_i[:, None]).to(O.dtype.element_ty)
+        tl.store(ptr_o, out, mask=(offs_i < DRAFT_LEN)[:, None])
 
 
 @triton.jit
@@ -440,7 +529,8 @@ def _jitted(namespace: dict) -> list:
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
         [_kernel_source(fn) for fn in _jitted(globals()) + _jitted(vars(kernel_sm90))]
-        + [repr((PLAN_BLOCK, MERGE_WARPS)), repr(kernel_sm90.SHAPE)]
+        + [repr((PLAN_BLOCK, MERGE_WARPS, MERGE_SHARES_TILE, MERGE_COLUMN_BLOCKS))]
+        + [repr(kernel_sm90.SHAPE)]
     ).encode()
 ).hexdigest()[:16]
 
@@ -496,6 +586,12 @@ def share_ctas(
     if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
         return kernel_sm90.ctas_per_head_block(sm_count(q.device), q.shape[1], config.BLOCK_H)
     return 0
+
+
+def min_share(config: VerifyConfig) -> int:
+    """Positions a share of the Hopper kernel holds at least: the config's,
+    else the kernel's default."""
+    return config.MIN_SHARE or kernel_sm90.DEFAULT_MIN_SHARE
 
 
 def partial_slots(batch_size: int, num_kv_splits: int, share_ctas: int) -> int:
@@ -556,12 +652,24 @@ def launch(
             draft_len=draft_len,
             block_h=config.BLOCK_H,
             ctas=ctas,
+            min_share=min_share(config),
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
             v_scale=v_scale,
             v_extend_from_k=v_is_k_view(k_ext, v_ext),
             plan_block=PLAN_BLOCK,
             score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
+        )
+        launch_merge_shares(
+            o,
+            qo_indptr,
+            kv_indptr,
+            part_o,
+            part_lse,
+            batch_size=batch_size,
+            draft_len=draft_len,
+            share_ctas=ctas,
+            min_share=min_share(config),
         )
     else:
         block_m = rows_per_program(config.BLOCK_H, draft_len)
@@ -595,22 +703,21 @@ def launch(
             DOT_FP32=INTERPRETED,
             **config.launch_options(),
         )
-    launch_merge(
-        q,
-        k_ext,
-        v_ext,
-        o,
-        qo_indptr,
-        kv_indptr,
-        part_o,
-        part_lse,
-        batch_size=batch_size,
-        draft_len=draft_len,
-        block_n=kernel_sm90.TOKENS.value if ctas else config.BLOCK_N,
-        num_kv_splits=splits,
-        sm_scale=sm_scale,
-        share_ctas=ctas,
-    )
+        launch_merge(
+            q,
+            k_ext,
+            v_ext,
+            o,
+            qo_indptr,
+            kv_indptr,
+            part_o,
+            part_lse,
+            batch_size=batch_size,
+            draft_len=draft_len,
+            block_n=config.BLOCK_N,
+            num_kv_splits=splits,
+            sm_scale=sm_scale,
+        )
 
 
 def launch_merge(
@@ -628,14 +735,10 @@ def launch_merge(
     block_n: int,
     num_kv_splits: int,
     sm_scale: float,
-    share_ctas: int = 0,
 ) -> None:
-    """Stage 2, writes ``o``: after the Triton kernel (``share_ctas`` 0),
-    merges each request's unit partials (the plan of stage 1 with
-    ``block_n``) and adds the drafts; after the Hopper kernel's shares
-    (``share_ctas`` per head block, ``block_n`` its tile), merges the
-    requests that several shares hold (drafts included) and leaves the
-    others, which stage 1 wrote."""
+    """Stage 2 after the Triton kernel, writes ``o``: merges each request's
+    unit partials (the plan of stage 1 with ``block_n``) and adds the
+    drafts."""
     num_heads = q.shape[1]
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
@@ -655,7 +758,6 @@ def launch_merge(
         num_heads,
         batch_size,
         num_kv_splits,
-        share_ctas,
         sm_scale * LOG2E,
         DRAFT_LEN=draft_len,
         L_PAD=triton_next_pow2(draft_len),
@@ -664,9 +766,60 @@ def launch_merge(
         BLOCK_B=PLAN_BLOCK,
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
-        SHARES=share_ctas > 0,
-        MIN_SHARE=kernel_sm90.MIN_SHARE.value,
         DOT_FP32=INTERPRETED,
+        num_warps=MERGE_WARPS,
+        num_stages=1,
+    )
+
+
+def merge_column_blocks(batch_size: int, num_heads: int) -> int:
+    """Column blocks of stage 2 after the Hopper kernel's shares: more
+    blocks give each program a narrower tile with more pieces per load (a
+    shorter chain on a request over many shares) and more programs to hide
+    latency, but multiply the programs that find their request whole and
+    return."""
+    pairs = batch_size * num_heads
+    return next((blocks for limit, blocks in MERGE_COLUMN_BLOCKS if pairs <= limit), 1)
+
+
+def launch_merge_shares(
+    o: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    *,
+    batch_size: int,
+    draft_len: int,
+    share_ctas: int,
+    min_share: int,
+) -> None:
+    """Stage 2 after the Hopper kernel's shares (``share_ctas`` per head
+    block, of ``min_share`` positions at least), writes ``o``: merges the
+    requests that several shares hold (drafts included) and leaves the
+    others, which stage 1 wrote."""
+    num_heads = o.shape[1]
+    blocks = merge_column_blocks(batch_size, num_heads)
+    l_pad = triton_next_pow2(draft_len)
+    _merge_shares_kernel[(batch_size, num_heads, blocks)](
+        o,
+        qo_indptr,
+        kv_indptr,
+        part_o,
+        part_lse,
+        o.stride(0),
+        o.stride(1),
+        num_heads,
+        batch_size,
+        share_ctas,
+        min_share,
+        DRAFT_LEN=draft_len,
+        L_PAD=l_pad,
+        ROWS=max(l_pad, MERGE_SHARES_TILE * blocks // D_NOPE),
+        D_BLOCK=D_NOPE // blocks,
+        D_NOPE=D_NOPE,
+        TOKENS=kernel_sm90.TOKENS.value,
+        BLOCK_B=PLAN_BLOCK,
         num_warps=MERGE_WARPS,
         num_stages=1,
     )

@@ -37,7 +37,7 @@ The work is cut in balanced shares, as a persistent grid: each head block
 gets one wave of CTAs (`ctas_per_head_block`), and the batch's positions
 (each request's prefix tiles, then one for its drafts) are cut into that
 many equal ranges of consecutive positions (fewer on a small batch: at
-least MIN_SHARE positions each), from kv_indptr on the device
+least ``min_share`` positions each), from kv_indptr on the device
 (no host sync). A CTA runs its range request by request ("segments"); the
 ring runs on across them, so the next request's first tiles arrive while
 the consumers finish one, and each segment's query rows are staged by the
@@ -94,10 +94,11 @@ STAGES = constexpr(2)
 CONSUMER_WARPS = constexpr(8)  # the columns schedule's consumer partition
 WARPGROUP = constexpr(4)  # warps of one warpgroup (the score/value partitions)
 PRODUCER_WARPS = constexpr(4)
-# Positions a share holds at least: on a small batch, one wave of shares of
+# Positions a share holds at least, where a config names none (a runtime
+# argument: the tuner searches it). On a small batch, one wave of shares of
 # a tile or two each left stage 2 a merge of over 100 partials a request
 # (0.6x the time of the earlier plan on one 16K request, H16 L4).
-MIN_SHARE = constexpr(4)
+DEFAULT_MIN_SHARE = 4
 # The producer holds two tiles' slot indices (this tile's and the next's):
 # with 56 registers it spilled them (1.14-1.22x the time without the
 # prefetch); with 88 the prefetch is 3-14% faster (BENCHMARKS.md).
@@ -1015,7 +1016,7 @@ if AVAILABLE:
             row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
             gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
-    @gluon.jit(do_not_specialize=["batch_size"])
+    @gluon.jit(do_not_specialize=["batch_size", "min_share"])
     def _prefix_kernel_sm90(
         Q,
         K_BUF,
@@ -1036,6 +1037,7 @@ if AVAILABLE:
         stride_o_head,
         num_heads,
         batch_size,
+        min_share,
         score_scale,
         draft_scale,
         v_scale,
@@ -1054,11 +1056,11 @@ if AVAILABLE:
         cta = gl.program_id(1)
         plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
         # The share (module docstring): the batch's positions, cut into
-        # equal ranges, one per CTA, of MIN_SHARE positions at least.
+        # equal ranges, one per CTA, of min_share positions at least.
         total = 0
         for start in range(0, batch_size, BLOCK_B):
             total += gl.sum(_positions(KV_INDPTR, start, batch_size, BLOCK_B, plan_layout), 0)
-        ctas = gl.minimum(gl.num_programs(1), (total + MIN_SHARE - 1) // MIN_SHARE)
+        ctas = gl.minimum(gl.num_programs(1), (total + min_share - 1) // min_share)
         if cta < ctas:
             s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
             s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
@@ -1241,7 +1243,7 @@ SHAPE = (
     CONSUMER_WARPS.value,
     PRODUCER_WARPS.value,
     PRODUCER_REGS.value,
-    MIN_SHARE.value,
+    DEFAULT_MIN_SHARE,
     MAX_REGS,
     WARPGROUP.value,
     VALUE_REGS.value,
@@ -1284,6 +1286,7 @@ def launch_prefix(
     draft_len: int,
     block_h: int,
     ctas: int,
+    min_share: int,
     score_scale: float,
     draft_scale: float,
     v_scale: float,
@@ -1291,8 +1294,9 @@ def launch_prefix(
     plan_block: int,
     score_value: bool,
 ) -> None:
-    """Stage 1 on sm90 with ``ctas`` shares per head block: writes the output
-    of every request a share holds whole, and the partials (prefix values
+    """Stage 1 on sm90 with ``ctas`` shares per head block, each of at least
+    ``min_share`` positions (fewer shares on a small batch): writes the
+    output of every request a share holds whole, and the partials (prefix values
     scaled by ``v_scale``, drafts included) of the others, ``part_o`` /
     ``part_lse`` rows ``(slot, head, draft)`` for ``partial_slots(ctas)``
     slots. ``score_value`` picks that schedule (bf16 KV only, see
@@ -1321,6 +1325,7 @@ def launch_prefix(
         o.stride(1),
         num_heads,
         batch_size,
+        min_share,
         score_scale,
         draft_scale,
         v_scale,

@@ -7,7 +7,9 @@ Per (heads H, draft length L, KV dtype) entry the search runs in two steps:
      each with the default split rule; the fastest ``--top-k`` go on;
   2. per batch bucket: those tiles x ``config.split_candidates`` (one value
      for the Hopper kernel, which plans its own shares), and the built-in
-     default, timed side by side in the same run.
+     default, timed side by side in the same run; then the fastest with
+     each of ``config.min_share_candidates`` (the Hopper kernel's share
+     floor).
 A bucket keeps a tuned config only where it beats the default by
 ``--margin``; the table records both times either way.
 
@@ -44,6 +46,7 @@ from .config import (
     default_num_kv_splits,
     kv_dtype_from_name,
     kv_dtype_name,
+    min_share_candidates,
     reported_amd_config,
     rows_per_program,
     split_candidates,
@@ -279,6 +282,12 @@ def tune_entry(
                 t = check_and_time(cand, problems, timer)
                 if t is not None and t < best_us:
                     best, best_us = cand, t
+        # Then the share floor of the fastest (the Hopper kernel's only).
+        for floor in min_share_candidates(arch, best.kernel)[1:]:
+            cand = best.with_min_share(floor)
+            t = check_and_time(cand, problems, timer)
+            if t is not None and t < best_us:
+                best, best_us = cand, t
         if best_us > default_us * (1 - margin):
             best, best_us = default, default_us
         on_bucket(

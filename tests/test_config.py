@@ -12,6 +12,7 @@ from mla_verify.config import (
     default_num_kv_splits,
     for_separate_v,
     hopper_config,
+    min_share_candidates,
     runs_score_value,
     split_candidates,
     tile_candidates,
@@ -68,10 +69,24 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
     assert hopper_kernels("sm90", "fp8_e4m3") == ["gluon_sm90"]
     assert hopper_kernels("sm90", "fp16") == []
     assert hopper_kernels("gfx950", "bf16") == []
-    assert (
-        len(tile_candidates(16, 4, "sm90", "bf16"))
-        == len(tile_candidates(16, 4, "sm90", "fp16")) + 2
-    )
+
+
+@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+def test_sm90_search_leaves_out_triton_tiles_where_the_hopper_kernel_runs():
+    kernels = lambda dtype: {c.kernel for c in tile_candidates(16, 4, "sm90", dtype)}  # noqa: E731
+    assert kernels("bf16") == {"gluon_sm90", "gluon_sm90_sv"}
+    assert kernels("fp8_e4m3") == {"gluon_sm90"}
+    assert kernels("fp16") == {"triton"}  # the Hopper kernel takes bf16 q and bf16/fp8 KV
+    assert "triton" in {c.kernel for c in tile_candidates(16, 4, "sm80", "bf16")}
+
+
+@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+@pytest.mark.parametrize("kernel", HOPPER_KERNELS)
+def test_tuner_searches_the_share_floor_of_the_hopper_kernel_only(kernel):
+    floors = min_share_candidates("sm90", kernel)
+    assert floors[0] is None and len(floors) > 1  # the default first, then larger floors
+    assert min_share_candidates("sm90", "triton") == [None]
+    assert min_share_candidates("gfx950", kernel) == [None]  # the Triton kernel runs there
 
 
 @pytest.mark.parametrize(

@@ -108,22 +108,31 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
+@pytest.mark.parametrize("column_blocks", [1, 4, 16])
 @pytest.mark.parametrize(
-    "draft_len,ctas,prefix_lens,expected_pieces",
+    "draft_len,ctas,min_share,prefix_lens,expected_pieces",
     [
-        (2, 5, [0, 130, 7, 64, 300], [1, 2, 1, 1, 2]),
+        (2, 5, 4, [0, 130, 7, 64, 300], [1, 2, 1, 1, 2]),
         # One request over every share, more of them than the merge's
-        # slots (16 // next_pow2(L)), so each slot merges several.
-        (3, 12, [2000], [9]),
-        (1, 40, [6000], [24]),
-        (1, 40, [10, 0, 5], [1, 1, 1]),  # too few positions for two shares
-        (4, 3, [64] * 7, [1, 1, 1, 1, 2, 1, 1]),
+        # slots (16 // next_pow2(L) a column block of 512), so each slot
+        # merges several.
+        (3, 12, 4, [2000], [9]),
+        (1, 40, 4, [6000], [24]),
+        (8, 30, 1, [1900], [30]),
+        (1, 40, 4, [10, 0, 5], [1, 1, 1]),  # too few positions for two shares
+        (1, 40, 2, [10, 0, 5], [2, 1, 1]),
+        (4, 3, 4, [64] * 7, [1, 1, 1, 1, 2, 1, 1]),
+        (4, 10, 16, [64] * 7, [1, 1, 1, 1, 1, 1, 1]),
     ],
 )
-def test_merge_after_shares(draft_len, ctas, prefix_lens, expected_pieces, device):
+def test_merge_after_shares(
+    draft_len, ctas, min_share, prefix_lens, expected_pieces, column_blocks, device, monkeypatch
+):
     """Stage 2 after the Hopper kernel's balanced shares: it merges the
     partials of each request that several shares hold (drafts included, so
-    it adds none) and leaves the others, which stage 1 writes, untouched."""
+    it adds none) and leaves the others, which stage 1 writes, untouched;
+    the same in every column blocking."""
+    monkeypatch.setattr(kernel, "merge_column_blocks", lambda *_: column_blocks)
     heads, tokens = 3, kernel_sm90.TOKENS.value
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     # The plan, derived here independently: each request's prefix tiles and
@@ -132,7 +141,7 @@ def test_merge_after_shares(draft_len, ctas, prefix_lens, expected_pieces, devic
     # a later one at 2c + 1.
     positions = [-(-n // tokens) + 1 for n in prefix_lens]
     total = sum(positions)
-    used = min(ctas, -(-total // kernel_sm90.MIN_SHARE.value))
+    used = min(ctas, -(-total // min_share))
     starts = [c * total // used for c in range(used + 1)]
 
     def share_of(p: int) -> int:
@@ -149,10 +158,7 @@ def test_merge_after_shares(draft_len, ctas, prefix_lens, expected_pieces, devic
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
     out = batch.new_output()
-    kernel.launch_merge(
-        batch.q,
-        batch.k_extend,
-        batch.v_extend,
+    kernel.launch_merge_shares(
         out,
         batch.qo_indptr,
         batch.kv_indptr,
@@ -160,10 +166,8 @@ def test_merge_after_shares(draft_len, ctas, prefix_lens, expected_pieces, devic
         part_lse,
         batch_size=batch.batch_size,
         draft_len=draft_len,
-        block_n=tokens,
-        num_kv_splits=1,
-        sm_scale=batch.sm_scale,
         share_ctas=ctas,
+        min_share=min_share,
     )
 
     for b, slots in enumerate(pieces):
@@ -313,7 +317,9 @@ HOPPER_KV = {
     GPU_SHAPES,
     ids=[f"H{h}_L{l}_bs{len(p)}_max{max(p)}" for h, l, p in GPU_SHAPES],
 )
-def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens, kv, schedule):
+def test_gpu_hopper_kernel_matches_reference(
+    heads, draft_len, prefix_lens, kv, schedule, monkeypatch
+):
     batch = make_batch(
         heads,
         draft_len,
@@ -325,17 +331,31 @@ def test_gpu_hopper_kernel_matches_reference(heads, draft_len, prefix_lens, kv, 
     # The call must take the Gluon kernel, not the Triton fallback.
     assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
     ref = batch.reference()
-    for splits in (1, 2, 9):
-        config = hopper_config(heads, draft_len, len(prefix_lens), schedule).with_splits(splits)
-        _poison_workspace("cuda")
-        out = batch.new_output()
-        assert batch.run(out, config) is True
-        check_close(out, ref, what=str(config))
+    for sms, min_share in SHARE_PLANS:
+        _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
+
+
+# (multiprocessors, share floor): the device's with the default floor, and
+# plans that cut the batch finer (many small shares, most requests split)
+# and coarser (few shares, most requests whole).
+SHARE_PLANS = [(None, None), (7, 1), (None, 16)]
+
+
+def _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch):
+    if sms is not None:
+        monkeypatch.setattr(kernel, "sm_count", lambda device: sms)
+    config = hopper_config(batch.num_heads, batch.draft_len, batch.batch_size, schedule)
+    config = config.with_min_share(min_share)
+    _poison_workspace("cuda")
+    out = batch.new_output()
+    assert batch.run(out, config) is True
+    check_close(out, ref, what=f"{config}, {sms} SMs")
+    monkeypatch.undo()
 
 
 # How a call hands its drafts to the Hopper kernel: v_extend a tensor of its
 # own (SGLang) or a view of k_extend; k_scale and v_scale scale the prefix
-# only; with fp8 KV stage 2 adds the drafts.
+# only; with fp8 KV the consumers load the drafts themselves.
 DRAFT_VARIANTS = {
     "v_extend_view": {"v_extend_from_k": True},
     "k_scale": {"k_scale": 0.5},
@@ -354,16 +374,14 @@ DRAFT_VARIANTS = {
     [(16, 4, [3000, 1, 0, 700]), (128, 2, [64, 5000]), (8, 8, [130] * 5)],
     ids=["H16_L4_ragged", "H128_L2", "H8_L8"],
 )
-def test_gpu_hopper_kernel_draft_variants(heads, draft_len, prefix_lens, variant, schedule):
+def test_gpu_hopper_kernel_draft_variants(
+    heads, draft_len, prefix_lens, variant, schedule, monkeypatch
+):
     batch = make_batch(heads, draft_len, prefix_lens, device="cuda", **DRAFT_VARIANTS[variant])
     assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
     ref = batch.reference()
-    for splits in (1, 4):
-        config = hopper_config(heads, draft_len, len(prefix_lens), schedule).with_splits(splits)
-        _poison_workspace("cuda")
-        out = batch.new_output()
-        assert batch.run(out, config) is True
-        check_close(out, ref, what=f"{variant}, {config}")
+    for sms, min_share in SHARE_PLANS:
+        _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
 
 
 if kernel_sm90.AVAILABLE:

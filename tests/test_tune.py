@@ -93,14 +93,14 @@ def test_tiny_tune_writes_a_table_the_lookup_reads(table_env, device):
 
 
 def test_tuned_hopper_kernel_round_trips_through_the_table(table_env, device):
-    """An sm90 search offers the Gluon kernel; a table that picks it writes,
-    validates and reads back (on CPU the config runs the Triton fallback)."""
-    prefers_triton_tiles = lambda config, batches: 80.0 - 40 * (config.kernel == "triton")  # noqa: E731
-    results = run(TINY, table_env, device, timer=prefers_triton_tiles, arch="sm90")
-    assert all(r.config.kernel == "triton" for r in results)
-    prefers_hopper = lambda config, batches: 80.0 - 40 * (config.kernel == "gluon_sm90")  # noqa: E731
-    results = run([*TINY, "--redo"], table_env, device, timer=prefers_hopper, arch="sm90")
-    assert [r.config.kernel for r in results] == ["gluon_sm90"] * 2
+    """An sm90 search offers the Gluon kernel and its share floors; a table
+    that picks them writes, validates and reads back (on CPU the config runs
+    the Triton fallback)."""
+    prefers_columns_floor_16 = lambda config, batches: (  # noqa: E731
+        80.0 - 40 * (config.kernel == "gluon_sm90") - 10 * (config.MIN_SHARE == 16)
+    )
+    results = run(TINY, table_env, device, timer=prefers_columns_floor_16, arch="sm90")
+    assert [(r.config.kernel, r.config.MIN_SHARE) for r in results] == [("gluon_sm90", 16)] * 2
     table = json.loads((table_env / "sm90.json").read_text())
     tables.validate_table(table, expected_arch="sm90")
     lookup.reload_tables()
