@@ -295,7 +295,7 @@ def for_separate_v(config: VerifyConfig) -> VerifyConfig:
     """
     # The Triton kernel: the Hopper one reads V from the K tile by design.
     return dataclasses.replace(
-        config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32), kernel="triton"
+        config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32), kernel="triton", MIN_SHARE=None
     )
 
 

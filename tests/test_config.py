@@ -105,8 +105,9 @@ def test_score_value_schedule_runs_for_bf16_kv_only(kernel, kv_dtype, runs):
 
 
 def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():
-    config = for_separate_v(hopper_config(16, 4, 32))
+    config = for_separate_v(hopper_config(16, 4, 32).with_min_share(2))
     assert (config.kernel, config.BLOCK_N, config.num_stages) == ("triton", 32, 1)
+    assert config.MIN_SHARE is None  # a Hopper-only field
 
 
 @pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
