@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mla_verify import lookup, tables, tune
-from mla_verify.config import VerifyConfig
+from mla_verify.config import MIN_SHARE_CANDIDATES, VerifyConfig
 from mla_verify.kernel import KERNEL_HASH
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,11 +96,12 @@ def test_tuned_hopper_kernel_round_trips_through_the_table(table_env, device):
     """An sm90 search offers the Gluon kernel and its share floors; a table
     that picks them writes, validates and reads back (on CPU the config runs
     the Triton fallback)."""
-    prefers_columns_floor_16 = lambda config, batches: (  # noqa: E731
-        80.0 - 40 * (config.kernel == "gluon_sm90") - 10 * (config.MIN_SHARE == 16)
+    floor = MIN_SHARE_CANDIDATES[-1]
+    prefers_columns_and_floor = lambda config, batches: (  # noqa: E731
+        80.0 - 40 * (config.kernel == "gluon_sm90") - 10 * (config.MIN_SHARE == floor)
     )
-    results = run(TINY, table_env, device, timer=prefers_columns_floor_16, arch="sm90")
-    assert [(r.config.kernel, r.config.MIN_SHARE) for r in results] == [("gluon_sm90", 16)] * 2
+    results = run(TINY, table_env, device, timer=prefers_columns_and_floor, arch="sm90")
+    assert [(r.config.kernel, r.config.MIN_SHARE) for r in results] == [("gluon_sm90", floor)] * 2
     table = json.loads((table_env / "sm90.json").read_text())
     tables.validate_table(table, expected_arch="sm90")
     lookup.reload_tables()
