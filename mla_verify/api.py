@@ -344,6 +344,7 @@ def verify_mla_fwd(
         k_scale=k_scale,
         v_scale=v_scale,
         config=config,
+        share_ctas=ctas,
     )
     return True
 

@@ -628,15 +628,17 @@ def launch(
     k_scale: float,
     v_scale: float,
     config: VerifyConfig,
+    share_ctas: int,
 ) -> None:
     """Launch both stages. Inputs are trusted (the API validates them);
     ``part_o`` / ``part_lse`` hold at least ``workspace_numel(partial_slots(
-    ...), ...)`` elements. Looks nothing up, allocates nothing, never
+    ...), ...)`` elements. ``share_ctas`` is the function
+    ``share_ctas`` of this call and config: the Hopper kernel's shares per
+    head block, or 0 for the Triton kernel. Looks nothing up, allocates nothing, never
     synchronises."""
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
-    ctas = share_ctas(q, k_buffer, v_buffer, draft_len, config)
-    if ctas:
+    if share_ctas:
         kernel_sm90.launch_prefix(
             q,
             k_buffer,
@@ -651,7 +653,7 @@ def launch(
             batch_size=batch_size,
             draft_len=draft_len,
             block_h=config.BLOCK_H,
-            ctas=ctas,
+            ctas=share_ctas,
             min_share=min_share(config),
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
@@ -668,7 +670,7 @@ def launch(
             part_lse,
             batch_size=batch_size,
             draft_len=draft_len,
-            share_ctas=ctas,
+            share_ctas=share_ctas,
             min_share=min_share(config),
         )
     else:
