@@ -113,10 +113,11 @@ class VerifyConfig:
                    other KV dtypes run "gluon_sm90"); calls the Hopper
                    kernel cannot compute run the Triton kernel with the same
                    tile
-    MIN_SHARE      Hopper kernel only: prefix tiles (plus one for a
-                   request's drafts) a CTA's share of the batch holds at
-                   least; a small batch then runs on fewer CTAs, with fewer
-                   partials to merge. None: the kernel's default
+    MIN_SHARE      Hopper kernel only: positions (prefix tiles, and one
+                   per request for its drafts) each CTA's share of the
+                   batch holds at least; on a small batch a higher floor
+                   runs fewer CTAs and leaves fewer partials to merge, a
+                   lower one more. None: the kernel's default (4)
     """
 
     BLOCK_H: int
@@ -359,9 +360,10 @@ def split_candidates(
     return sorted(cands)
 
 
-# Share floors the tuner tries on top of the kernel's default (None, 4):
-# the best floor of small batches ranged over 1-4 on the H200 (2026-11-29,
-# BENCHMARKS.md), and 8 cuts the merge further on a single request.
+# Share floors the tuner tries on top of the kernel's default (None, 4),
+# one each side: the best floor of small batches ranged over 1-4 on the
+# H200, and 8 won 17 of the 864 buckets of the 2026-11-29 table
+# (BENCHMARKS.md).
 MIN_SHARE_CANDIDATES = (2, 8)
 
 
