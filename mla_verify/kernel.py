@@ -25,8 +25,10 @@ On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
 as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
 plan: balanced shares of the batch's tiles on one wave of CTAs, each
 request's drafts folded in (kernel_sm90's docstring). NUM_KV_SPLITS then
-plays no part; stage 2 merges only the requests that several shares hold,
-and the others are written by stage 1.
+plays no part, MIN_SHARE sets the smallest share; stage 2 is then
+_merge_shares_kernel, one program per (request, head, column block), which
+merges only the requests that several shares hold (stage 1 writes the
+others).
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
