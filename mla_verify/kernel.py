@@ -123,9 +123,10 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
 def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: tl.constexpr):
     # The Hopper kernel's positions (kernel_sm90._positions: each request's
     # prefix tiles of TOKENS, then one for its drafts): those of the
-    # requests before req, and the batch's.
+    # requests before req, the batch's, and the most a request holds.
     before = 0
     total = 0
+    most = 0
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
@@ -133,7 +134,28 @@ def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: 
         positions = tl.where(mask_b, tl.cdiv(lens, TOKENS) + 1, 0)
         before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
         total += tl.sum(positions, 0)
-    return before, total
+        most = tl.maximum(most, tl.max(positions, 0))
+    return before, total, most
+
+
+@triton.jit
+def _share_count(grid_ctas, total, most, batch_size, min_share):
+    # The Hopper kernel's share count (kernel_sm90._share_count, the same
+    # rule): one a CTA, of min_share positions at least; where every
+    # request holds `most` positions, a multiple or a divisor of the batch
+    # size that costs at most a sixteenth of them.
+    ctas = tl.minimum(grid_ctas, tl.cdiv(total, min_share))
+    aligned = ctas
+    if most.to(tl.int64) * batch_size == total:
+        if ctas >= batch_size:
+            aligned = ctas - ctas % batch_size
+        else:
+            group = tl.cdiv(batch_size, ctas)
+            if batch_size % group == 0:
+                aligned = batch_size // group
+    if aligned * 16 >= ctas * 15:
+        ctas = aligned
+    return ctas
 
 
 @triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
@@ -413,8 +435,8 @@ def _merge_shares_kernel(
     # begins at c * total // ctas, so the CTA that holds position p is
     # ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on large
     # batches).
-    base, total = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, TOKENS)
-    ctas = tl.minimum(share_ctas, tl.cdiv(total, min_share)).to(tl.int64)
+    base, total, most = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, TOKENS)
+    ctas = _share_count(share_ctas, total, most, batch_size, min_share).to(tl.int64)
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
     n = tl.cdiv(kv_len, TOKENS) + 1
     c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)

@@ -45,7 +45,11 @@ warps that read them. A segment that is a whole request writes its output;
 only the first and last segment of a range can be part of a request, and
 those write a partial (slot 2 cta or 2 cta + 1) that stage 2 merges. A long
 request among short ones is thus spread over many CTAs, and short ones are
-packed several to a CTA.
+packed several to a CTA. When every request holds as many positions, the
+share count drops to a multiple of the batch size (or a divisor of it) if
+that costs at most a sixteenth of the shares: every cut then falls on a
+request boundary, and no CTA stages two requests' queries or writes two
+partials (`_share_count`).
 
 fp8 e4m3 KV: wgmma takes fp8 only as K-major operands, and V is not K-major
 in P V, so the tile is widened to bf16 in shared memory. The ring's two
@@ -242,6 +246,26 @@ if AVAILABLE:
         return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + 1, 0)
 
     @gluon.jit
+    def _share_count(grid_ctas, total, most, batch_size, min_share):
+        # The batch's shares (module docstring): one a CTA, of min_share
+        # positions at least; where every request holds `most` positions,
+        # a multiple or a divisor of the batch size that costs at most a
+        # sixteenth of them, so that no share holds part of a request.
+        # kernel._share_count is the same rule for stage 2.
+        ctas = gl.minimum(grid_ctas, (total + min_share - 1) // min_share)
+        aligned = ctas
+        if most.to(gl.int64) * batch_size == total:  # int64: no wrap to equal
+            if ctas >= batch_size:
+                aligned = ctas - ctas % batch_size
+            else:
+                group = (batch_size + ctas - 1) // ctas
+                if batch_size % group == 0:
+                    aligned = batch_size // group
+        if aligned * 16 >= ctas * 15:
+            ctas = aligned
+        return ctas
+
+    @gluon.jit
     def _segment(share, b, base):
         # Request b's part of this CTA's share (positions base .. of the
         # batch are b's): its prefix tokens lo .. hi - 1, whether the
@@ -331,6 +355,27 @@ if AVAILABLE:
         )
         fence_async_shared()
         _warps_barrier()
+
+    @gluon.jit
+    def _open_segment(
+        share,
+        b,
+        base,
+        q_nope,
+        q_rope,
+        q_args,
+        out_args,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+        WARPS: gl.constexpr,
+    ):
+        # A consumer's start of request b's segment (_segment), its query
+        # rows staged.
+        _, _, _, _, _, _, head_block, num_heads = out_args
+        segment = _segment(share, b, base)
+        q_first = segment[5]
+        _stage_q(q_nope, q_rope, q_args, q_first, head_block, num_heads, BLOCK_H, DRAFT_LEN, WARPS)
+        return segment
 
     # The helpers below branch on V_EXT_FROM_K with `if`, never in Python:
     # a worker partition receives its constexpr arguments as runtime values.
@@ -495,8 +540,8 @@ if AVAILABLE:
     @gluon.jit
     def _mask_tail(qk, first, hi):
         # Keys first .. first + 63 of a prefix tile: those at or past hi are
-        # masked (-inf). Only a unit's last tile can have any, so the others
-        # skip the select.
+        # masked (-inf). Only a segment's last tile can have any, so the
+        # others skip the select.
         if first + TOKENS > hi:
             layout: gl.constexpr = qk.type.layout
             keys = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
@@ -696,21 +741,11 @@ if AVAILABLE:
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         score_scale, draft_scale, v_scale = scales
         wide_nope, wide_rope = wide  # read with fp8 KV only
-        _, _, _, _, _, _, head_block, num_heads = out_args
         _, _, b0, b1, base, _, _ = share
         t0 = 0  # ring tiles of the earlier segments
         for b in range(b0, b1 + 1):
-            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
-            _stage_q(
-                q_nope,
-                q_rope,
-                q_args,
-                q_first,
-                head_block,
-                num_heads,
-                BLOCK_H,
-                DRAFT_LEN,
-                CONSUMER_WARPS,
+            kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
+                share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
             )
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
             # Row sums kept per element and reduced once at the end: one
@@ -829,21 +864,11 @@ if AVAILABLE:
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         ready, empty, p_bar, sums_bar, sums_free = bars
         score_scale, draft_scale, v_scale = scales
-        _, _, _, _, _, _, head_block, num_heads = out_args
         _, _, b0, b1, base, _, _ = share
         t0 = 0  # ring tiles of the earlier segments
         for b in range(b0, b1 + 1):
-            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
-            _stage_q(
-                q_nope,
-                q_rope,
-                q_args,
-                q_first,
-                head_block,
-                num_heads,
-                BLOCK_H,
-                DRAFT_LEN,
-                WARPGROUP,
+            kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
+                share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
             )
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
             l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
@@ -1058,9 +1083,12 @@ if AVAILABLE:
         # The share (module docstring): the batch's positions, cut into
         # equal ranges, one per CTA, of min_share positions at least.
         total = 0
+        most = 0
         for start in range(0, batch_size, BLOCK_B):
-            total += gl.sum(_positions(KV_INDPTR, start, batch_size, BLOCK_B, plan_layout), 0)
-        ctas = gl.minimum(gl.num_programs(1), (total + min_share - 1) // min_share)
+            positions = _positions(KV_INDPTR, start, batch_size, BLOCK_B, plan_layout)
+            total += gl.sum(positions, 0)
+            most = gl.maximum(most, gl.max(positions, 0))
+        ctas = _share_count(gl.num_programs(1), total, most, batch_size, min_share)
         if cta < ctas:
             s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
             s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)

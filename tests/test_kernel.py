@@ -123,6 +123,16 @@ def test_int64_index_tensors(device):
         (1, 40, 2, [10, 0, 5], [2, 1, 1]),
         (4, 3, 4, [64] * 7, [1, 1, 1, 1, 2, 1, 1]),
         (4, 10, 16, [64] * 7, [1, 1, 1, 1, 1, 1, 1]),
+        # Every request holds as many positions (10; lengths 513-576 all
+        # take 9 tiles): 17 shares drop to 16, four a request, none across
+        # two (unaligned, 17 shares would cut three requests five ways).
+        (2, 17, 1, [576, 513, 540, 576], [4, 4, 4, 4]),
+        # 32 requests of 2 positions on 17 shares: 16, two requests each.
+        (1, 17, 1, [64] * 32, [1] * 32),
+        # Too costly to align: 14 shares would drop to 12 (a seventh).
+        (2, 14, 1, [256] * 4, [4, 3, 4, 3]),
+        # Not every request holds as many positions: no alignment.
+        (2, 17, 1, [576, 513, 540, 577], [5, 5, 5, 5]),
     ],
 )
 def test_merge_after_shares(
@@ -138,10 +148,23 @@ def test_merge_after_shares(
     # The plan, derived here independently: each request's prefix tiles and
     # its drafts are positions; share c holds positions starts[c] ..
     # starts[c + 1] - 1; a share's first part of a request is at slot 2c,
-    # a later one at 2c + 1.
+    # a later one at 2c + 1. Where every request holds as many positions,
+    # the share count is the nearest below that cuts only at request
+    # boundaries, if that is at most a sixteenth fewer.
     positions = [-(-n // tokens) + 1 for n in prefix_lens]
     total = sum(positions)
     used = min(ctas, -(-total // min_share))
+    if len(set(positions)) == 1:
+        boundaries = {b * positions[0] for b in range(len(positions) + 1)}
+
+        def cuts(count: int) -> set[int]:
+            return {k * total // count for k in range(count + 1)}
+
+        aligned = max(
+            c for c in range(1, used + 1) if cuts(c) <= boundaries or boundaries <= cuts(c)
+        )
+        if 16 * aligned >= 15 * used:
+            used = aligned
     starts = [c * total // used for c in range(used + 1)]
 
     def share_of(p: int) -> int:
