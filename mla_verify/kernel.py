@@ -73,10 +73,16 @@ MERGE_WARPS = 4
 # 8192 took 168-255 registers (ptxas, sm90), two or three programs an SM for
 # a merge of a few small pieces bound by latency.
 MERGE_SHARES_TILE = 2048
-# (request x head pairs at most, column blocks) of stage 2 after the shares:
-# the fastest blocking of 17 shapes on the H200 (2026-11-29, BENCHMARKS.md),
-# 256-4096 programs in all; past 4096 pairs, one block.
-MERGE_COLUMN_BLOCKS = ((32, 16), (128, 8), (1024, 4), (4096, 2))
+# Column blocks of stage 2 after the shares (merge_column_blocks): about
+# this many partial elements a program (pieces x drafts x columns), and at
+# least this many programs for one request (heads x blocks), so that a
+# request holding most shares (a long one among short ones) still spreads
+# over half the SMs. Fitted to an A/B of blocks 1-16 on 15 shapes on the
+# H200 (2026-11-29, BENCHMARKS.md): with a few pieces a request, programs
+# bound by latency cost more than narrow tiles save.
+MERGE_PROGRAM_ELEMENTS = 4096
+MERGE_REQUEST_PROGRAMS = 64
+MERGE_MAX_BLOCKS = 16  # 32 columns a block
 
 
 @triton.jit
@@ -553,7 +559,18 @@ def _jitted(namespace: dict) -> list:
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
         [_kernel_source(fn) for fn in _jitted(globals()) + _jitted(vars(kernel_sm90))]
-        + [repr((PLAN_BLOCK, MERGE_WARPS, MERGE_SHARES_TILE, MERGE_COLUMN_BLOCKS))]
+        + [
+            repr(
+                (
+                    PLAN_BLOCK,
+                    MERGE_WARPS,
+                    MERGE_SHARES_TILE,
+                    MERGE_PROGRAM_ELEMENTS,
+                    MERGE_REQUEST_PROGRAMS,
+                    MERGE_MAX_BLOCKS,
+                )
+            )
+        ]
         + [repr(kernel_sm90.SHAPE)]
     ).encode()
 ).hexdigest()[:16]
@@ -798,14 +815,20 @@ def launch_merge(
     )
 
 
-def merge_column_blocks(batch_size: int, num_heads: int) -> int:
-    """Column blocks of stage 2 after the Hopper kernel's shares: more
-    blocks give each program a narrower tile with more pieces per load (a
-    shorter chain on a request over many shares) and more programs to hide
-    latency, but multiply the programs that find their request whole and
-    return."""
-    pairs = batch_size * num_heads
-    return next((blocks for limit, blocks in MERGE_COLUMN_BLOCKS if pairs <= limit), 1)
+def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_ctas: int) -> int:
+    """Column blocks of stage 2 after the Hopper kernel's shares
+    (``share_ctas`` per head block): more blocks give each program a
+    narrower tile with more pieces per load (a shorter chain on a request
+    over many shares) and spread a request over more programs, but each
+    program pays the plan and its loads' latency, and the programs that
+    find their request whole return empty-handed. Sized from the pieces a
+    request holds on average (shares per request), at least
+    ``MERGE_REQUEST_PROGRAMS`` programs a request."""
+    pieces = max(1, share_ctas // batch_size)
+    elements = pieces * triton_next_pow2(draft_len) * D_NOPE
+    by_work = 1 << (max(1, elements // MERGE_PROGRAM_ELEMENTS).bit_length() - 1)
+    by_request = triton_next_pow2(-(-MERGE_REQUEST_PROGRAMS // num_heads))
+    return min(MERGE_MAX_BLOCKS, max(by_work, by_request))
 
 
 def launch_merge_shares(
@@ -825,7 +848,7 @@ def launch_merge_shares(
     requests that several shares hold (drafts included) and leaves the
     others, which stage 1 wrote."""
     num_heads = o.shape[1]
-    blocks = merge_column_blocks(batch_size, num_heads)
+    blocks = merge_column_blocks(batch_size, num_heads, draft_len, share_ctas)
     l_pad = triton_next_pow2(draft_len)
     _merge_shares_kernel[(batch_size, num_heads, blocks)](
         o,

@@ -204,6 +204,24 @@ def test_merge_after_shares(
             check_close(out[rows], merged, what=f"request {b}: slots {slots}")
 
 
+@pytest.mark.parametrize(
+    "batch_size,heads,draft_len,share_ctas,expected",
+    [
+        (8, 128, 1, 66, 1),  # 8 pieces of 512 a pair: one block
+        (8, 16, 2, 132, 4),  # 16 pieces x 2 drafts
+        (8, 8, 8, 132, 16),  # 16 pieces x 8 drafts: the most blocks
+        (1, 128, 1, 66, 8),
+        (64, 16, 4, 132, 4),  # few pieces on average, but 16 heads: 4 blocks
+        (64, 128, 4, 16, 1),  # every request whole
+        (3, 5, 1, 1, 16),  # 5 heads: 13 blocks for 64 programs, rounded up
+    ],
+)
+def test_merge_column_blocks(batch_size, heads, draft_len, share_ctas, expected):
+    blocks = kernel.merge_column_blocks(batch_size, heads, draft_len, share_ctas)
+    assert blocks == expected
+    assert 512 % blocks == 0
+
+
 @pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
 def test_kernel_hash_covers_constexpr_functions():
     # A table's kernel hash must change with anything that shapes the
