@@ -74,14 +74,17 @@ MERGE_WARPS = 4
 # a merge of a few small pieces bound by latency.
 MERGE_SHARES_TILE = 2048
 # Column blocks of stage 2 after the shares (merge_column_blocks): about
-# this many partial elements a program (pieces x drafts x columns), and at
+# this many partial elements a program (pieces x drafts x columns), at
 # least this many programs for one request (heads x blocks), so that a
 # request holding most shares (a long one among short ones) still spreads
-# over half the SMs. Fitted to an A/B of blocks 1-16 on 15 shapes on the
-# H200 (2026-11-29, BENCHMARKS.md): with a few pieces a request, programs
-# bound by latency cost more than narrow tiles save.
-MERGE_PROGRAM_ELEMENTS = 4096
+# over half the SMs, and at most this many programs in all (a large batch's
+# programs mostly find their request whole and only pay the plan). Fitted
+# to A/Bs of blocks 1-16 on 15 shapes and of these limits on 15 more on the
+# H200 (2026-11-29, BENCHMARKS.md): programs bound by latency cost more
+# than narrow tiles save.
+MERGE_PROGRAM_ELEMENTS = 8192
 MERGE_REQUEST_PROGRAMS = 64
+MERGE_MAX_PROGRAMS = 4096
 MERGE_MAX_BLOCKS = 16  # 32 columns a block
 
 
@@ -567,6 +570,7 @@ KERNEL_HASH = hashlib.sha256(
                     MERGE_SHARES_TILE,
                     MERGE_PROGRAM_ELEMENTS,
                     MERGE_REQUEST_PROGRAMS,
+                    MERGE_MAX_PROGRAMS,
                     MERGE_MAX_BLOCKS,
                 )
             )
@@ -823,12 +827,19 @@ def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_c
     program pays the plan and its loads' latency, and the programs that
     find their request whole return empty-handed. Sized from the pieces a
     request holds on average (shares per request), at least
-    ``MERGE_REQUEST_PROGRAMS`` programs a request."""
+    ``MERGE_REQUEST_PROGRAMS`` programs a request, at most
+    ``MERGE_MAX_PROGRAMS`` in all; a power of two."""
     pieces = max(1, share_ctas // batch_size)
     elements = pieces * triton_next_pow2(draft_len) * D_NOPE
-    by_work = 1 << (max(1, elements // MERGE_PROGRAM_ELEMENTS).bit_length() - 1)
+    by_work = _pow2_at_most(elements // MERGE_PROGRAM_ELEMENTS)
     by_request = triton_next_pow2(-(-MERGE_REQUEST_PROGRAMS // num_heads))
-    return min(MERGE_MAX_BLOCKS, max(by_work, by_request))
+    most = _pow2_at_most(MERGE_MAX_PROGRAMS // (batch_size * num_heads))
+    return min(MERGE_MAX_BLOCKS, most, max(by_work, by_request))
+
+
+def _pow2_at_most(n: int) -> int:
+    """The largest power of two <= n, and 1 for n < 1."""
+    return 1 << (max(1, n).bit_length() - 1)
 
 
 def launch_merge_shares(

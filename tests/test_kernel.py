@@ -208,12 +208,16 @@ def test_merge_after_shares(
     "batch_size,heads,draft_len,share_ctas,expected",
     [
         (8, 128, 1, 66, 1),  # 8 pieces of 512 a pair: one block
-        (8, 16, 2, 132, 4),  # 16 pieces x 2 drafts
-        (8, 8, 8, 132, 16),  # 16 pieces x 8 drafts: the most blocks
-        (1, 128, 1, 66, 8),
+        (8, 64, 1, 132, 1),  # 16 pieces of 512: still one
+        (8, 16, 2, 132, 4),  # 16 pieces x 2 drafts, and 16 heads: 4 blocks
+        (8, 8, 8, 132, 8),  # 16 pieces x 8 drafts
+        (1, 64, 1, 132, 8),
+        (1, 16, 4, 132, 16),  # 132 pieces x 4 drafts: the most blocks
         (64, 16, 4, 132, 4),  # few pieces on average, but 16 heads: 4 blocks
         (64, 128, 4, 16, 1),  # every request whole
         (3, 5, 1, 1, 16),  # 5 heads: 13 blocks for 64 programs, rounded up
+        (256, 12, 4, 132, 1),  # 3072 pairs: the program cap
+        (256, 8, 2, 132, 2),
     ],
 )
 def test_merge_column_blocks(batch_size, heads, draft_len, share_ctas, expected):
