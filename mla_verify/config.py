@@ -350,7 +350,7 @@ def split_candidates(
     """NUM_KV_SPLITS worth timing: chunks for about 0.5 to 4 waves of the grid.
     One value for the Hopper kernel on sm90, which plans its own balanced
     shares and ignores the field (the value stays for a Triton fallback)."""
-    if kernel in HOPPER_KERNELS and arch == "sm90" and kernel_sm90.AVAILABLE:
+    if _plans_shares(arch, kernel):
         return [default_num_kv_splits(num_heads, batch_size, block_h, MAX_ROWS, arch)]
     sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
     programs = batch_size * math.ceil(num_heads / block_h)
@@ -362,7 +362,7 @@ def split_candidates(
 
 # Share floors the tuner tries on top of the kernel's default (None, 4),
 # one each side: the best floor of small batches ranged over 1-4 on the
-# H200, and 8 won 17 of the 864 buckets of the 2026-11-29 table
+# H200, and 8 won 17-33 of the 864 buckets of the 2026-11-29 tables
 # (BENCHMARKS.md).
 MIN_SHARE_CANDIDATES = (2, 8)
 
@@ -372,6 +372,12 @@ def min_share_candidates(arch: str, kernel: str) -> list[int | None]:
     Hopper kernel on sm90, whose small batches run on more, shorter shares
     with a lower floor (more CTAs, more partials to merge) or on fewer,
     longer ones with a higher floor."""
-    if kernel in HOPPER_KERNELS and arch == "sm90" and kernel_sm90.AVAILABLE:
+    if _plans_shares(arch, kernel):
         return [None, *MIN_SHARE_CANDIDATES]
     return [None]
+
+
+def _plans_shares(arch: str, kernel: str) -> bool:
+    """Whether ``kernel`` on ``arch`` runs the Hopper kernel, which plans
+    its own shares (NUM_KV_SPLITS plays no part, MIN_SHARE does)."""
+    return kernel in HOPPER_KERNELS and arch == "sm90" and kernel_sm90.AVAILABLE

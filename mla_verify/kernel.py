@@ -677,13 +677,14 @@ def launch(
 ) -> None:
     """Launch both stages. Inputs are trusted (the API validates them);
     ``part_o`` / ``part_lse`` hold at least ``workspace_numel(partial_slots(
-    ...), ...)`` elements. ``share_ctas`` is the function
-    ``share_ctas`` of this call and config: the Hopper kernel's shares per
-    head block, or 0 for the Triton kernel. Looks nothing up, allocates nothing, never
+    ...), ...)`` elements. ``share_ctas`` is the function ``share_ctas`` of
+    this call and config: the Hopper kernel's shares per head block, or 0
+    for the Triton kernel. Looks nothing up, allocates nothing, never
     synchronises."""
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
     if share_ctas:
+        floor = min_share(config)
         kernel_sm90.launch_prefix(
             q,
             k_buffer,
@@ -699,7 +700,7 @@ def launch(
             draft_len=draft_len,
             block_h=config.BLOCK_H,
             ctas=share_ctas,
-            min_share=min_share(config),
+            min_share=floor,
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
             v_scale=v_scale,
@@ -716,7 +717,7 @@ def launch(
             batch_size=batch_size,
             draft_len=draft_len,
             share_ctas=share_ctas,
-            min_share=min_share(config),
+            min_share=floor,
         )
     else:
         block_m = rows_per_program(config.BLOCK_H, draft_len)
