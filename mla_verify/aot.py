@@ -86,6 +86,7 @@ def _compile_hopper_kernel(
         BLOCK_B=kernel.PLAN_BLOCK,
         V_EXT_FROM_K=False,
         SCORE_VALUE=score_value,
+        LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)
     )
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     aligned = set(pointers) | {name for name in fn.arg_names if name.startswith("stride_")}

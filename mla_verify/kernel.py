@@ -46,6 +46,7 @@ import textwrap
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 from triton.runtime.jit import ConstexprFunction
 
 from . import kernel_sm90
@@ -132,8 +133,10 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
 def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: tl.constexpr):
     # The Hopper kernel's positions (kernel_sm90._positions: each request's
     # prefix tiles of TOKENS, then one for its drafts): those of the
-    # requests before req, the batch's, and the most a request holds.
+    # requests before req, req's own, the batch's, and the most a request
+    # holds.
     before = 0
+    mine = 0
     total = 0
     most = 0
     for start in range(0, batch_size, BLOCK_B):
@@ -142,9 +145,10 @@ def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: 
         lens = _prefix_lens(KV_INDPTR, offs_b, mask_b)
         positions = tl.where(mask_b, tl.cdiv(lens, TOKENS) + 1, 0)
         before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
+        mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
         total += tl.sum(positions, 0)
         most = tl.maximum(most, tl.max(positions, 0))
-    return before, total, most
+    return before, mine, total, most
 
 
 @triton.jit
@@ -355,6 +359,7 @@ def _merge_extend_kernel(
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr,
 ):
     # After the Triton kernel: the request's unit partials (at slots first
     # .. first + pieces - 1, the plan stage 1 followed), then the drafts.
@@ -364,6 +369,8 @@ def _merge_extend_kernel(
     chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     num_pieces = tl.cdiv(kv_len, chunk)
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
+    if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
+        gdc_wait()
     m_i, l_i, acc = _merge_pieces(
         PART_O,
         PART_LSE,
@@ -434,6 +441,7 @@ def _merge_shares_kernel(
     D_NOPE: tl.constexpr,
     TOKENS: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr,
 ):
     # After the Hopper kernel's shares: the partials of a request that
     # several shares hold (drafts included), columns of block program_id(2).
@@ -444,12 +452,12 @@ def _merge_shares_kernel(
     # begins at c * total // ctas, so the CTA that holds position p is
     # ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on large
     # batches).
-    base, total, most = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, TOKENS)
+    base, n, total, most = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, TOKENS)
     ctas = _share_count(share_ctas, total, most, batch_size, min_share).to(tl.int64)
-    kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
-    n = tl.cdiv(kv_len, TOKENS) + 1
     c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
     c1 = (((base + n) * ctas - 1) // total).to(tl.int32)
+    if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
+        gdc_wait()
     if c0 != c1:  # else one CTA held the whole request and wrote its output
         # CTA c0's part is its first segment when its range begins with the
         # request, else its last (slot 2 c0 + 1); the later CTAs' is their
@@ -617,6 +625,25 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _dependent_launch(index: int) -> bool:
+    return torch.version.cuda is not None and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Whether stage 2 goes out as a programmatic dependent launch (CUDA,
+    sm90 and later; cached, metadata only after the first call): its grid
+    launches while stage 1 drains, plans, and waits in the kernel for stage
+    1's partials (griddepcontrol.wait), so the gap between the two launches
+    overlaps stage 1's tail. The Hopper kernel lets it launch from its
+    start."""
+    if INTERPRETED or device.type != "cuda":
+        return False
+    return _dependent_launch(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+
+
 def share_ctas(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -683,6 +710,7 @@ def launch(
     synchronises."""
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
+    dependent = dependent_launch(q.device)
     if share_ctas:
         floor = min_share(config)
         kernel_sm90.launch_prefix(
@@ -707,6 +735,7 @@ def launch(
             v_extend_from_k=v_is_k_view(k_ext, v_ext),
             plan_block=PLAN_BLOCK,
             score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
+            launch_dependents=dependent,
         )
         launch_merge_shares(
             o,
@@ -718,6 +747,7 @@ def launch(
             draft_len=draft_len,
             share_ctas=share_ctas,
             min_share=floor,
+            dependent=dependent,
         )
     else:
         block_m = rows_per_program(config.BLOCK_H, draft_len)
@@ -765,6 +795,7 @@ def launch(
             block_n=config.BLOCK_N,
             num_kv_splits=splits,
             sm_scale=sm_scale,
+            dependent=dependent,
         )
 
 
@@ -783,10 +814,12 @@ def launch_merge(
     block_n: int,
     num_kv_splits: int,
     sm_scale: float,
+    dependent: bool,
 ) -> None:
     """Stage 2 after the Triton kernel, writes ``o``: merges each request's
     unit partials (the plan of stage 1 with ``block_n``) and adds the
-    drafts."""
+    drafts. ``dependent``: a programmatic dependent launch
+    (``dependent_launch``)."""
     num_heads = q.shape[1]
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
@@ -815,8 +848,10 @@ def launch_merge(
         D_NOPE=D_NOPE,
         D_ROPE=D_ROPE,
         DOT_FP32=INTERPRETED,
+        WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,
+        **_dependent_options(dependent),
     )
 
 
@@ -854,11 +889,13 @@ def launch_merge_shares(
     draft_len: int,
     share_ctas: int,
     min_share: int,
+    dependent: bool,
 ) -> None:
     """Stage 2 after the Hopper kernel's shares (``share_ctas`` per head
     block, of ``min_share`` positions at least), writes ``o``: merges the
     requests that several shares hold (drafts included) and leaves the
-    others, which stage 1 wrote."""
+    others, which stage 1 wrote. ``dependent``: a programmatic dependent
+    launch (``dependent_launch``)."""
     num_heads = o.shape[1]
     blocks = merge_column_blocks(batch_size, num_heads, draft_len, share_ctas)
     l_pad = triton_next_pow2(draft_len)
@@ -881,6 +918,13 @@ def launch_merge_shares(
         D_NOPE=D_NOPE,
         TOKENS=kernel_sm90.TOKENS.value,
         BLOCK_B=PLAN_BLOCK,
+        WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,
+        **_dependent_options(dependent),
     )
+
+
+def _dependent_options(dependent: bool) -> dict[str, bool]:
+    # Only CUDA's backend knows the option.
+    return {"launch_pdl": True} if dependent else {}

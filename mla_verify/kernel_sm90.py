@@ -140,6 +140,19 @@ if AVAILABLE:
         return a + b
 
     @gluon.jit
+    def _launch_dependents():
+        # PTX griddepcontrol.launch_dependents (Gluon has no wrapper); the
+        # dummy output is what inline asm needs to be emitted.
+        gl.inline_asm_elementwise(
+            "griddepcontrol.launch_dependents; // $0",
+            "=r",
+            [],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+    @gluon.jit
     def _row_coords(
         head_block, num_heads, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, layout: gl.constexpr
     ):
@@ -1071,7 +1084,14 @@ if AVAILABLE:
         BLOCK_B: gl.constexpr,
         V_EXT_FROM_K: gl.constexpr,
         SCORE_VALUE: gl.constexpr,
+        LAUNCH_DEPENDENTS: gl.constexpr,
     ):
+        if LAUNCH_DEPENDENTS:
+            # Stage 2 may launch now: its programs plan while this grid
+            # runs and wait for it before they read a partial
+            # (kernel.dependent_launch). One CTA per SM leaves no room for
+            # them before this grid's CTAs exit, so none is held back.
+            _launch_dependents()
         KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
         gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
         # Warps of the default partition: the consumers (columns) or the
@@ -1321,6 +1341,7 @@ def launch_prefix(
     v_extend_from_k: bool,
     plan_block: int,
     score_value: bool,
+    launch_dependents: bool,
 ) -> None:
     """Stage 1 on sm90 with ``ctas`` shares per head block, each of at least
     ``min_share`` positions (fewer shares on a small batch): writes the
@@ -1328,7 +1349,8 @@ def launch_prefix(
     scaled by ``v_scale``, drafts included) of the others, ``part_o`` /
     ``part_lse`` rows ``(slot, head, draft)`` for ``partial_slots(ctas)``
     slots. ``score_value`` picks that schedule (bf16 KV only, see
-    ``SCORE_VALUE_KV_DTYPES``) over columns."""
+    ``SCORE_VALUE_KV_DTYPES``) over columns. ``launch_dependents``: stage 2
+    is a programmatic dependent launch and may go out at this grid's start."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     num_heads = q.shape[1]
@@ -1362,5 +1384,6 @@ def launch_prefix(
         BLOCK_B=plan_block,
         V_EXT_FROM_K=v_extend_from_k,
         SCORE_VALUE=score_value,
+        LAUNCH_DEPENDENTS=launch_dependents,
         **launch_options(score_value),
     )

@@ -191,6 +191,7 @@ def test_merge_after_shares(
         draft_len=draft_len,
         share_ctas=ctas,
         min_share=min_share,
+        dependent=kernel.dependent_launch(out.device),
     )
 
     for b, slots in enumerate(pieces):
