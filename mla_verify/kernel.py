@@ -30,6 +30,10 @@ _merge_shares_kernel, one program per (request, head, column block), which
 merges only the requests that several shares hold (stage 1 writes the
 others).
 
+On CUDA sm90 and later, stage 2 is a programmatic dependent launch
+(dependent_launch): its programs plan while stage 1 runs and wait for it in
+the kernel before reading a partial.
+
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
 Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.

@@ -227,6 +227,29 @@ def test_merge_column_blocks(batch_size, heads, draft_len, share_ctas, expected)
     assert 512 % blocks == 0
 
 
+@pytest.mark.parametrize(
+    ("cuda", "capability", "expected"),
+    [
+        ("13.0", (9, 0), True),
+        ("13.0", (10, 0), True),
+        ("13.0", (8, 0), False),
+        (None, (9, 4), False),
+    ],
+)
+def test_dependent_launch_only_on_cuda_sm90_and_later(monkeypatch, cuda, capability, expected):
+    # launch_pdl is an option of CUDA's backend alone, and griddepcontrol
+    # needs sm90; a ROCm build (torch.version.cuda None) never gets it.
+    assert not kernel.dependent_launch(torch.device("cpu"))
+    monkeypatch.setattr(kernel, "INTERPRETED", False)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    kernel._dependent_launch.cache_clear()
+    try:
+        assert kernel.dependent_launch(torch.device("cuda", 0)) is expected
+    finally:
+        kernel._dependent_launch.cache_clear()
+
+
 @pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
 def test_kernel_hash_covers_constexpr_functions():
     # A table's kernel hash must change with anything that shapes the
