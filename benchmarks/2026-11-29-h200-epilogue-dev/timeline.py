@@ -13,7 +13,7 @@ from bench import parse_shape, prefix_lengths
 
 real_prefix = kernel_sm90.launch_prefix
 real_merge = kernel.launch_merge_shares
-DBG = torch.full((65536 + 16 * 256 * 64,), -1, dtype=torch.int64, device="cuda")
+DBG = torch.full((65536 + 16 * 256 * 128,), -1, dtype=torch.int64, device="cuda")
 
 def call(b, o):
     return mla_verify.verify_mla_fwd(b.q, b.k_extend, b.v_extend, o, b.k_buffer, b.v_buffer,
@@ -52,7 +52,7 @@ for name in sys.argv[1:]:
         d = full[:65532].reshape(-1, 6)
         slots = np.nonzero(d[:, 0] >= 0)[0]
         rows.append(d[slots])
-        seg = full[65536:].reshape(16, 256, 8, 8)
+        seg = full[65536:].reshape(16, 256, 8, 16)
     kernel_sm90.launch_prefix = real_prefix
     d = rows[-1]
     start, end, segs, pos = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
@@ -73,7 +73,7 @@ for name in sys.argv[1:]:
         hb, c = divmod(int(slots[i]), LAUNCH["ctas"])
         st = seg[hb, c]
         base = start[i]
-        names = ["open", "q staged", "1st QK", "tiles done", "drafts done", "sums", "stored", "producer seg"]
+        names = ["S:open", "S:q staged", "S:1st QK", "S:tiles", "S:drafts", "S:sums", "S:stored", "P:seg", "V:seg", "V:1st P", "V:tiles", "V:drafts", "V:sums", "V:stored", "P:1st empty", "P:drafts issued"]
         print(f"       cta {i} (head block {hb}, cta {c}): per segment, us after the CTA's start: " + ", ".join(names))
         for j in range(min(8, int(segs[i]))):
             print("         seg %d: " % j + " ".join("%7.2f" % ((v - base) / 1e3) if v >= 0 else "      -" for v in st[j]))
