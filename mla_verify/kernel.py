@@ -618,6 +618,10 @@ def uses_gluon_sm90(
     )
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -626,7 +630,7 @@ def _sm_count(index: int) -> int:
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of a CUDA device (cached: no query, no sync, after the
     first call)."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(_device_index(device))
 
 
 @functools.cache
@@ -643,9 +647,7 @@ def dependent_launch(device: torch.device) -> bool:
     start."""
     if INTERPRETED or device.type != "cuda":
         return False
-    return _dependent_launch(
-        device.index if device.index is not None else torch.cuda.current_device()
-    )
+    return _dependent_launch(_device_index(device))
 
 
 def share_ctas(
