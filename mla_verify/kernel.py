@@ -134,11 +134,18 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
-def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: tl.constexpr):
+def _share_positions(
+    KV_INDPTR,
+    req,
+    batch_size,
+    BLOCK_B: tl.constexpr,
+    TOKENS: tl.constexpr,
+    DRAFT_POSITIONS: tl.constexpr,
+):
     # The Hopper kernel's positions (kernel_sm90._positions: each request's
-    # prefix tiles of TOKENS, then one for its drafts): those of the
-    # requests before req, req's own, the batch's, and the most a request
-    # holds.
+    # prefix tiles of TOKENS, then its drafts, DRAFT_POSITIONS in a ragged
+    # batch, one in a uniform one): those of the requests before req,
+    # req's own, the batch's, the most a request holds, and the drafts'.
     before = 0
     mine = 0
     total = 0
@@ -152,7 +159,14 @@ def _share_positions(KV_INDPTR, req, batch_size, BLOCK_B: tl.constexpr, TOKENS: 
         mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
         total += tl.sum(positions, 0)
         most = tl.maximum(most, tl.max(positions, 0))
-    return before, mine, total, most
+    drafts = 1
+    if most.to(tl.int64) * batch_size != total:
+        drafts = DRAFT_POSITIONS
+        before += (DRAFT_POSITIONS - 1) * req
+        mine += DRAFT_POSITIONS - 1
+        total += (DRAFT_POSITIONS - 1) * batch_size
+        most += DRAFT_POSITIONS - 1
+    return before, mine, total, most, drafts
 
 
 @triton.jit
@@ -444,6 +458,7 @@ def _merge_shares_kernel(
     D_BLOCK: tl.constexpr,
     D_NOPE: tl.constexpr,
     TOKENS: tl.constexpr,
+    DRAFT_POSITIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
@@ -452,21 +467,26 @@ def _merge_shares_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     col0 = tl.program_id(2) * D_BLOCK
-    # Positions base .. base + n - 1 are the request's. CTA c's range
-    # begins at c * total // ctas, so the CTA that holds position p is
-    # ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on large
-    # batches).
-    base, n, total, most = _share_positions(KV_INDPTR, req, batch_size, BLOCK_B, TOKENS)
+    # Positions base .. base + n - 1 are the request's, its drafts' from
+    # base + n - drafts. CTA c's range begins at c * total // ctas, so the
+    # CTA that holds position p is ((p + 1) * ctas - 1) // total (int64:
+    # the products pass 2^31 on large batches). c0 holds the first
+    # position, c1 the drafts' first.
+    base, n, total, most, drafts = _share_positions(
+        KV_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS
+    )
     ctas = _share_count(share_ctas, total, most, batch_size, min_share).to(tl.int64)
     c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
-    c1 = (((base + n) * ctas - 1) // total).to(tl.int32)
+    c1 = (((base + n - drafts + 1) * ctas - 1) // total).to(tl.int32)
     if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
         gdc_wait()
     if c0 != c1:  # else one CTA held the whole request and wrote its output
-        # CTA c0's part is its first segment when its range begins with the
-        # request, else its last (slot 2 c0 + 1); the later CTAs' is their
+        # CTA c0's part is its first segment when no earlier request has
+        # work in its range (the previous drafts' first position is before
+        # it), else its last (slot 2 c0 + 1); the later CTAs' is their
         # first (slot 2 c).
-        first = 2 * c0 + ((c0.to(tl.int64) * total // ctas) < base).to(tl.int32)
+        earlier = (c0.to(tl.int64) * total // ctas) <= base - drafts
+        first = 2 * c0 + earlier.to(tl.int32)
         _, l_i, acc = _merge_pieces(
             PART_O,
             PART_LSE,
@@ -923,6 +943,7 @@ def launch_merge_shares(
         D_BLOCK=D_NOPE // blocks,
         D_NOPE=D_NOPE,
         TOKENS=kernel_sm90.TOKENS.value,
+        DRAFT_POSITIONS=kernel_sm90.DRAFT_POSITIONS.value,
         BLOCK_B=PLAN_BLOCK,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,

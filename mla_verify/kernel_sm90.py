@@ -103,6 +103,15 @@ PRODUCER_WARPS = constexpr(4)
 # a tile or two each left stage 2 a merge of over 100 partials a request
 # (0.6x the time of the earlier plan on one 16K request, H16 L4).
 DEFAULT_MIN_SHARE = 4
+# Positions a request's drafts count for in the shares of a ragged batch:
+# their tile and a segment's fixed cost (query staging, first tile, output
+# store: about 9 us, against 2.4 us a prefix tile, BENCHMARKS.md), so a CTA
+# that packs many short requests gets fewer positions. The drafts go with
+# the CTA that holds the first of them; one whose range holds only the
+# others has nothing of that request to do. A uniform batch counts one:
+# its cuts fall at request boundaries or split each request alike, and
+# every part of a split request pays a segment's cost.
+DRAFT_POSITIONS = constexpr(5)
 # The producer holds two tiles' slot indices (this tile's and the next's):
 # with 56 registers it spilled them (1.14-1.22x the time without the
 # prefetch); with 88 the prefetch is 3-14% faster (BENCHMARKS.md).
@@ -248,15 +257,17 @@ if AVAILABLE:
         )
 
     @gluon.jit
-    def _positions(KV_INDPTR, start, batch_size, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+    def _positions(
+        KV_INDPTR, start, batch_size, drafts, BLOCK_B: gl.constexpr, layout: gl.constexpr
+    ):
         # Positions of requests start .. start + BLOCK_B - 1 (0 past the
-        # batch): one per prefix tile, and one for the drafts.
+        # batch): one per prefix tile, and `drafts` for the drafts.
         offs = start + gl.arange(0, BLOCK_B, layout=layout)
         mask = offs < batch_size
         lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
             KV_INDPTR + offs, mask=mask, other=0
         )
-        return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + 1, 0)
+        return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
 
     @gluon.jit
     def _share_count(grid_ctas, total, most, batch_size, min_share):
@@ -282,20 +293,20 @@ if AVAILABLE:
     def _segment(share, b, base):
         # Request b's part of this CTA's share (positions base .. of the
         # batch are b's): its prefix tokens lo .. hi - 1, whether the
-        # drafts' position is in it, whether it is the whole request, its
-        # first query row, and where the next request's positions begin.
-        KV_INDPTR, QO_INDPTR, _, _, _, s0, s1 = share
+        # drafts' first position is in it, whether it is the whole request,
+        # its first query row, and where the next request's positions begin.
+        KV_INDPTR, QO_INDPTR, _, _, _, s0, s1, drafts = share
         kv_start = gl.load(KV_INDPTR + b)
         kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
-        positions = (kv_len + TOKENS - 1) // TOKENS + 1
+        tiles = (kv_len + TOKENS - 1) // TOKENS
         j_lo = gl.maximum(s0 - base, 0)
-        j_hi = gl.minimum(positions, s1 - base)
+        j_hi = gl.minimum(tiles + drafts, s1 - base)
         hi = gl.minimum(j_hi * TOKENS, kv_len)
         lo = gl.minimum(j_lo * TOKENS, hi)
-        with_drafts = j_hi == positions
+        with_drafts = (j_lo <= tiles) & (j_hi > tiles)
         whole = (j_lo == 0) & with_drafts
         q_first = gl.load(QO_INDPTR + b)
-        return kv_start, lo, hi, with_drafts, whole, q_first, base + positions
+        return kv_start, lo, hi, with_drafts, whole, q_first, base + tiles + drafts
 
     @gluon.jit
     def _dest(out_args, b, b0, whole, q_first):
@@ -468,7 +479,7 @@ if AVAILABLE:
         # finish one request, the next one's first tiles arrive.
         nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE)
         rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE)
-        _, _, b0, b1, base, _, _ = share
+        _, _, b0, b1, base, _, _, _ = share
         t0 = 0  # ring tiles of the earlier segments
         for b in range(b0, b1 + 1):
             kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
@@ -754,7 +765,7 @@ if AVAILABLE:
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         score_scale, draft_scale, v_scale = scales
         wide_nope, wide_rope = wide  # read with fp8 KV only
-        _, _, b0, b1, base, _, _ = share
+        _, _, b0, b1, base, _, _, _ = share
         t0 = 0  # ring tiles of the earlier segments
         for b in range(b0, b1 + 1):
             kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
@@ -877,7 +888,7 @@ if AVAILABLE:
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         ready, empty, p_bar, sums_bar, sums_free = bars
         score_scale, draft_scale, v_scale = scales
-        _, _, b0, b1, base, _, _ = share
+        _, _, b0, b1, base, _, _, _ = share
         t0 = 0  # ring tiles of the earlier segments
         for b in range(b0, b1 + 1):
             kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
@@ -939,7 +950,8 @@ if AVAILABLE:
             _warps_barrier()
             mbarrier.arrive(sums_bar, count=1)
             dest = _dest(out_args, b, b0, whole, q_first)
-            _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
+            out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+            _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN, WIDE=True)
             _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
     @gluon.jit
@@ -974,7 +986,7 @@ if AVAILABLE:
         )
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         ready, empty, p_bar, sums_bar, sums_free = bars
-        _, _, b0, b1, base, _, _ = share
+        _, _, b0, b1, base, _, _, _ = share
         t0 = 0  # ring tiles of the earlier segments
         for b in range(b0, b1 + 1):
             kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
@@ -1010,8 +1022,19 @@ if AVAILABLE:
             dest = _dest(out_args, b, b0, whole, q_first)
             _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
+    @constexpr_function
+    def _row_pieces_layout():
+        # The wgmma accumulator's rows and warps for 256 columns, each
+        # thread holding 8 adjacent ones (a quad of lanes 32), not 2.
+        regs = [[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64], [0, 128]]
+        lanes = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
+        warps = [[16, 0], [32, 0]]
+        return gl.DistributedLinearLayout(regs, lanes, warps, [], [ROWS.value, HALF_V.value])
+
     @gluon.jit
-    def _store_out(out, col0, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
+    def _store_out(
+        out, col0, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, WIDE: gl.constexpr = False
+    ):
         # Output columns col0 onwards of the tile's rows: the output itself
         # when the segment is the whole request (drafts included), else the
         # segment's partial.
@@ -1027,21 +1050,39 @@ if AVAILABLE:
             head_block,
             num_heads,
         ) = dest
+        out_args = (O, stride_o_tok, stride_o_head, q_first, head_block, num_heads)
+        if write_output:
+            if WIDE:
+                # 16-byte stores, not 4-byte ones, after a regrouping through
+                # shared scratch; it pays where a CTA packs many whole
+                # requests. Not in the value warpgroup: with 176 registers
+                # it spilled (BENCHMARKS.md).
+                wide = gl.convert_layout(out.to(gl.bfloat16), _row_pieces_layout())
+                _store_output(wide, col0, out_args, BLOCK_H, DRAFT_LEN)
+            else:
+                _store_output(out.to(gl.bfloat16), col0, out_args, BLOCK_H, DRAFT_LEN)
+        else:
+            layout: gl.constexpr = out.type.layout
+            offs_h, offs_i, mask_m = _row_coords(
+                head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+            )
+            offs_d = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, layout))
+            part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+            gl.store(
+                PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None]
+            )
+
+    @gluon.jit
+    def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
+        # The output rows of a whole request, in out's layout.
+        O, stride_o_tok, stride_o_head, q_first, head_block, num_heads = out_args
         layout: gl.constexpr = out.type.layout
         offs_h, offs_i, mask_m = _row_coords(
             head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
         )
         offs_d = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, layout))
-        if write_output:
-            o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
-            gl.store(
-                O + o_row[:, None] + offs_d[None, :], out.to(gl.bfloat16), mask=mask_m[:, None]
-            )
-        else:
-            part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
-            gl.store(
-                PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None]
-            )
+        o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
+        gl.store(O + o_row[:, None] + offs_d[None, :], out, mask=mask_m[:, None])
 
     @gluon.jit
     def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
@@ -1105,28 +1146,36 @@ if AVAILABLE:
         total = 0
         most = 0
         for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(KV_INDPTR, start, batch_size, BLOCK_B, plan_layout)
+            positions = _positions(KV_INDPTR, start, batch_size, 1, BLOCK_B, plan_layout)
             total += gl.sum(positions, 0)
             most = gl.maximum(most, gl.max(positions, 0))
+        drafts = 1
+        if most.to(gl.int64) * batch_size != total:  # ragged (DRAFT_POSITIONS)
+            drafts = DRAFT_POSITIONS
+            total += (DRAFT_POSITIONS - 1) * batch_size
+            most += DRAFT_POSITIONS - 1
         ctas = _share_count(gl.num_programs(1), total, most, batch_size, min_share)
         if cta < ctas:
             s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
             s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
-            # The requests that hold positions s0 and s1 - 1, and where the
-            # first one's begin (Gluon scans only in the kernel body).
+            # The first request with work in the range (its drafts' first
+            # position at s0 or later), the one that holds position s1 - 1,
+            # and where the first one's positions begin (Gluon scans only in
+            # the kernel body). b1 < b0: the range holds drafts' later
+            # positions alone, and nothing to do.
             b0 = 0
             base0 = 0
             b1 = 0
             done = 0
             for start in range(0, batch_size, BLOCK_B):
-                positions = _positions(KV_INDPTR, start, batch_size, BLOCK_B, plan_layout)
+                positions = _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B, plan_layout)
                 ends = done + gl.associative_scan(positions, 0, _add)
-                before = ends <= s0
+                before = ends - drafts < s0
                 b0 += gl.sum(before.to(gl.int32), 0)
                 base0 += gl.sum(gl.where(before, positions, 0), 0)
                 b1 += gl.sum((ends < s1).to(gl.int32), 0)
                 done += gl.sum(positions, 0)
-            share = (KV_INDPTR, QO_INDPTR, b0, b1, base0, s0, s1)
+            share = (KV_INDPTR, QO_INDPTR, b0, b1, base0, s0, s1, drafts)
             q_args = (Q, stride_q_tok, stride_q_head)
             ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
             scales = (score_scale, draft_scale, v_scale)
@@ -1296,6 +1345,7 @@ SHAPE = (
     WARPGROUP.value,
     VALUE_REGS.value,
     HALF_V.value,
+    DRAFT_POSITIONS.value,
 )
 
 

@@ -112,15 +112,19 @@ def test_int64_index_tensors(device):
 @pytest.mark.parametrize(
     "draft_len,ctas,min_share,prefix_lens,expected_pieces",
     [
-        (2, 5, 4, [0, 130, 7, 64, 300], [1, 2, 1, 1, 2]),
+        # Ragged: the drafts count DRAFT_POSITIONS (4) positions; share 3
+        # begins in request 3's later draft positions, so request 4 is its
+        # first (slot 6).
+        (2, 5, 4, [0, 130, 7, 64, 300], [1, 2, 2, 1, 2]),
         # One request over every share, more of them than the merge's
         # slots (16 // next_pow2(L) a column block of 512), so each slot
         # merges several.
         (3, 12, 4, [2000], [9]),
         (1, 40, 4, [6000], [24]),
         (8, 30, 1, [1900], [30]),
-        (1, 40, 4, [10, 0, 5], [1, 1, 1]),  # too few positions for two shares
-        (1, 40, 2, [10, 0, 5], [2, 1, 1]),
+        (1, 40, 4, [10, 0, 5], [1, 1, 2]),  # the last drafts begin a share
+        # Shares 1, 3 and 6 hold later draft positions alone: no work.
+        (1, 40, 2, [10, 0, 5], [1, 1, 2]),
         (4, 3, 4, [64] * 7, [1, 1, 1, 1, 2, 1, 1]),
         (4, 10, 16, [64] * 7, [1, 1, 1, 1, 1, 1, 1]),
         # Every request holds as many positions (10; lengths 513-576 all
@@ -132,7 +136,7 @@ def test_int64_index_tensors(device):
         # Too costly to align: 14 shares would drop to 12 (a seventh).
         (2, 14, 1, [256] * 4, [4, 3, 4, 3]),
         # Not every request holds as many positions: no alignment.
-        (2, 17, 1, [576, 513, 540, 577], [5, 5, 5, 5]),
+        (2, 17, 1, [576, 513, 540, 577], [4, 4, 4, 5]),
     ],
 )
 def test_merge_after_shares(
@@ -146,12 +150,14 @@ def test_merge_after_shares(
     heads, tokens = 3, kernel_sm90.TOKENS.value
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     # The plan, derived here independently: each request's prefix tiles and
-    # its drafts are positions; share c holds positions starts[c] ..
-    # starts[c + 1] - 1; a share's first part of a request is at slot 2c,
-    # a later one at 2c + 1. Where every request holds as many positions,
-    # the share count is the nearest below that cuts only at request
-    # boundaries, if that is at most a sixteenth fewer.
-    positions = [-(-n // tokens) + 1 for n in prefix_lens]
+    # its drafts are positions, the drafts DRAFT_POSITIONS of them unless
+    # every request holds as many tiles (then one); share c holds positions
+    # starts[c] .. starts[c + 1] - 1. Where every request holds as many
+    # positions, the share count is the nearest below that cuts only at
+    # request boundaries, if that is at most a sixteenth fewer.
+    tiles = [-(-n // tokens) for n in prefix_lens]
+    drafts = 1 if len(set(tiles)) == 1 else kernel_sm90.DRAFT_POSITIONS.value
+    positions = [t + drafts for t in tiles]
     total = sum(positions)
     used = min(ctas, -(-total // min_share))
     if len(set(positions)) == 1:
@@ -166,16 +172,20 @@ def test_merge_after_shares(
         if 16 * aligned >= 15 * used:
             used = aligned
     starts = [c * total // used for c in range(used + 1)]
-
-    def share_of(p: int) -> int:
-        return max(c for c in range(used) if starts[c] <= p)
-
-    pieces = []
-    base = 0
-    for n in positions:
-        c0, c1 = share_of(base), share_of(base + n - 1)
-        pieces.append([2 * c0 + (starts[c0] < base)] + [2 * c for c in range(c0 + 1, c1 + 1)])
-        base += n
+    bases = [sum(positions[:r]) for r in range(len(positions))]
+    # Stage 1's view: a share works on a request where its range holds one
+    # of the request's tiles or its drafts' first position; the first
+    # request a share works on is at slot 2c, a later one at 2c + 1.
+    pieces = [[] for _ in positions]
+    for c in range(used):
+        held = range(starts[c], starts[c + 1])
+        worked = [
+            r
+            for r in range(len(positions))
+            if set(held) & set(range(bases[r], bases[r] + tiles[r] + 1))
+        ]
+        for k, r in enumerate(worked):
+            pieces[r].append(2 * c + (k > 0))
     assert [len(p) for p in pieces] == expected_pieces
     gen = torch.Generator(device=device).manual_seed(0)
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
@@ -339,6 +349,9 @@ GPU_SHAPES = [
     (128, 1, [100, 20000]),
     (32, 5, [512] * 7),
     (128, 4, [2048] * 64),
+    # Short ragged requests: on fine plans, shares that begin in a request's
+    # later draft positions, and shares that hold nothing else.
+    (8, 2, [0, 1, 0, 5, 64, 0, 0, 3, 130, 2]),
 ]
 
 
@@ -405,9 +418,10 @@ def test_gpu_hopper_kernel_matches_reference(
 
 
 # (multiprocessors, share floor): the device's with the default floor, and
-# plans that cut the batch finer (many small shares, most requests split)
-# and coarser (few shares, most requests whole).
-SHARE_PLANS = [(None, None), (7, 1), (None, 16)]
+# plans that cut the batch finer (many small shares, most requests split;
+# the finest, one position a share) and coarser (few shares, most requests
+# whole).
+SHARE_PLANS = [(None, None), (7, 1), (None, 1), (None, 16)]
 
 
 def _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch):
