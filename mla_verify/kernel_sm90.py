@@ -30,15 +30,17 @@ schedules (config kernel "gluon_sm90" or "gluon_sm90_sv"):
 
 Shared memory: q 72 KB + 2 x 72 KB ring + P 8 KB (columns; score/value
 puts P in the rope rows) = 224 of 227 KB, so one CTA per SM and exactly two
-stages. V must be a view of K (MLA); other calls take the plain-Triton
-kernel.
+stages. The score warpgroup regroups a whole request's output for 16-byte
+stores through a few KB of scratch besides. V must be a view of K (MLA);
+other calls take the plain-Triton kernel.
 
 The work is cut in balanced shares, as a persistent grid: each head block
 gets one wave of CTAs (`ctas_per_head_block`), and the batch's positions
-(each request's prefix tiles, then one for its drafts) are cut into that
-many equal ranges of consecutive positions (fewer on a small batch: at
-least ``min_share`` positions each), from kv_indptr on the device
-(no host sync). A CTA runs its range request by request ("segments"); the
+(each request's prefix tiles, then its drafts: one position in a uniform
+batch, ``DRAFT_POSITIONS`` in a ragged one, for a segment's fixed cost)
+are cut into that many equal ranges of consecutive positions (fewer on a
+small batch: at least ``min_share`` positions each), from kv_indptr on
+the device (no host sync). A CTA runs its range request by request ("segments"); the
 ring runs on across them, so the next request's first tiles arrive while
 the consumers finish one, and each segment's query rows are staged by the
 warps that read them. A segment that is a whole request writes its output;
