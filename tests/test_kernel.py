@@ -112,7 +112,7 @@ def test_int64_index_tensors(device):
 @pytest.mark.parametrize(
     "draft_len,ctas,min_share,prefix_lens,expected_pieces",
     [
-        # Ragged: the drafts count DRAFT_POSITIONS (4) positions; share 3
+        # Ragged: the drafts count DRAFT_POSITIONS (5) positions; share 3
         # begins in request 3's later draft positions, so request 4 is its
         # first (slot 6).
         (2, 5, 4, [0, 130, 7, 64, 300], [1, 2, 2, 1, 2]),
@@ -122,9 +122,10 @@ def test_int64_index_tensors(device):
         (3, 12, 4, [2000], [9]),
         (1, 40, 4, [6000], [24]),
         (8, 30, 1, [1900], [30]),
-        (1, 40, 4, [10, 0, 5], [1, 1, 2]),  # the last drafts begin a share
-        # Shares 1, 3 and 6 hold later draft positions alone: no work.
-        (1, 40, 2, [10, 0, 5], [1, 1, 2]),
+        # Shares 1 and 4 hold later draft positions alone: no work.
+        (1, 40, 4, [10, 0, 5], [1, 1, 1]),
+        # Shares 2, 4, 5, 7 and 8 likewise; share 3 begins in request 0's.
+        (1, 40, 2, [10, 0, 5], [2, 1, 1]),
         (4, 3, 4, [64] * 7, [1, 1, 1, 1, 2, 1, 1]),
         (4, 10, 16, [64] * 7, [1, 1, 1, 1, 1, 1, 1]),
         # Every request holds as many positions (10; lengths 513-576 all
@@ -136,7 +137,7 @@ def test_int64_index_tensors(device):
         # Too costly to align: 14 shares would drop to 12 (a seventh).
         (2, 14, 1, [256] * 4, [4, 3, 4, 3]),
         # Not every request holds as many positions: no alignment.
-        (2, 17, 1, [576, 513, 540, 577], [4, 4, 4, 5]),
+        (2, 17, 1, [576, 513, 540, 577], [3, 4, 4, 4]),
     ],
 )
 def test_merge_after_shares(

@@ -1,7 +1,7 @@
+# Device command of one run: run_ab.sh PACKAGES SHAPE [SHAPE ...]
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p $OUT; date -u
-SH="H8L1B1C16384 H32L1B64C2048 H16L4B64C2048 H128L1B8C2048 H8L1B8C16384 H16L4B1C16384 H64L4B64Rlong65536x512 H16L4B32Rlognormal16384"
-timeout 250 python3 scratch/ab_k.py $SH 2>&1 | grep -v "stale" | tee $OUT/ab_k.txt
+timeout 400 python3 scratch/ab.py "$@" 2>&1 | grep -v "stale" | tee $OUT/ab.txt
 date -u
