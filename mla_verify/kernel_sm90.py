@@ -40,10 +40,10 @@ gets one wave of CTAs (`ctas_per_head_block`), and the batch's positions
 batch, ``DRAFT_POSITIONS`` in a ragged one, for a segment's fixed cost)
 are cut into that many equal ranges of consecutive positions (fewer on a
 small batch: at least ``min_share`` positions each), from kv_indptr on
-the device (no host sync). A CTA runs its range request by request ("segments"); the
-ring runs on across them, so the next request's first tiles arrive while
-the consumers finish one, and each segment's query rows are staged by the
-warps that read them. A segment that is a whole request writes its output;
+the device (no host sync). A CTA runs its range request by request
+("segments"); the ring runs on across them, so the next request's first
+tiles arrive while the consumers finish one, and each segment's query rows
+are staged by the warps that read them. A segment that is a whole request writes its output;
 only the first and last segment of a range can be part of a request, and
 those write a partial (slot 2 cta or 2 cta + 1) that stage 2 merges. A long
 request among short ones is thus spread over many CTAs, and short ones are

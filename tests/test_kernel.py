@@ -157,11 +157,12 @@ def test_merge_after_shares(
     # positions, the share count is the nearest below that cuts only at
     # request boundaries, if that is at most a sixteenth fewer.
     tiles = [-(-n // tokens) for n in prefix_lens]
-    drafts = 1 if len(set(tiles)) == 1 else kernel_sm90.DRAFT_POSITIONS.value
+    uniform = len(set(tiles)) == 1
+    drafts = 1 if uniform else kernel_sm90.DRAFT_POSITIONS.value
     positions = [t + drafts for t in tiles]
     total = sum(positions)
     used = min(ctas, -(-total // min_share))
-    if len(set(positions)) == 1:
+    if uniform:
         boundaries = {b * positions[0] for b in range(len(positions) + 1)}
 
         def cuts(count: int) -> set[int]:
