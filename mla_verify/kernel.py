@@ -145,7 +145,8 @@ def _share_positions(
     # The Hopper kernel's positions (kernel_sm90._positions: each request's
     # prefix tiles of TOKENS, then its drafts, DRAFT_POSITIONS in a ragged
     # batch, one in a uniform one): those of the requests before req,
-    # req's own, the batch's, the most a request holds, and the drafts'.
+    # req's own and the batch's; whether every request holds as many; and
+    # the drafts'.
     before = 0
     mine = 0
     total = 0
@@ -159,25 +160,25 @@ def _share_positions(
         mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
         total += tl.sum(positions, 0)
         most = tl.maximum(most, tl.max(positions, 0))
-    drafts = 1
-    if most.to(tl.int64) * batch_size != total:
-        drafts = DRAFT_POSITIONS
-        before += (DRAFT_POSITIONS - 1) * req
-        mine += DRAFT_POSITIONS - 1
-        total += (DRAFT_POSITIONS - 1) * batch_size
-        most += DRAFT_POSITIONS - 1
-    return before, mine, total, most, drafts
+    uniform = most.to(tl.int64) * batch_size == total  # int64: no wrap to equal
+    drafts = DRAFT_POSITIONS
+    if uniform:
+        drafts = 1
+    before += (drafts - 1) * req
+    mine += drafts - 1
+    total += (drafts - 1) * batch_size
+    return before, mine, total, uniform, drafts
 
 
 @triton.jit
-def _share_count(grid_ctas, total, most, batch_size, min_share):
+def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     # The Hopper kernel's share count (kernel_sm90._share_count, the same
     # rule): one a CTA, of min_share positions at least; where every
-    # request holds `most` positions, a multiple or a divisor of the batch
-    # size that costs at most a sixteenth of them.
+    # request holds as many positions (`uniform`), a multiple or a divisor
+    # of the batch size that costs at most a sixteenth of them.
     ctas = tl.minimum(grid_ctas, tl.cdiv(total, min_share))
     aligned = ctas
-    if most.to(tl.int64) * batch_size == total:
+    if uniform:
         if ctas >= batch_size:
             aligned = ctas - ctas % batch_size
         else:
@@ -472,10 +473,10 @@ def _merge_shares_kernel(
     # CTA that holds position p is ((p + 1) * ctas - 1) // total (int64:
     # the products pass 2^31 on large batches). c0 holds the first
     # position, c1 the drafts' first.
-    base, n, total, most, drafts = _share_positions(
+    base, n, total, uniform, drafts = _share_positions(
         KV_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS
     )
-    ctas = _share_count(share_ctas, total, most, batch_size, min_share).to(tl.int64)
+    ctas = _share_count(share_ctas, total, uniform, batch_size, min_share).to(tl.int64)
     c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
     c1 = (((base + n - drafts + 1) * ctas - 1) // total).to(tl.int32)
     if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)

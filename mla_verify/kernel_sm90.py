@@ -175,6 +175,24 @@ if AVAILABLE:
         return offs_h, offs_i, mask_m
 
     @gluon.jit
+    def _tile_coords(
+        head_block,
+        num_heads,
+        col0,
+        WIDTH: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        DRAFT_LEN: gl.constexpr,
+        layout: gl.constexpr,
+    ):
+        # _row_coords for a 2-D tile in `layout`, and its columns col0 ..
+        # col0 + WIDTH - 1.
+        offs_h, offs_i, mask_m = _row_coords(
+            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+        )
+        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+        return offs_h, offs_i, mask_m, cols
+
+    @gluon.jit
     def _load_q(
         Q,
         q_first,
@@ -188,11 +206,10 @@ if AVAILABLE:
         DRAFT_LEN: gl.constexpr,
         layout: gl.constexpr,
     ):
-        offs_h, offs_i, mask_m = _row_coords(
-            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+        offs_h, offs_i, mask_m, cols = _tile_coords(
+            head_block, num_heads, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
         )
         rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
-        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
         return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
 
     @constexpr_function
@@ -272,15 +289,15 @@ if AVAILABLE:
         return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
 
     @gluon.jit
-    def _share_count(grid_ctas, total, most, batch_size, min_share):
+    def _share_count(grid_ctas, total, uniform, batch_size, min_share):
         # The batch's shares (module docstring): one a CTA, of min_share
-        # positions at least; where every request holds `most` positions,
-        # a multiple or a divisor of the batch size that costs at most a
-        # sixteenth of them, so that no share holds part of a request.
-        # kernel._share_count is the same rule for stage 2.
+        # positions at least; where every request holds as many positions
+        # (`uniform`), a multiple or a divisor of the batch size that costs
+        # at most a sixteenth of them, so that no share holds part of a
+        # request. kernel._share_count is the same rule for stage 2.
         ctas = gl.minimum(grid_ctas, (total + min_share - 1) // min_share)
         aligned = ctas
-        if most.to(gl.int64) * batch_size == total:  # int64: no wrap to equal
+        if uniform:
             if ctas >= batch_size:
                 aligned = ctas - ctas % batch_size
             else:
@@ -1065,10 +1082,9 @@ if AVAILABLE:
                 _store_output(out.to(gl.bfloat16), col0, out_args, BLOCK_H, DRAFT_LEN)
         else:
             layout: gl.constexpr = out.type.layout
-            offs_h, offs_i, mask_m = _row_coords(
-                head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+            offs_h, offs_i, mask_m, offs_d = _tile_coords(
+                head_block, num_heads, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
             )
-            offs_d = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, layout))
             part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
             gl.store(
                 PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None]
@@ -1079,10 +1095,9 @@ if AVAILABLE:
         # The output rows of a whole request, in out's layout.
         O, stride_o_tok, stride_o_head, q_first, head_block, num_heads = out_args
         layout: gl.constexpr = out.type.layout
-        offs_h, offs_i, mask_m = _row_coords(
-            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+        offs_h, offs_i, mask_m, offs_d = _tile_coords(
+            head_block, num_heads, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
-        offs_d = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, layout))
         o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
         gl.store(O + o_row[:, None] + offs_d[None, :], out, mask=mask_m[:, None])
 
@@ -1130,10 +1145,11 @@ if AVAILABLE:
         LAUNCH_DEPENDENTS: gl.constexpr,
     ):
         if LAUNCH_DEPENDENTS:
-            # Stage 2 may launch now: its programs plan while this grid
-            # runs and wait for it before they read a partial
-            # (kernel.dependent_launch). One CTA per SM leaves no room for
-            # them before this grid's CTAs exit, so none is held back.
+            # Stage 2 may launch from the start (kernel.dependent_launch):
+            # with one CTA per SM its programs find room only as this
+            # grid's CTAs exit, so they cannot hold one back; each plans on
+            # an SM freed early and waits for the whole grid before it
+            # reads a partial.
             _launch_dependents()
         KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
         gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
@@ -1151,12 +1167,14 @@ if AVAILABLE:
             positions = _positions(KV_INDPTR, start, batch_size, 1, BLOCK_B, plan_layout)
             total += gl.sum(positions, 0)
             most = gl.maximum(most, gl.max(positions, 0))
-        drafts = 1
-        if most.to(gl.int64) * batch_size != total:  # ragged (DRAFT_POSITIONS)
-            drafts = DRAFT_POSITIONS
-            total += (DRAFT_POSITIONS - 1) * batch_size
-            most += DRAFT_POSITIONS - 1
-        ctas = _share_count(gl.num_programs(1), total, most, batch_size, min_share)
+        # A ragged batch's drafts weigh DRAFT_POSITIONS (int64: no wrap to
+        # equal).
+        uniform = most.to(gl.int64) * batch_size == total
+        drafts = DRAFT_POSITIONS
+        if uniform:
+            drafts = 1
+        total += (drafts - 1) * batch_size
+        ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
         if cta < ctas:
             s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
             s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
