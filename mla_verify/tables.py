@@ -10,10 +10,14 @@ One file per arch, ``<arch>.json``::
      "entries": {"H128_L4_bf16": {"num_heads": 128, "draft_len": 4, "kv_dtype": "bf16",
                  "buckets": {"32": {"config": {...VerifyConfig.to_dict()},
                                     "tuned_us": 12.3, "default_us": 15.0,
-                                    "context_lens": [2048, 16384]}}}}}
+                                    "context_lens": [2048, 16384],
+                                    "tuned_us_by_context": [8.1, 18.7],
+                                    "default_us_by_context": [9.9, 22.7]}}}}}
 
 Bucket keys are batch sizes as decimal strings; ``tuned_us``/``default_us``
-may be null (reported, unmeasured configs). ``context_lens`` is optional.
+(geometric means over the contexts) may be null (reported, unmeasured
+configs). ``context_lens`` and the per-context times, one per length, are
+optional.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ ENV_VAR = "MLA_VERIFY_CONFIG_DIR"
 _TOP_KEYS = {"schema_version", "arch", "metadata", "entries"}
 _ENTRY_KEYS = {"num_heads", "draft_len", "kv_dtype", "buckets"}
 _BUCKET_KEYS = {"config", "tuned_us", "default_us"}
-_BUCKET_OPTIONAL = {"context_lens"}
+_BUCKET_OPTIONAL = {"context_lens", "tuned_us_by_context", "default_us_by_context"}
 
 
 class TableError(ValueError):
@@ -126,6 +130,13 @@ def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
         lens = bucket["context_lens"]
         ok = isinstance(lens, list) and all(_is_int(n) and n >= 0 for n in lens)
         _check(ok, f"{where}.context_lens", f"expected a list of lengths, got {lens!r}")
+    for name in ("tuned_us_by_context", "default_us_by_context"):
+        if name in bucket:
+            times, lens = bucket[name], bucket.get("context_lens")
+            ok = isinstance(times, list) and isinstance(lens, list) and len(times) == len(lens)
+            _check(ok, f"{where}.{name}", f"expected one time per context_lens, got {times!r}")
+            for i, t in enumerate(times):
+                _check_time(t, f"{where}.{name}[{i}]")
 
 
 def _validate_entry(key: Any, entry: Any) -> None:

@@ -20,6 +20,7 @@ from mla_verify.kernel import KERNEL_HASH
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--heads", "2", "--draft-lens", "2", "--batch-sizes", "1,2", "--contexts", "40"]
+ONE_BUCKET = ["--heads", "2", "--draft-lens", "2", "--batch-sizes", "1"]
 
 
 def _pythonpath(first: Path) -> str:
@@ -114,6 +115,71 @@ def test_default_kept_when_tuning_does_not_beat_it(table_env, device):
     for r in results:
         assert r.config == tune.default_config(2, 2, r.batch_size, "cpu_test")
         assert r.tuned_us == r.default_us == pytest.approx(50.0)
+
+
+def test_beats_default_needs_a_win_somewhere_and_a_loss_nowhere():
+    def beats(tuned, default=(100.0, 100.0)):
+        return tune.beats_default(tune.Timing(tuned), tune.Timing(default), margin=0.03)
+
+    assert beats((95.0, 100.0))  # a share floor's gain at short contexts, a tie at long
+    assert beats((95.0, 102.0))  # within the margin where it loses
+    assert not beats((98.0, 98.0))  # faster everywhere, by less than the margin
+    assert not beats((85.0, 105.0))  # a loss beyond the margin: the runtime cannot tell them apart
+    assert not beats((96.0, 104.5))  # slower on the geometric mean
+
+
+def _context_of(batches) -> int:
+    return batches[0].prefix_lens[0]
+
+
+def test_a_config_that_wins_at_one_context_and_ties_at_the_other_is_kept(table_env, device):
+    """5% faster at the short context, a tie at the long one: 2.5% on the
+    geometric mean, less than the margin, yet the bucket keeps it; the table
+    records the times of each context."""
+    default = tune.default_config(2, 2, 1, "cpu_test")
+    timer = lambda config, batches: (  # noqa: E731
+        95.0 if config != default and _context_of(batches) == 40 else 100.0
+    )
+    (result,) = run([*ONE_BUCKET, "--contexts", "40,72"], table_env, device, timer=timer)
+    assert result.config != default
+    assert result.tuned.per_context == pytest.approx((95.0, 100.0))
+    bucket = json.loads((table_env / "cpu_test.json").read_text())["entries"]["H2_L2_bf16"]
+    bucket = bucket["buckets"]["1"]
+    assert bucket["context_lens"] == [40, 72]
+    assert bucket["tuned_us_by_context"] == [95.0, 100.0]
+    assert bucket["default_us_by_context"] == [100.0, 100.0]
+
+
+def test_a_lucky_timing_does_not_beat_the_default(table_env, device):
+    """A candidate that reads fast once (the fastest of several noisy
+    timings) is timed again beside the default, and the default stays."""
+    default = tune.default_config(2, 2, 1, "cpu_test")
+    lucky = []  # problem sets (kept alive: ids stay unique) that had their lucky read
+
+    def timer(config, batches):
+        if config != default and not any(b is batches for b in lucky):
+            lucky.append(batches)
+            return 50.0
+        return 100.0
+
+    (result,) = run([*ONE_BUCKET, "--contexts", "40"], table_env, device, timer=timer)
+    assert result.config == default
+    assert result.tuned_us == result.default_us == pytest.approx(100.0)
+
+
+def test_a_buckets_first_timing_is_not_the_defaults(table_env, device):
+    """The first timing on a bucket's new problems reads slow; the default
+    is timed again after it, so the slow one does not flatter candidates."""
+    seen = []  # problem sets timed so far (kept alive: ids stay unique)
+
+    def timer(config, batches):
+        first = not any(b is batches for b in seen)
+        seen.append(batches)
+        return 130.0 if first else 100.0
+
+    for result in run(TINY, table_env, device, timer=timer):
+        assert result.config == tune.default_config(2, 2, result.batch_size, "cpu_test")
+        assert result.default_us == pytest.approx(100.0)
 
 
 def test_resume_after_kill(table_env, device):
