@@ -117,14 +117,16 @@ def test_default_kept_when_tuning_does_not_beat_it(table_env, device):
         assert r.tuned_us == r.default_us == pytest.approx(50.0)
 
 
-def test_beats_default_needs_a_win_somewhere_and_a_loss_nowhere():
+def test_beats_default_by_the_mean_or_by_a_win_that_ties_elsewhere():
     def beats(tuned, default=(100.0, 100.0)):
         return tune.beats_default(tune.Timing(tuned), tune.Timing(default), margin=0.03)
 
+    assert beats((90.0, 98.0))  # by the margin on the geometric mean
+    assert beats((78.0, 108.0))  # a trade whose net gain passes the margin
     assert beats((95.0, 100.0))  # a share floor's gain at short contexts, a tie at long
     assert beats((95.0, 102.0))  # within the margin where it loses
     assert not beats((98.0, 98.0))  # faster everywhere, by less than the margin
-    assert not beats((85.0, 105.0))  # a loss beyond the margin: the runtime cannot tell them apart
+    assert not beats((90.0, 105.0))  # a trade whose net gain is under the margin
     assert not beats((96.0, 104.5))  # slower on the geometric mean
 
 
