@@ -330,7 +330,7 @@ def tune_entry(
     for bs in batch_sizes:
         problems = Problems(pool, heads, draft_len, bs, contexts_for(bs, contexts), device)
         default = default_config(heads, draft_len, bs, arch, dtype_name)
-        # The first timing on new problems read 4-11% slow on the H200
+        # The first timing on new problems read up to 12% slow on the H200
         # (BENCHMARKS.md); the default's first one only checks it.
         if check_and_time(default, problems, timer) is None:
             raise RuntimeError(f"{key} batch {bs}: the built-in default {default} failed")
