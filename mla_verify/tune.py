@@ -201,12 +201,12 @@ def confirm(
     tuned, default, default, tuned at each context; each one's time is the
     geometric mean of its two. The search's own time of the winner is the
     fastest of several noisy timings and reads low; these do not."""
-    pairs = []
+    tuned_times, default_times = [], []
     for batches in problems.sets:
-        first = [timer(tuned, batches), timer(default, batches)]
-        second = [timer(default, batches), timer(tuned, batches)]
-        pairs.append((math.sqrt(first[0] * second[1]), math.sqrt(first[1] * second[0])))
-    return Timing(tuple(t for t, _ in pairs)), Timing(tuple(d for _, d in pairs))
+        t1, d1, d2, t2 = [timer(config, batches) for config in (tuned, default, default, tuned)]
+        tuned_times.append(math.sqrt(t1 * t2))
+        default_times.append(math.sqrt(d1 * d2))
+    return Timing(tuple(tuned_times)), Timing(tuple(default_times))
 
 
 def beats_default(tuned: Timing, default: Timing, margin: float) -> bool:
