@@ -31,8 +31,9 @@ merges only the requests that several shares hold (stage 1 writes the
 others).
 
 On CUDA sm90 and later, stage 2 is a programmatic dependent launch
-(dependent_launch): its programs plan while stage 1 runs and wait for it in
-the kernel before reading a partial.
+(dependent_launch): its programs plan on the SMs stage 1's CTAs free as
+they exit, and wait for the whole grid in the kernel before reading a
+partial.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
