@@ -176,8 +176,11 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     # The Hopper kernel's share count (kernel_sm90._share_count, the same
     # rule): one a CTA, of min_share positions at least; where every
     # request holds as many positions (`uniform`), a multiple or a divisor
-    # of the batch size that costs at most a sixteenth of them.
+    # of the batch size that costs at most a sixteenth of them; no more
+    # than 1 + 4 sqrt(P) shares a request of P positions, on average.
     ctas = tl.minimum(grid_ctas, tl.cdiv(total, min_share))
+    work = total.to(tl.float32) * batch_size
+    ctas = tl.minimum(ctas, (4.0 * tl.sqrt_rn(work)).to(tl.int32) + batch_size)
     aligned = ctas
     if uniform:
         if ctas >= batch_size:

@@ -296,6 +296,12 @@ if AVAILABLE:
         # at most a sixteenth of them, so that no share holds part of a
         # request. kernel._share_count is the same rule for stage 2.
         ctas = gl.minimum(grid_ctas, (total + min_share - 1) // min_share)
+        # No more than 1 + 4 sqrt(P) shares a request of P positions, on
+        # average: beyond that, a merge of more partials costs more than
+        # shorter shares save (BENCHMARKS.md: floor 2 is 1.27x floor 4 on
+        # one 2K request, 0.93x on one 16K request).
+        work = total.to(gl.float32) * batch_size
+        ctas = gl.minimum(ctas, (4.0 * gl.sqrt_rn(work)).to(gl.int32) + batch_size)
         aligned = ctas
         if uniform:
             if ctas >= batch_size:

@@ -121,7 +121,11 @@ def test_int64_index_tensors(device):
         # merges several.
         (3, 12, 4, [2000], [9]),
         (1, 40, 4, [6000], [24]),
-        (8, 30, 1, [1900], [30]),
+        # 31 positions: 30 shares would pass 1 + 4 sqrt(31), so 23.
+        (8, 30, 1, [1900], [23]),
+        # Ragged, 43 positions of 2 requests: at most 2 + 4 sqrt(86), 39
+        # shares (43 would cut the first request 33 ways).
+        (1, 43, 1, [2000, 64], [30, 2]),
         # Shares 1 and 4 hold later draft positions alone: no work.
         (1, 40, 4, [10, 0, 5], [1, 1, 1]),
         # Shares 2, 4, 5, 7 and 8 likewise; share 3 begins in request 0's.
@@ -155,13 +159,16 @@ def test_merge_after_shares(
     # every request holds as many tiles (then one); share c holds positions
     # starts[c] .. starts[c + 1] - 1. Where every request holds as many
     # positions, the share count is the nearest below that cuts only at
-    # request boundaries, if that is at most a sixteenth fewer.
+    # request boundaries, if that is at most a sixteenth fewer. Shares are
+    # at most 1 + 4 sqrt(P) a request of P positions, on average: with B
+    # requests, B + 4 sqrt(total B) (the kernel's float32 sqrt rounds to
+    # the integer root wherever that cap is below 2896).
     tiles = [-(-n // tokens) for n in prefix_lens]
     uniform = len(set(tiles)) == 1
     drafts = 1 if uniform else kernel_sm90.DRAFT_POSITIONS.value
     positions = [t + drafts for t in tiles]
     total = sum(positions)
-    used = min(ctas, -(-total // min_share))
+    used = min(ctas, -(-total // min_share), math.isqrt(16 * total * len(positions)) + len(positions))
     if uniform:
         boundaries = {b * positions[0] for b in range(len(positions) + 1)}
 
@@ -421,7 +428,8 @@ def test_gpu_hopper_kernel_matches_reference(
 
 # (multiprocessors, share floor): the device's with the default floor, and
 # plans that cut the batch finer (many small shares, most requests split;
-# the finest, one position a share) and coarser (few shares, most requests
+# the finest, one position a share up to the cap of about 1 + 4 sqrt(P)
+# shares a request of P positions) and coarser (few shares, most requests
 # whole).
 SHARE_PLANS = [(None, None), (7, 1), (None, 1), (None, 16)]
 
