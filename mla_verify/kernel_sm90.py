@@ -39,8 +39,9 @@ gets one wave of CTAs (`ctas_per_head_block`), and the batch's positions
 (each request's prefix tiles, then its drafts: one position in a uniform
 batch, ``DRAFT_POSITIONS`` in a ragged one, for a segment's fixed cost)
 are cut into that many equal ranges of consecutive positions (fewer on a
-small batch: at least ``min_share`` positions each), from kv_indptr on
-the device (no host sync). A CTA runs its range request by request
+small batch: at least ``min_share`` positions each, and at most about
+1 + 4 sqrt(P) ranges a request of P positions, on average), from
+kv_indptr on the device (no host sync). A CTA runs its range request by request
 ("segments"); the ring runs on across them, so the next request's first
 tiles arrive while the consumers finish one, and each segment's query rows
 are staged by the warps that read them. A segment that is a whole request writes its output;
