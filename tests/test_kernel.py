@@ -168,7 +168,8 @@ def test_merge_after_shares(
     drafts = 1 if uniform else kernel_sm90.DRAFT_POSITIONS.value
     positions = [t + drafts for t in tiles]
     total = sum(positions)
-    used = min(ctas, -(-total // min_share), math.isqrt(16 * total * len(positions)) + len(positions))
+    batch_size = len(positions)
+    used = min(ctas, -(-total // min_share), math.isqrt(16 * total * batch_size) + batch_size)
     if uniform:
         boundaries = {b * positions[0] for b in range(len(positions) + 1)}
 
