@@ -161,8 +161,9 @@ def test_merge_after_shares(
     # positions, the share count is the nearest below that cuts only at
     # request boundaries, if that is at most a sixteenth fewer. Shares are
     # at most 1 + 4 sqrt(P) a request of P positions, on average: with B
-    # requests, B + 4 sqrt(total B) (the kernel's float32 sqrt rounds to
-    # the integer root wherever that cap is below 2896).
+    # requests, B + floor(4 sqrt(total B)). The kernel takes that floor of
+    # a float32 sqrt; it equals isqrt(16 total B) wherever it is below 2896,
+    # so wherever the cap can bind.
     tiles = [-(-n // tokens) for n in prefix_lens]
     uniform = len(set(tiles)) == 1
     drafts = 1 if uniform else kernel_sm90.DRAFT_POSITIONS.value
