@@ -90,14 +90,17 @@ def _check_keys(data: Any, required: set[str], optional: set[str], where: str) -
     _check(not unknown, where, f"unknown keys {sorted(unknown)}")
 
 
-def _check_time(value: Any, where: str) -> None:
-    ok = value is None or (
+def _check_time(value: Any, where: str, nullable: bool = True) -> None:
+    """A time in microseconds; null only where nullable (a reported config's
+    unmeasured time)."""
+    positive = (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and math.isfinite(value)
         and value > 0
     )
-    _check(ok, where, f"expected a positive number or null, got {value!r}")
+    expected = "a positive number or null" if nullable else "a positive number"
+    _check(positive or (nullable and value is None), where, f"expected {expected}, got {value!r}")
 
 
 def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
@@ -135,8 +138,8 @@ def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
             times, lens = bucket[name], bucket.get("context_lens")
             ok = isinstance(times, list) and isinstance(lens, list) and len(times) == len(lens)
             _check(ok, f"{where}.{name}", f"expected one time per context_lens, got {times!r}")
-            for i, t in enumerate(times):
-                _check_time(t, f"{where}.{name}[{i}]")
+            for i, t in enumerate(times):  # measured: the tuner writes no null here
+                _check_time(t, f"{where}.{name}[{i}]", nullable=False)
 
 
 def _validate_entry(key: Any, entry: Any) -> None:

@@ -34,6 +34,7 @@ import datetime
 import logging
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -101,7 +102,7 @@ class Timing:
     @property
     def mean(self) -> float:
         """Geometric mean over the contexts: how candidates are ranked."""
-        return math.exp(sum(math.log(t) for t in self.per_context) / len(self.per_context))
+        return statistics.geometric_mean(self.per_context)
 
 
 @dataclass
@@ -650,7 +651,7 @@ def print_summary(results: list[BucketResult]) -> None:
             f"{r.key:<16}{r.batch_size:>6}{r.tuned_us:>11.1f}{r.default_us:>12.1f}"
             f"{r.speedup:>9.2f}x  {by_context:<14}{cfg}"
         )
-    geo = math.exp(sum(math.log(r.speedup) for r in results) / len(results))
+    geo = statistics.geometric_mean(r.speedup for r in results)
     print(f"geometric-mean speed-up over the default: {geo:.3f}x ({len(results)} buckets)")
 
 

@@ -91,6 +91,11 @@ def test_entry_key():
 
 def test_validate_accepts_good_and_unmeasured_tables():
     tables.validate_table(table(), expected_arch="sm90")
+    by_context = copy.deepcopy(table())
+    measured = by_context["entries"]["H128_L4_bf16"]["buckets"]["1"]
+    measured.update(context_lens=[2048, 16384], tuned_us_by_context=[8.1, 18.7])
+    measured["default_us_by_context"] = [9.9, 22.7]
+    tables.validate_table(by_context, expected_arch="sm90")
     unmeasured = table(
         entries=[entry(16, 2, "fp8_e4m3", {8: bucket(cfg(), tuned=None, default=None)})],
         measured=False,
@@ -115,6 +120,14 @@ def _delete(path: list):
         for part in path[:-1]:
             t = t[part]
         del t[path[-1]]
+
+    return mutate
+
+
+def _chain(*mutations):
+    def mutate(t: dict) -> None:
+        for m in mutations:
+            m(t)
 
     return mutate
 
@@ -161,6 +174,16 @@ BAD_TABLES = {
     "tuned_us_string": (_set([*B, "tuned_us"], "fast"), "tuned_us"),
     "default_us_nan": (_set([*B, "default_us"], float("nan")), "default_us"),
     "context_lens_not_list": (_set([*B, "context_lens"], 2048), "context_lens"),
+    "times_by_context_too_few": (_set([*B, "tuned_us_by_context"], []), "tuned_us_by_context"),
+    "times_by_context_without_lens": (
+        _chain(_delete([*B, "context_lens"]), _set([*B, "tuned_us_by_context"], [9.0])),
+        "tuned_us_by_context",
+    ),
+    "times_by_context_null": (
+        _set([*B, "default_us_by_context"], [None]),
+        "default_us_by_context[0]: expected a positive number, got None",
+    ),
+    "times_by_context_zero": (_set([*B, "default_us_by_context"], [0.0]), "[0]"),
 }
 
 
