@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 
 from .api import can_handle, set_debug, verify_mla_fwd  # noqa: E402
 from .config import VerifyConfig, default_config  # noqa: E402
-from .lookup import block_config, current_arch, resolve_config  # noqa: E402
+from .device import current_arch  # noqa: E402
+from .lookup import block_config, resolve_config  # noqa: E402
 from .reference import verify_mla_reference  # noqa: E402
 from .workspace import prepare_workspace, workspace_bytes  # noqa: E402
 

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     draft_len = args.draft_len or 4
     bs = args.batch_size or (32 if on_gpu else 2)
     context = args.context or (16384 if on_gpu else 100)
-    kv_dtype = mla_verify.config.kv_dtype_from_name(args.kv_dtype)
+    kv_dtype = mla_verify.problem.kv_dtype_from_name(args.kv_dtype)
     device = "cuda" if on_gpu else "cpu"
 
     batch = make_batch(heads, draft_len, [context] * bs, kv_dtype=kv_dtype, device=device)

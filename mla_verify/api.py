@@ -22,19 +22,24 @@ import os
 import torch
 
 from . import kernel
-from .config import KV_DTYPE_NAMES, VerifyConfig, default_config, for_separate_v
-from .lookup import block_config, current_arch
+from .config import VerifyConfig, default_config
+from .device import current_arch
+from .lookup import block_config
+from .plan import plan_call
+from .problem import (
+    INDEX_DTYPES,
+    KV_DTYPES,
+    MAX_BATCH_SIZE,
+    MAX_DRAFT_LEN,
+    MAX_HEADS,
+    MIN_DRAFT_LEN,
+    Q_DTYPES,
+    QK_HEAD_DIM,
+    V_HEAD_DIM,
+)
 from .workspace import capturing, get_workspace
 
 logger = logging.getLogger(__name__)
-
-Q_HEAD_DIM = kernel.D_NOPE + kernel.D_ROPE
-V_HEAD_DIM = kernel.D_NOPE
-MAX_DRAFT_LEN = 16
-MAX_GRID_Y = 65535
-_Q_DTYPES = (torch.bfloat16, torch.float16)
-_KV_DTYPES = tuple(KV_DTYPE_NAMES)  # bf16, fp16, fp8 e4m3 (and e4m3fnuz where torch has it)
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 _debug = os.environ.get("MLA_VERIFY_DEBUG", "0") not in ("", "0")
 
@@ -121,9 +126,9 @@ def _refusal(
         return "rank (expected [tokens, heads, dim] tensors)"
     if k_extend.dim() != 3 or v_extend.dim() != 3:
         return "rank of k_extend / v_extend"
-    if q.shape[-1] != Q_HEAD_DIM or v_buffer.shape[-1] != V_HEAD_DIM:
+    if q.shape[-1] != QK_HEAD_DIM or v_buffer.shape[-1] != V_HEAD_DIM:
         return f"head dims (q {q.shape[-1]}, v {v_buffer.shape[-1]}; needs 576 / 512)"
-    if k_buffer.shape[-1] != Q_HEAD_DIM or k_extend.shape[-1] != Q_HEAD_DIM:
+    if k_buffer.shape[-1] != QK_HEAD_DIM or k_extend.shape[-1] != QK_HEAD_DIM:
         return "k head dim"
     if v_extend.shape[-1] != V_HEAD_DIM:
         return "v_extend head dim"
@@ -131,34 +136,28 @@ def _refusal(
         return "more than one KV head"
     if v_extend.shape[1] != 1:
         return "more than one KV head (v_extend)"
-    if q.dtype not in _Q_DTYPES:
+    if q.dtype not in Q_DTYPES:
         return f"q dtype {q.dtype}"
     if k_extend.dtype != q.dtype or v_extend.dtype != q.dtype:
         return "k_extend / v_extend dtype differs from q"
-    if k_buffer.dtype not in _KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
+    if k_buffer.dtype not in KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
         return f"kv dtype {k_buffer.dtype} / {v_buffer.dtype}"
-    if k_buffer.dtype in _Q_DTYPES and k_buffer.dtype != q.dtype:
+    if k_buffer.dtype in Q_DTYPES and k_buffer.dtype != q.dtype:
         return "16-bit kv dtype differs from q"
     if any(t.stride(-1) != 1 for t in (q, k_extend, v_extend, k_buffer, v_buffer)):
         return "last dimension not contiguous"
     bs = qo_indptr.shape[0] - 1 if qo_indptr.dim() == 1 else -1
     if bs < 1 or not isinstance(max_len_extend, int):
         return "empty batch"
-    if bs > MAX_GRID_Y:
-        return f"batch of {bs} requests (at most {MAX_GRID_Y})"
-    if not 1 <= max_len_extend <= MAX_DRAFT_LEN:
-        return f"draft length {max_len_extend} outside 1..{MAX_DRAFT_LEN}"
+    if bs > MAX_BATCH_SIZE:
+        return f"batch of {bs} requests (at most {MAX_BATCH_SIZE})"
+    if not MIN_DRAFT_LEN <= max_len_extend <= MAX_DRAFT_LEN:
+        return f"draft length {max_len_extend} outside {MIN_DRAFT_LEN}..{MAX_DRAFT_LEN}"
+    if q.shape[1] > MAX_HEADS:
+        return f"{q.shape[1]} heads (at most {MAX_HEADS})"
     if q.shape[0] != bs * max_len_extend:
         return "ragged extend (q_extend rows != batch * max_len_extend)"
     return None
-
-
-def fit_grid(config: VerifyConfig, batch_size: int) -> VerifyConfig:
-    """Stage 1's second grid dimension (batch x NUM_KV_SPLITS) is capped by
-    CUDA at 65535: very large batches get fewer units per request."""
-    if batch_size * config.NUM_KV_SPLITS <= MAX_GRID_Y:
-        return config
-    return config.with_splits(max(1, MAX_GRID_Y // batch_size))
 
 
 def _expect(ok: bool, name: str, expected: str, actual: object) -> None:
@@ -186,7 +185,7 @@ def _validate(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr
     )
     _expect(kv_indices.dim() == 1, "kv_indices.dim()", "1", kv_indices.dim())
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        _expect(t.dtype in _INDEX_DTYPES, f"{name}.dtype", "torch.int32 or torch.int64", t.dtype)
+        _expect(t.dtype in INDEX_DTYPES, f"{name}.dtype", "torch.int32 or torch.int64", t.dtype)
         _expect(t.stride(0) == 1 or t.numel() <= 1, f"{name}", "a contiguous tensor", t.stride())
     _expect(isinstance(o, torch.Tensor), "o_extend", "a tensor", type(o).__name__)
     expected_o = (tokens, heads, V_HEAD_DIM)
@@ -310,23 +309,29 @@ def verify_mla_fwd(
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(Q_HEAD_DIM)
+        sm_scale = 1.0 / math.sqrt(QK_HEAD_DIM)
     sm_scale = _as_scale(sm_scale, "sm_scale", positive=True)
 
     bs = qo_indptr.shape[0] - 1
-    num_heads = q_extend.shape[1]
     if config is None:
-        config = _tuned_config(q_extend, num_heads, max_len_extend, bs, k_buffer.dtype)
-    if not kernel.v_is_k_view(k_buffer, v_buffer):
-        config = for_separate_v(config)
-    config = fit_grid(config, bs)
+        config = _tuned_config(q_extend, q_extend.shape[1], max_len_extend, bs, k_buffer.dtype)
+    plan = plan_call(
+        q_extend,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        batch_size=bs,
+        draft_len=max_len_extend,
+        config=config,
+    )
     if _debug and not capturing(q_extend.device):
         _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, max_len_extend)
-    ctas = kernel.share_ctas(q_extend, k_buffer, v_buffer, max_len_extend, config)
     part_o, part_lse = get_workspace(q_extend.device).views(
-        kernel.partial_slots(bs, config.NUM_KV_SPLITS, ctas), num_heads, max_len_extend
+        plan.partial_slots, plan.num_heads, max_len_extend
     )
     kernel.launch(
+        plan,
         q_extend,
         k_extend,
         v_extend,
@@ -338,13 +343,9 @@ def verify_mla_fwd(
         kv_indices,
         part_o,
         part_lse,
-        batch_size=bs,
-        draft_len=max_len_extend,
         sm_scale=sm_scale,
         k_scale=k_scale,
         v_scale=v_scale,
-        config=config,
-        share_ctas=ctas,
     )
     return True
 

@@ -12,31 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+import triton
 
 from . import kernel_sm90
-
-# Key names of the KV dtypes the tables distinguish.
-KV_DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float8_e4m3fn: "fp8_e4m3",
-}
-if hasattr(torch, "float8_e4m3fnuz"):  # MI300's fp8 flavour
-    KV_DTYPE_NAMES[torch.float8_e4m3fnuz] = "fp8_e4m3fnuz"
-
-# Multiprocessor / compute-unit counts of the archs we know; the default split
-# heuristic sizes its grid from them. Unknown archs get DEFAULT_SM_COUNT.
-SM_COUNT: dict[str, int] = {
-    "sm80": 108,
-    "sm86": 84,
-    "sm89": 128,
-    "sm90": 132,
-    "sm100": 148,
-    "gfx942": 304,
-    "gfx950": 256,
-}
-DEFAULT_SM_COUNT = 128
+from .device import arch_sm_count, is_amd_arch
 
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
 # 8 warps' registers (see PERF_NOTES); 128 rows spills.
@@ -55,38 +34,10 @@ def runs_score_value(kernel: str, kv_dtype: str) -> bool:
     return kernel == "gluon_sm90_sv" and kv_dtype in kernel_sm90.SCORE_VALUE_KV_DTYPES
 
 
-def kv_dtype_name(dtype: torch.dtype | str) -> str:
-    """Table key of a KV dtype ('bf16', 'fp16', 'fp8_e4m3', ...)."""
-    if isinstance(dtype, str):
-        if dtype not in KV_DTYPE_NAMES.values():
-            raise ValueError(
-                f"kv_dtype: expected one of {sorted(KV_DTYPE_NAMES.values())}, got {dtype!r}"
-            )
-        return dtype
-    try:
-        return KV_DTYPE_NAMES[dtype]
-    except KeyError:
-        raise ValueError(f"kv_dtype: expected one of {list(KV_DTYPE_NAMES)}, got {dtype}") from None
-
-
-def kv_dtype_from_name(name: str) -> torch.dtype:
-    """The torch dtype of a table key ('bf16', 'fp8_e4m3', ...)."""
-    kv_dtype_name(name)  # validates, naming the choices
-    return next(dtype for dtype, key in KV_DTYPE_NAMES.items() if key == name)
-
-
-def is_amd_arch(arch: str) -> bool:
-    return arch.startswith("gfx")
-
-
 def rows_per_program(block_h: int, draft_len: int) -> int:
     """Query rows one stage-1 program holds: BLOCK_H heads x all drafts,
     padded to a power of two and to the 16-row minimum of ``tl.dot``."""
-    return max(16, triton_next_pow2(block_h * draft_len))
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+    return max(16, triton.next_power_of_2(block_h * draft_len))
 
 
 @dataclass(frozen=True)
@@ -213,7 +164,7 @@ def default_num_kv_splits(
 ) -> int:
     """Units that bring the grid to about one full wave: one CTA per SM for
     64-row tiles (registers pin occupancy at 1), two for smaller tiles."""
-    sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
+    sms = arch_sm_count(arch)
     ctas_per_sm = 1 if rows >= 64 else 2
     head_blocks = math.ceil(num_heads / block_h)
     programs = max(1, batch_size * head_blocks)
@@ -236,7 +187,7 @@ def default_config(
     if arch == "sm90" and draft_len <= MAX_ROWS:
         kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
         return hopper_config(num_heads, draft_len, batch_size, kernel)
-    rows = min(MAX_ROWS, max(16, triton_next_pow2(num_heads * draft_len)))
+    rows = min(MAX_ROWS, max(16, triton.next_power_of_2(num_heads * draft_len)))
     block_h = max(1, min(num_heads, rows // draft_len))
     rows = rows_per_program(block_h, draft_len)
     splits = default_num_kv_splits(num_heads, batch_size, block_h, rows, arch)
@@ -283,20 +234,6 @@ def reported_amd_config(num_heads: int, batch_size: int) -> VerifyConfig:
         NUM_KV_SPLITS=units_for_chunks(chunks),
         num_warps=8,
         num_stages=1,
-    )
-
-
-def for_separate_v(config: VerifyConfig) -> VerifyConfig:
-    """The config to launch when V is not a view of K's latent columns.
-
-    A separate V tile doubles the KV bytes a stage holds in shared memory
-    (measured on the H200: 344 KB for 2 stages of 64 tokens, over the 227 KB
-    limit), so such calls run one stage of at most 32 tokens. MLA engines
-    pass the view and never take this path.
-    """
-    # The Triton kernel: the Hopper one reads V from the K tile by design.
-    return dataclasses.replace(
-        config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32), kernel="triton", MIN_SHARE=None
     )
 
 
@@ -352,7 +289,7 @@ def split_candidates(
     shares and ignores the field (the value stays for a Triton fallback)."""
     if _plans_shares(arch, kernel):
         return [default_num_kv_splits(num_heads, batch_size, block_h, MAX_ROWS, arch)]
-    sms = SM_COUNT.get(arch, DEFAULT_SM_COUNT)
+    sms = arch_sm_count(arch)
     programs = batch_size * math.ceil(num_heads / block_h)
     cands = {1}
     for waves in (0.5, 1, 2, 3, 4):

@@ -42,7 +42,6 @@ Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import re
@@ -55,17 +54,9 @@ from triton.language.extra.cuda import gdc_wait
 from triton.runtime.jit import ConstexprFunction
 
 from . import kernel_sm90
-from .config import (
-    HOPPER_KERNELS,
-    KV_DTYPE_NAMES,
-    VerifyConfig,
-    rows_per_program,
-    runs_score_value,
-    triton_next_pow2,
-)
+from .config import rows_per_program
+from .problem import D_NOPE, D_ROPE
 
-D_NOPE = 512
-D_ROPE = 64
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
 # Stage 2 after the Triton kernel: one program per (request, head), all 512
@@ -617,102 +608,8 @@ KERNEL_HASH = hashlib.sha256(
 ).hexdigest()[:16]
 
 
-def v_is_k_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
-    """MLA passes V as the view k_buffer[..., :512]: then one load feeds both
-    dots (metadata only: safe under graph capture)."""
-    return (
-        v_buffer.data_ptr() == k_buffer.data_ptr()
-        and v_buffer.stride(0) == k_buffer.stride(0)
-        and v_buffer.dtype == k_buffer.dtype
-    )
-
-
-def uses_gluon_sm90(
-    q: torch.Tensor, k_buffer: torch.Tensor, draft_len: int, v_from_k: bool
-) -> bool:
-    """Whether a Hopper config runs the Hopper kernel for this call
-    (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, V a view of K); otherwise
-    the Triton kernel runs the same tile. Metadata only."""
-    return (
-        not INTERPRETED
-        and q.is_cuda
-        and q.dtype == torch.bfloat16
-        and torch.version.cuda is not None
-        and torch.cuda.get_device_capability(q.device) == (9, 0)
-        and kernel_sm90.supports(draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k)
-    )
-
-
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device (cached: no query, no sync, after the
-    first call)."""
-    return _sm_count(_device_index(device))
-
-
-@functools.cache
-def _dependent_launch(index: int) -> bool:
-    return torch.version.cuda is not None and torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def dependent_launch(device: torch.device) -> bool:
-    """Whether stage 2 goes out as a programmatic dependent launch (CUDA,
-    sm90 and later; cached, metadata only after the first call): its grid
-    launches while stage 1 drains, plans, and waits in the kernel for stage
-    1's partials (griddepcontrol.wait), so the gap between the two launches
-    overlaps stage 1's tail. The Hopper kernel lets it launch from its
-    start."""
-    if INTERPRETED or device.type != "cuda":
-        return False
-    return _dependent_launch(_device_index(device))
-
-
-def share_ctas(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    draft_len: int,
-    config: VerifyConfig,
-) -> int:
-    """CTAs per head block when stage 1 runs the Hopper kernel (its
-    balanced shares, one wave), 0 where the Triton kernel runs (its units:
-    NUM_KV_SPLITS per request). Metadata only."""
-    v_from_k = v_is_k_view(k_buffer, v_buffer)
-    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
-        return kernel_sm90.ctas_per_head_block(sm_count(q.device), q.shape[1], config.BLOCK_H)
-    return 0
-
-
-def min_share(config: VerifyConfig) -> int:
-    """Positions a share of the Hopper kernel holds at least: the config's,
-    else the kernel's default."""
-    return config.MIN_SHARE or kernel_sm90.DEFAULT_MIN_SHARE
-
-
-def partial_slots(batch_size: int, num_kv_splits: int, share_ctas: int) -> int:
-    """Partial slots stage 1 writes: two per share (the Hopper kernel), or
-    one per unit (batch x NUM_KV_SPLITS)."""
-    if share_ctas:
-        return kernel_sm90.partial_slots(share_ctas)
-    return batch_size * num_kv_splits
-
-
-def workspace_numel(slots: int, num_heads: int, draft_len: int) -> tuple[int, int]:
-    """fp32 elements of (part_o, part_lse) for ``slots`` partial slots: one
-    row per (slot, head, draft)."""
-    rows = slots * num_heads * draft_len
-    return rows * D_NOPE, rows
-
-
 def launch(
+    plan,
     q: torch.Tensor,
     k_ext: torch.Tensor,
     v_ext: torch.Tensor,
@@ -725,25 +622,16 @@ def launch(
     part_o: torch.Tensor,
     part_lse: torch.Tensor,
     *,
-    batch_size: int,
-    draft_len: int,
     sm_scale: float,
     k_scale: float,
     v_scale: float,
-    config: VerifyConfig,
-    share_ctas: int,
 ) -> None:
-    """Launch both stages. Inputs are trusted (the API validates them);
-    ``part_o`` / ``part_lse`` hold at least ``workspace_numel(partial_slots(
-    ...), ...)`` elements. ``share_ctas`` is the function ``share_ctas`` of
-    this call and config: the Hopper kernel's shares per head block, or 0
-    for the Triton kernel. Looks nothing up, allocates nothing, never
-    synchronises."""
-    num_heads = q.shape[1]
-    splits = config.NUM_KV_SPLITS
-    dependent = dependent_launch(q.device)
-    if share_ctas:
-        floor = min_share(config)
+    """Launch both stages as ``plan`` (a ``plan.Plan`` of this call) says.
+    Inputs are trusted (the API validates them); ``part_o`` / ``part_lse``
+    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements.
+    Looks nothing up, allocates nothing, never synchronises."""
+    config = plan.config
+    if plan.hopper:
         kernel_sm90.launch_prefix(
             q,
             k_buffer,
@@ -755,18 +643,18 @@ def launch(
             kv_indices,
             part_o,
             part_lse,
-            batch_size=batch_size,
-            draft_len=draft_len,
+            batch_size=plan.batch_size,
+            draft_len=plan.draft_len,
             block_h=config.BLOCK_H,
-            ctas=share_ctas,
-            min_share=floor,
+            ctas=plan.share_ctas,
+            min_share=plan.min_share,
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
             v_scale=v_scale,
-            v_extend_from_k=v_is_k_view(k_ext, v_ext),
+            v_extend_from_k=plan.v_extend_from_k,
             plan_block=PLAN_BLOCK,
-            score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
-            launch_dependents=dependent,
+            score_value=plan.score_value,
+            launch_dependents=plan.dependent,
         )
         launch_merge_shares(
             o,
@@ -774,60 +662,62 @@ def launch(
             kv_indptr,
             part_o,
             part_lse,
-            batch_size=batch_size,
-            draft_len=draft_len,
-            share_ctas=share_ctas,
-            min_share=floor,
-            dependent=dependent,
+            batch_size=plan.batch_size,
+            draft_len=plan.draft_len,
+            share_ctas=plan.share_ctas,
+            min_share=plan.min_share,
+            column_blocks=plan.merge_blocks,
+            dependent=plan.dependent,
         )
-    else:
-        block_m = rows_per_program(config.BLOCK_H, draft_len)
-        grid = (triton.cdiv(num_heads, config.BLOCK_H), batch_size * splits)
-        _prefix_kernel[grid](
-            q,
-            k_buffer,
-            v_buffer,
-            qo_indptr,
-            kv_indptr,
-            kv_indices,
-            part_o,
-            part_lse,
-            q.stride(0),
-            q.stride(1),
-            k_buffer.stride(0),
-            v_buffer.stride(0),
-            num_heads,
-            batch_size,
-            splits,
-            sm_scale * k_scale * LOG2E,
-            v_scale,
-            DRAFT_LEN=draft_len,
-            BLOCK_H=config.BLOCK_H,
-            BLOCK_M=block_m,
-            BLOCK_N=config.BLOCK_N,
-            BLOCK_B=PLAN_BLOCK,
-            D_NOPE=D_NOPE,
-            D_ROPE=D_ROPE,
-            V_FROM_K=v_is_k_view(k_buffer, v_buffer),
-            DOT_FP32=INTERPRETED,
-            **config.launch_options(),
-        )
-        launch_merge(
-            q,
-            k_ext,
-            v_ext,
-            o,
-            qo_indptr,
-            kv_indptr,
-            part_o,
-            part_lse,
-            batch_size=batch_size,
-            draft_len=draft_len,
-            block_n=config.BLOCK_N,
-            num_kv_splits=splits,
-            sm_scale=sm_scale,
-            dependent=dependent,
-        )
+        return
+    num_heads = q.shape[1]
+    splits = config.NUM_KV_SPLITS
+    grid = (triton.cdiv(num_heads, config.BLOCK_H), plan.batch_size * splits)
+    _prefix_kernel[grid](
+        q,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        v_buffer.stride(0),
+        num_heads,
+        plan.batch_size,
+        splits,
+        sm_scale * k_scale * LOG2E,
+        v_scale,
+        DRAFT_LEN=plan.draft_len,
+        BLOCK_H=config.BLOCK_H,
+        BLOCK_M=rows_per_program(config.BLOCK_H, plan.draft_len),
+        BLOCK_N=config.BLOCK_N,
+        BLOCK_B=PLAN_BLOCK,
+        D_NOPE=D_NOPE,
+        D_ROPE=D_ROPE,
+        V_FROM_K=plan.v_from_k,
+        DOT_FP32=INTERPRETED,
+        **config.launch_options(),
+    )
+    launch_merge(
+        q,
+        k_ext,
+        v_ext,
+        o,
+        qo_indptr,
+        kv_indptr,
+        part_o,
+        part_lse,
+        batch_size=plan.batch_size,
+        draft_len=plan.draft_len,
+        block_n=config.BLOCK_N,
+        num_kv_splits=splits,
+        sm_scale=sm_scale,
+        dependent=plan.dependent,
+    )
 
 
 def launch_merge(
@@ -850,7 +740,7 @@ def launch_merge(
     """Stage 2 after the Triton kernel, writes ``o``: merges each request's
     unit partials (the plan of stage 1 with ``block_n``) and adds the
     drafts. ``dependent``: a programmatic dependent launch
-    (``dependent_launch``)."""
+    (``plan.dependent_launch``)."""
     num_heads = q.shape[1]
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
@@ -872,8 +762,8 @@ def launch_merge(
         num_kv_splits,
         sm_scale * LOG2E,
         DRAFT_LEN=draft_len,
-        L_PAD=triton_next_pow2(draft_len),
-        BLOCK_L=max(16, triton_next_pow2(draft_len)),
+        L_PAD=triton.next_power_of_2(draft_len),
+        BLOCK_L=max(16, triton.next_power_of_2(draft_len)),
         BLOCK_N=block_n,
         BLOCK_B=PLAN_BLOCK,
         D_NOPE=D_NOPE,
@@ -884,29 +774,6 @@ def launch_merge(
         num_stages=1,
         **_dependent_options(dependent),
     )
-
-
-def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_ctas: int) -> int:
-    """Column blocks of stage 2 after the Hopper kernel's shares
-    (``share_ctas`` per head block): more blocks give each program a
-    narrower tile with more pieces per load (a shorter chain on a request
-    over many shares) and spread a request over more programs, but each
-    program pays the plan and its loads' latency, and the programs that
-    find their request whole return empty-handed. Sized from the pieces a
-    request holds on average (shares per request), at least
-    ``MERGE_REQUEST_PROGRAMS`` programs a request, at most
-    ``MERGE_MAX_PROGRAMS`` in all; a power of two."""
-    pieces = max(1, share_ctas // batch_size)
-    elements = pieces * triton_next_pow2(draft_len) * D_NOPE
-    by_work = _pow2_at_most(elements // MERGE_PROGRAM_ELEMENTS)
-    by_request = triton_next_pow2(-(-MERGE_REQUEST_PROGRAMS // num_heads))
-    most = _pow2_at_most(MERGE_MAX_PROGRAMS // (batch_size * num_heads))
-    return min(MERGE_MAX_BLOCKS, most, max(by_work, by_request))
-
-
-def _pow2_at_most(n: int) -> int:
-    """The largest power of two <= n, and 1 for n < 1."""
-    return 1 << (max(1, n).bit_length() - 1)
 
 
 def launch_merge_shares(
@@ -920,16 +787,18 @@ def launch_merge_shares(
     draft_len: int,
     share_ctas: int,
     min_share: int,
+    column_blocks: int,
     dependent: bool,
 ) -> None:
     """Stage 2 after the Hopper kernel's shares (``share_ctas`` per head
     block, of ``min_share`` positions at least), writes ``o``: merges the
     requests that several shares hold (drafts included) and leaves the
-    others, which stage 1 wrote. ``dependent``: a programmatic dependent
-    launch (``dependent_launch``)."""
+    others, which stage 1 wrote; ``column_blocks`` programs a (request,
+    head), each a block of columns (``plan.merge_column_blocks``).
+    ``dependent``: a programmatic dependent launch (``plan.dependent_launch``)."""
     num_heads = o.shape[1]
-    blocks = merge_column_blocks(batch_size, num_heads, draft_len, share_ctas)
-    l_pad = triton_next_pow2(draft_len)
+    blocks = column_blocks
+    l_pad = triton.next_power_of_2(draft_len)
     _merge_shares_kernel[(batch_size, num_heads, blocks)](
         o,
         qo_indptr,

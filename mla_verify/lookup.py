@@ -49,7 +49,6 @@ import dataclasses
 import functools
 import logging
 import math
-import operator
 from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
@@ -57,8 +56,10 @@ from pathlib import Path
 import torch
 
 from . import kernel_sm90, tables
-from .config import HOPPER_KERNELS, MAX_KV_SPLITS, VerifyConfig, default_config, kv_dtype_name
+from .config import HOPPER_KERNELS, MAX_KV_SPLITS, VerifyConfig, default_config
+from .device import current_arch
 from .kernel import KERNEL_HASH
+from .problem import check_shape, kv_dtype_name
 from .tables import LoadedEntry, entry_key
 
 logger = logging.getLogger(__name__)
@@ -81,39 +82,6 @@ def reload_tables() -> None:
     _resolve.cache_clear()
 
 
-# --- arch -----------------------------------------------------------------------
-
-
-def current_arch(device: torch.device | int | str | None = None) -> str:
-    """Arch name of a GPU as the tables spell it: ``sm90`` on NVIDIA, the
-    ``gcnArchName`` before any ':' (``gfx942``) on ROCm."""
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "mla_verify: no CUDA or ROCm GPU is visible, so the arch cannot be "
-            "detected; pass arch=... explicitly (e.g. 'sm90', 'gfx950')"
-        )
-    return _arch_of(_device_index(device))
-
-
-def _device_index(device: torch.device | int | str | None) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"device: expected a CUDA/ROCm device, got {device}")
-    return torch.cuda.current_device() if device.index is None else device.index
-
-
-@functools.cache
-def _arch_of(index: int) -> str:
-    if torch.version.hip:
-        return torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm{major}{minor}"
-
-
 # --- lookup ---------------------------------------------------------------------
 
 
@@ -127,6 +95,7 @@ def resolve_config(
     """The config for one launch and where it came from, in words (a table
     entry and bucket, ``nearest: ...`` or ``built-in default``). See the
     module docstring for the rules. ``arch=None`` detects the current GPU."""
+    num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     dtype = kv_dtype_name(kv_dtype)
     if arch is None:
         arch = current_arch()
@@ -148,13 +117,6 @@ def block_config(
 def _resolve(
     arch: str, num_heads: int, draft_len: int, batch_size: int, dtype: str
 ) -> tuple[VerifyConfig, str]:
-    for name, value in (
-        ("num_heads", num_heads),
-        ("draft_len", draft_len),
-        ("batch_size", batch_size),
-    ):
-        if operator.index(value) < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {value}")
     entries = _tables.get(arch, {})
     key = entry_key(num_heads, draft_len, dtype)
     if key in entries:

@@ -35,7 +35,8 @@ from typing import Any
 import filelock
 import platformdirs
 
-from .config import VerifyConfig, kv_dtype_name
+from .config import VerifyConfig
+from .problem import kv_dtype_name
 
 logger = logging.getLogger(__name__)
 

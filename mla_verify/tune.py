@@ -49,15 +49,15 @@ from .config import (
     VerifyConfig,
     default_config,
     default_num_kv_splits,
-    kv_dtype_from_name,
-    kv_dtype_name,
     min_share_candidates,
     reported_amd_config,
     rows_per_program,
     split_candidates,
     tile_candidates,
 )
+from .device import current_arch
 from .kernel import KERNEL_HASH
+from .problem import kv_dtype_from_name, kv_dtype_name
 
 logger = logging.getLogger("mla_verify.tune")
 
@@ -661,7 +661,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from . import lookup
 
     if args.show:
         from .tune_report import show
@@ -679,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("python -m mla_verify.tune needs a GPU (this machine has none)", file=sys.stderr)
         return 2
-    arch = lookup.current_arch()
+    arch = current_arch()
     props = torch.cuda.get_device_properties(0)
     out_dir = args.out or tables.user_table_dir()
     try:

@@ -11,15 +11,17 @@ import torch
 import triton
 
 from . import lookup, tables
-from .config import VerifyConfig, kv_dtype_from_name
+from .config import VerifyConfig
+from .device import current_arch
 from .kernel import KERNEL_HASH
+from .problem import kv_dtype_from_name
 
 logger = logging.getLogger("mla_verify.tune")
 
 
 def show(args: argparse.Namespace) -> int:
     print(lookup.describe_tables())
-    arch = args.arch or (lookup.current_arch() if torch.cuda.is_available() else None)
+    arch = args.arch or (current_arch() if torch.cuda.is_available() else None)
     if arch is None:
         print("(no GPU: pass --arch to look shapes up)")
         return 0
@@ -55,7 +57,7 @@ def check(args: argparse.Namespace) -> int:
     from .testing import check_close, make_batch
 
     on_gpu = torch.cuda.is_available()
-    arch = lookup.current_arch() if on_gpu else None
+    arch = current_arch() if on_gpu else None
     device_name = torch.cuda.get_device_name() if on_gpu else None
     failures = 0
     for label, directory in tables.config_dirs():

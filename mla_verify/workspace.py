@@ -13,9 +13,11 @@ import logging
 import torch
 
 from . import kernel_sm90
-from .config import DEFAULT_SM_COUNT, HOPPER_KERNELS, SM_COUNT
-from .kernel import D_NOPE, partial_slots, sm_count, workspace_numel
-from .lookup import block_config, current_arch
+from .config import HOPPER_KERNELS
+from .device import arch_sm_count, current_arch, sm_count
+from .lookup import block_config
+from .plan import partial_slots, workspace_numel
+from .problem import D_NOPE, check_shape
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +86,9 @@ def workspace_bytes(
 ) -> int:
     """Workspace bytes the tuned configs need for any batch up to the max
     (``sms``: the GPU's multiprocessors, by default the arch's count)."""
+    num_heads, draft_len, max_batch_size = check_shape(num_heads, draft_len, max_batch_size)
     if sms is None:
-        sms = SM_COUNT.get(arch or "", DEFAULT_SM_COUNT)
+        sms = arch_sm_count(arch)
     slots = 0
     for bs in range(1, max_batch_size + 1):
         config = block_config(num_heads, draft_len, bs, kv_dtype, arch)

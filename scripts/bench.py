@@ -762,7 +762,8 @@ def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Calla
 def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     """tuned (the table's config), default (the built-in one) or mha (BLOCK_H=1)."""
     import mla_verify
-    from mla_verify.config import default_num_kv_splits, kv_dtype_name, rows_per_program
+    from mla_verify.config import default_num_kv_splits, rows_per_program
+    from mla_verify.problem import kv_dtype_name
 
     s = batch.spec
     out = torch.empty(

@@ -178,8 +178,9 @@ def test_debug_mode_checks_values():
 
 
 def test_huge_batches_keep_the_grid_within_cuda_limits():
-    from mla_verify.api import MAX_GRID_Y, fit_grid
     from mla_verify.config import VerifyConfig
+    from mla_verify.plan import fit_grid
+    from mla_verify.problem import MAX_BATCH_SIZE as MAX_GRID_Y
 
     config = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=64, num_warps=8, num_stages=2)
     assert fit_grid(config, 256) == config

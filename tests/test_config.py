@@ -10,13 +10,13 @@ from mla_verify.config import (
     VerifyConfig,
     default_config,
     default_num_kv_splits,
-    for_separate_v,
     hopper_config,
     min_share_candidates,
     runs_score_value,
     split_candidates,
     tile_candidates,
 )
+from mla_verify.plan import for_separate_v
 
 
 def test_kernel_field_is_validated_and_named():

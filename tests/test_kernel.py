@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from mla_verify import VerifyConfig, kernel, kernel_sm90, verify_mla_fwd
+from mla_verify import VerifyConfig, kernel, kernel_sm90, plan, verify_mla_fwd
+from mla_verify import device as device_facts
 from mla_verify.config import HOPPER_KERNELS, hopper_config, tile_candidates
 from mla_verify.testing import check_close, make_batch
 from mla_verify.workspace import get_workspace
@@ -151,52 +152,11 @@ def test_merge_after_shares(
     partials of each request that several shares hold (drafts included, so
     it adds none) and leaves the others, which stage 1 writes, untouched;
     the same in every column blocking."""
-    monkeypatch.setattr(kernel, "merge_column_blocks", lambda *_: column_blocks)
-    heads, tokens = 3, kernel_sm90.TOKENS.value
+    heads = 3
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
-    # The plan, derived here independently: each request's prefix tiles and
-    # its drafts are positions, the drafts DRAFT_POSITIONS of them unless
-    # every request holds as many tiles (then one); share c holds positions
-    # starts[c] .. starts[c + 1] - 1. Where every request holds as many
-    # positions, the share count is the nearest below that cuts only at
-    # request boundaries, if that is at most a sixteenth fewer. Shares are
-    # at most 1 + 4 sqrt(P) a request of P positions, on average: with B
-    # requests, B + floor(4 sqrt(total B)). The kernel takes that floor of
-    # a float32 sqrt; it equals isqrt(16 total B) wherever it is below 2896,
-    # so wherever the cap can bind.
-    tiles = [-(-n // tokens) for n in prefix_lens]
-    uniform = len(set(tiles)) == 1
-    drafts = 1 if uniform else kernel_sm90.DRAFT_POSITIONS.value
-    positions = [t + drafts for t in tiles]
-    total = sum(positions)
-    batch_size = len(positions)
-    used = min(ctas, -(-total // min_share), math.isqrt(16 * total * batch_size) + batch_size)
-    if uniform:
-        boundaries = {b * positions[0] for b in range(len(positions) + 1)}
-
-        def cuts(count: int) -> set[int]:
-            return {k * total // count for k in range(count + 1)}
-
-        aligned = max(
-            c for c in range(1, used + 1) if cuts(c) <= boundaries or boundaries <= cuts(c)
-        )
-        if 16 * aligned >= 15 * used:
-            used = aligned
-    starts = [c * total // used for c in range(used + 1)]
-    bases = [sum(positions[:r]) for r in range(len(positions))]
-    # Stage 1's view: a share works on a request where its range holds one
-    # of the request's tiles or its drafts' first position; the first
-    # request a share works on is at slot 2c, a later one at 2c + 1.
-    pieces = [[] for _ in positions]
-    for c in range(used):
-        held = range(starts[c], starts[c + 1])
-        worked = [
-            r
-            for r in range(len(positions))
-            if set(held) & set(range(bases[r], bases[r] + tiles[r] + 1))
-        ]
-        for k, r in enumerate(worked):
-            pieces[r].append(2 * c + (k > 0))
+    # The host-side model of the share rule, which stage 2 must follow.
+    shares = plan.share_plan(prefix_lens, ctas, min_share)
+    pieces = shares.pieces()
     assert [len(p) for p in pieces] == expected_pieces
     gen = torch.Generator(device=device).manual_seed(0)
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
@@ -212,7 +172,8 @@ def test_merge_after_shares(
         draft_len=draft_len,
         share_ctas=ctas,
         min_share=min_share,
-        dependent=kernel.dependent_launch(out.device),
+        column_blocks=column_blocks,
+        dependent=plan.dependent_launch(out.device),
     )
 
     for b, slots in enumerate(pieces):
@@ -243,7 +204,7 @@ def test_merge_after_shares(
     ],
 )
 def test_merge_column_blocks(batch_size, heads, draft_len, share_ctas, expected):
-    blocks = kernel.merge_column_blocks(batch_size, heads, draft_len, share_ctas)
+    blocks = plan.merge_column_blocks(batch_size, heads, draft_len, share_ctas)
     assert blocks == expected
     assert 512 % blocks == 0
 
@@ -260,15 +221,15 @@ def test_merge_column_blocks(batch_size, heads, draft_len, share_ctas, expected)
 def test_dependent_launch_only_on_cuda_sm90_and_later(monkeypatch, cuda, capability, expected):
     # launch_pdl is an option of CUDA's backend alone, and griddepcontrol
     # needs sm90; a ROCm build (torch.version.cuda None) never gets it.
-    assert not kernel.dependent_launch(torch.device("cpu"))
-    monkeypatch.setattr(kernel, "INTERPRETED", False)
+    assert not plan.dependent_launch(torch.device("cpu"))
+    monkeypatch.setattr(plan, "INTERPRETED", False)
     monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
-    kernel._dependent_launch.cache_clear()
+    device_facts._capability.cache_clear()
     try:
-        assert kernel.dependent_launch(torch.device("cuda", 0)) is expected
+        assert plan.dependent_launch(torch.device("cuda", 0)) is expected
     finally:
-        kernel._dependent_launch.cache_clear()
+        device_facts._capability.cache_clear()
 
 
 @pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
@@ -319,7 +280,7 @@ def test_hopper_config_elsewhere_runs_the_triton_kernel_with_its_tile(device):
     """A "gluon_sm90" config where that kernel cannot run (the interpreter,
     another GPU, fp16) falls back to the Triton kernel, same answer."""
     batch = make_batch(8, 4, [70, 130], device=device)
-    if kernel.uses_gluon_sm90(batch.q, batch.k_buffer, 4, True):
+    if plan.uses_gluon_sm90(batch.q, batch.k_buffer, 4, True):
         pytest.skip("this machine runs the Hopper kernel itself (GPU lane tests it)")
     _run_and_check(batch, hopper_config(8, 4, 2).with_splits(3), device)
 
@@ -336,8 +297,8 @@ def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_d
     """Score/value runs where the config asks for it and the KV is bf16; a
     score/value entry taken for fp8 KV runs the columns schedule."""
     launched = []
-    monkeypatch.setattr(kernel, "uses_gluon_sm90", lambda *args: True)
-    monkeypatch.setattr(kernel, "sm_count", lambda device: 132)
+    monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
+    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
     monkeypatch.setattr(
         kernel_sm90, "launch_prefix", lambda *args, **kw: launched.append(kw["score_value"])
     )
@@ -422,7 +383,7 @@ def test_gpu_hopper_kernel_matches_reference(
         **HOPPER_KV[kv],
     )
     # The call must take the Gluon kernel, not the Triton fallback.
-    assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
+    assert plan.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
@@ -438,7 +399,7 @@ SHARE_PLANS = [(None, None), (7, 1), (None, 1), (None, 16)]
 
 def _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch):
     if sms is not None:
-        monkeypatch.setattr(kernel, "sm_count", lambda device: sms)
+        monkeypatch.setattr(plan, "sm_count", lambda device: sms)
     config = hopper_config(batch.num_heads, batch.draft_len, batch.batch_size, schedule)
     config = config.with_min_share(min_share)
     _poison_workspace("cuda")
@@ -473,7 +434,7 @@ def test_gpu_hopper_kernel_draft_variants(
     heads, draft_len, prefix_lens, variant, schedule, monkeypatch
 ):
     batch = make_batch(heads, draft_len, prefix_lens, device="cuda", **DRAFT_VARIANTS[variant])
-    assert kernel.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
+    assert plan.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mla_verify import device as device_facts
 from mla_verify import lookup, tables
 from mla_verify.config import HOPPER_KERNELS, VerifyConfig, default_config, hopper_config
 from mla_verify.kernel import KERNEL_HASH
@@ -164,7 +165,7 @@ ADAPT = {
     # tuned H128 L4: BLOCK_H 16 (64 rows), 8 head blocks, bucket 16 -> 17 splits
     "L3_more_heads_per_block": (128, 3, VerifyConfig(21, 32, 19, 8, 1)),  # 17*8/7 = 19.4
     "L8_fewer_heads_per_block": (128, 8, VerifyConfig(8, 32, 9, 8, 1)),  # 17*8/16 = 8.5 -> 9
-    "L64_one_head_per_block": (128, 64, VerifyConfig(1, 32, 1, 8, 1)),  # 17*8/128 = 1.06
+    "L16_longest_drafts": (128, 16, VerifyConfig(4, 32, 4, 8, 1)),  # 17*8/32 = 4.25 -> 4
     "L2_block_h_capped": (128, 2, VerifyConfig(32, 32, 34, 8, 1)),  # 17*8/4
 }
 
@@ -403,34 +404,34 @@ def test_fresh_import_is_pure(tmp_path):
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    lookup._arch_of.cache_clear()
+    device_facts._arch_of.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     yield monkeypatch
-    lookup._arch_of.cache_clear()
+    device_facts._arch_of.cache_clear()
 
 
 def test_current_arch_nvidia(fake_gpu):
     fake_gpu.setattr(torch.version, "hip", None)
     fake_gpu.setattr(torch.cuda, "get_device_capability", lambda i: {0: (9, 0), 1: (10, 0)}[i])
-    assert lookup.current_arch() == "sm90"
-    assert lookup.current_arch(1) == "sm100"
-    assert lookup.current_arch("cuda:1") == "sm100"
-    assert lookup.current_arch(torch.device("cuda")) == "sm90"
+    assert device_facts.current_arch() == "sm90"
+    assert device_facts.current_arch(1) == "sm100"
+    assert device_facts.current_arch("cuda:1") == "sm100"
+    assert device_facts.current_arch(torch.device("cuda")) == "sm90"
 
 
 def test_current_arch_rocm(fake_gpu):
     fake_gpu.setattr(torch.version, "hip", "6.3.0")
     props = SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-")
     fake_gpu.setattr(torch.cuda, "get_device_properties", lambda i: props)
-    assert lookup.current_arch() == "gfx942"
+    assert device_facts.current_arch() == "gfx942"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_current_arch_without_gpu_asks_for_arch():
-    with pytest.raises(RuntimeError, match="pass arch=... explicitly"):
-        lookup.current_arch()
-    with pytest.raises(RuntimeError, match="pass arch"):
+    with pytest.raises(RuntimeError, match="no CUDA or ROCm GPU is visible"):
+        device_facts.current_arch()
+    with pytest.raises(RuntimeError, match="name it"):
         lookup.block_config(128, 4, 1)
 
 

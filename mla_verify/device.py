@@ -1,0 +1,98 @@
+"""Arch facts and device queries. A leaf module: everything else imports it.
+
+Queries are cached per device index, so after the first call they cost no
+driver call and are safe under graph capture.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# Multiprocessor / compute-unit counts of the archs we know, for sizing
+# grids of a named arch without its GPU (the tuner's offline tables, the
+# workspace of a named arch). Unknown archs get DEFAULT_SM_COUNT.
+SM_COUNT: dict[str, int] = {
+    "sm80": 108,
+    "sm86": 84,
+    "sm89": 128,
+    "sm90": 132,
+    "sm100": 148,
+    "gfx942": 304,
+    "gfx950": 256,
+}
+DEFAULT_SM_COUNT = 128
+
+
+def is_amd_arch(arch: str) -> bool:
+    return arch.startswith("gfx")
+
+
+def arch_sm_count(arch: str | None) -> int:
+    """Multiprocessors of a named arch, from the table."""
+    return SM_COUNT.get(arch or "", DEFAULT_SM_COUNT)
+
+
+def device_index(device: torch.device | int | str | None) -> int:
+    """The CUDA/ROCm device index of ``device`` (None: the current one)."""
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device: expected a CUDA/ROCm device, got {device}")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def current_arch(device: torch.device | int | str | None = None) -> str:
+    """Arch name of a GPU as the tables spell it: ``sm90`` on NVIDIA, the
+    ``gcnArchName`` before any ':' (``gfx942``) on ROCm."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "mla_verify: no CUDA or ROCm GPU is visible, so the arch cannot be "
+            "detected; name it where the function takes one (arch='sm90', 'gfx950', ...)"
+        )
+    return _arch_of(device_index(device))
+
+
+@functools.cache
+def _arch_of(index: int) -> str:
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA/ROCm device, from the device."""
+    return _sm_count(device_index(device))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def is_cuda_sm90(device: torch.device) -> bool:
+    """An NVIDIA Hopper device (the Gluon kernel's target)."""
+    return (
+        device.type == "cuda"
+        and torch.version.cuda is not None
+        and _capability(device_index(device)) == (9, 0)
+    )
+
+
+def has_dependent_launch(device: torch.device) -> bool:
+    """CUDA sm90 and later: programmatic dependent launches."""
+    return (
+        device.type == "cuda"
+        and torch.version.cuda is not None
+        and _capability(device_index(device))[0] >= 9
+    )
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)

@@ -1,0 +1,271 @@
+"""Host planning: everything one call's launch needs, derived once from
+shapes, dtypes, strides and the config, never from tensor values.
+
+``plan_call`` picks stage 1's kernel (the Hopper kernel where it can run
+the call, else the Triton kernel with the same tile), the grid, the
+workspace slots and whether V is a view of K; ``kernel.launch`` only reads
+the plan. ``share_plan`` is the host-side model of the Hopper kernel's
+share rule, which both kernels compute on the device and the tests hold
+them to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import kernel_sm90
+from .config import HOPPER_KERNELS, VerifyConfig, runs_score_value
+from .device import has_dependent_launch, is_cuda_sm90, sm_count
+from .kernel import (
+    INTERPRETED,
+    MERGE_MAX_BLOCKS,
+    MERGE_MAX_PROGRAMS,
+    MERGE_PROGRAM_ELEMENTS,
+    MERGE_REQUEST_PROGRAMS,
+)
+from .problem import D_NOPE, KV_DTYPE_NAMES, MAX_BATCH_SIZE
+
+
+def v_is_k_view(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """MLA passes V as the view k[..., :512]: then one load feeds both
+    products. Metadata only."""
+    return v.data_ptr() == k.data_ptr() and v.stride(0) == k.stride(0) and v.dtype == k.dtype
+
+
+def uses_gluon_sm90(
+    q: torch.Tensor, k_buffer: torch.Tensor, draft_len: int, v_from_k: bool
+) -> bool:
+    """Whether a Hopper config runs the Hopper kernel for this call
+    (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, V a view of K);
+    otherwise the Triton kernel runs the same tile. Metadata only."""
+    return (
+        not INTERPRETED
+        and q.dtype == torch.bfloat16
+        and is_cuda_sm90(q.device)
+        and kernel_sm90.supports(draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k)
+    )
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Whether stage 2 goes out as a programmatic dependent launch (CUDA,
+    sm90 and later): its grid launches while stage 1 drains, plans, and
+    waits in the kernel for stage 1's partials, so the gap between the two
+    launches overlaps stage 1's tail."""
+    return not INTERPRETED and has_dependent_launch(device)
+
+
+def for_separate_v(config: VerifyConfig) -> VerifyConfig:
+    """The config to launch when V is not a view of K's latent columns.
+
+    A separate V tile doubles the KV bytes a stage holds in shared memory
+    (344 KB for 2 stages of 64 tokens on the H200, over the 227 KB limit),
+    so such calls run the Triton kernel with one stage of at most 32 tokens.
+    MLA engines pass the view and never take this path.
+    """
+    return dataclasses.replace(
+        config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32), kernel="triton", MIN_SHARE=None
+    )
+
+
+def fit_grid(config: VerifyConfig, batch_size: int) -> VerifyConfig:
+    """Stage 1's second grid dimension (batch x NUM_KV_SPLITS) is capped by
+    CUDA at 65535: very large batches get fewer units per request."""
+    if batch_size * config.NUM_KV_SPLITS <= MAX_BATCH_SIZE:
+        return config
+    return config.with_splits(max(1, MAX_BATCH_SIZE // batch_size))
+
+
+def min_share(config: VerifyConfig) -> int:
+    """Positions a share of the Hopper kernel holds at least: the config's,
+    else the kernel's default."""
+    return config.MIN_SHARE or kernel_sm90.DEFAULT_MIN_SHARE
+
+
+def partial_slots(batch_size: int, num_kv_splits: int, share_ctas: int) -> int:
+    """Partial slots stage 1 writes: two per share (the Hopper kernel), or
+    one per unit (batch x NUM_KV_SPLITS)."""
+    if share_ctas:
+        return kernel_sm90.partial_slots(share_ctas)
+    return batch_size * num_kv_splits
+
+
+def workspace_numel(slots: int, num_heads: int, draft_len: int) -> tuple[int, int]:
+    """fp32 elements of (part_o, part_lse) for ``slots`` partial slots: one
+    row per (slot, head, draft)."""
+    rows = slots * num_heads * draft_len
+    return rows * D_NOPE, rows
+
+
+def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_ctas: int) -> int:
+    """Column blocks of stage 2 after the Hopper kernel's shares
+    (``share_ctas`` per head block): more blocks give each program a
+    narrower tile with more pieces per load and spread a request over more
+    programs, but each program pays the plan and its loads' latency. Sized
+    from the pieces a request holds on average; a power of two."""
+    pieces = max(1, share_ctas // batch_size)
+    elements = pieces * triton.next_power_of_2(draft_len) * D_NOPE
+    by_work = _pow2_at_most(elements // MERGE_PROGRAM_ELEMENTS)
+    by_request = triton.next_power_of_2(-(-MERGE_REQUEST_PROGRAMS // num_heads))
+    most = _pow2_at_most(MERGE_MAX_PROGRAMS // (batch_size * num_heads))
+    return min(MERGE_MAX_BLOCKS, most, max(by_work, by_request))
+
+
+def _pow2_at_most(n: int) -> int:
+    """The largest power of two <= n, and 1 for n < 1."""
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One call's launch, derived from metadata only.
+
+    config           the config launched (separate V and CUDA's grid limit
+                     applied)
+    v_from_k         V is a view of K's latent columns: one load feeds both
+                     products
+    v_extend_from_k  likewise for the drafts
+    share_ctas       the Hopper kernel's shares per head block (one wave of
+                     CTAs); 0 where the Triton kernel runs
+    score_value      the Hopper kernel runs its score/value schedule
+    dependent        stage 2 is a programmatic dependent launch
+    merge_blocks     column blocks of stage 2 after the shares
+    """
+
+    config: VerifyConfig
+    batch_size: int
+    num_heads: int
+    draft_len: int
+    v_from_k: bool
+    v_extend_from_k: bool
+    share_ctas: int
+    score_value: bool
+    dependent: bool
+    merge_blocks: int
+
+    @property
+    def hopper(self) -> bool:
+        return self.share_ctas > 0
+
+    @property
+    def min_share(self) -> int:
+        return min_share(self.config)
+
+    @property
+    def partial_slots(self) -> int:
+        return partial_slots(self.batch_size, self.config.NUM_KV_SPLITS, self.share_ctas)
+
+
+def plan_call(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    *,
+    batch_size: int,
+    draft_len: int,
+    config: VerifyConfig,
+) -> Plan:
+    """The plan of one call with ``config`` (tuned or forced)."""
+    num_heads = q.shape[1]
+    v_from_k = v_is_k_view(k_buffer, v_buffer)
+    if not v_from_k:
+        config = for_separate_v(config)
+    config = fit_grid(config, batch_size)
+    share_ctas = 0
+    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
+        share_ctas = kernel_sm90.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
+    return Plan(
+        config=config,
+        batch_size=batch_size,
+        num_heads=num_heads,
+        draft_len=draft_len,
+        v_from_k=v_from_k,
+        v_extend_from_k=v_is_k_view(k_extend, v_extend),
+        share_ctas=share_ctas,
+        score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
+        dependent=dependent_launch(q.device),
+        merge_blocks=(
+            merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1
+        ),
+    )
+
+
+# --- the share rule, modelled on the host ------------------------------------
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    """How the Hopper kernel cuts a batch: share c holds positions
+    ``starts[c] .. starts[c + 1] - 1``; request r's positions begin at
+    ``bases[r]`` (its prefix tiles, then its drafts)."""
+
+    tiles: list[int]
+    drafts: int
+    starts: list[int]
+    bases: list[int]
+
+    @property
+    def shares(self) -> int:
+        return len(self.starts) - 1
+
+    def pieces(self) -> list[list[int]]:
+        """Partial slots of each request: a share works on a request where
+        its range holds one of the request's tiles or its drafts' first
+        position; the first request a share works on writes slot 2c, a later
+        one 2c + 1."""
+        pieces: list[list[int]] = [[] for _ in self.tiles]
+        for c in range(self.shares):
+            lo, hi = self.starts[c], self.starts[c + 1]
+            worked = [
+                r
+                for r, (base, tiles) in enumerate(zip(self.bases, self.tiles))
+                if lo <= base + tiles and base < hi
+            ]
+            for k, r in enumerate(worked):
+                pieces[r].append(2 * c + (k > 0))
+        return pieces
+
+
+def share_plan(prefix_lens: list[int], ctas: int, min_share: int) -> SharePlan:
+    """The Hopper kernel's shares (``kernel_sm90._share_count`` and
+    ``kernel._share_count`` compute the same on the device):
+
+    - each request's prefix tiles and its drafts are positions, the drafts
+      DRAFT_POSITIONS of them (a segment's fixed cost) unless every request
+      holds as many tiles (then one);
+    - one share a CTA, of ``min_share`` positions at least, and at most
+      ``B + floor(4 sqrt(total B))`` in all (about 1 + 4 sqrt(P) a request
+      of P positions: past that, merging more partials costs more than
+      shorter shares save; the kernels take a float32 sqrt, equal to this
+      wherever the cap can bind);
+    - where every request holds as many positions, the nearest count below
+      that cuts only at request boundaries, if that costs at most a
+      sixteenth of the shares.
+    """
+    tokens = kernel_sm90.TOKENS.value
+    tiles = [-(-n // tokens) for n in prefix_lens]
+    uniform = len(set(tiles)) == 1
+    drafts = 1 if uniform else kernel_sm90.DRAFT_POSITIONS.value
+    positions = [t + drafts for t in tiles]
+    total, batch_size = sum(positions), len(positions)
+    used = min(ctas, -(-total // min_share), math.isqrt(16 * total * batch_size) + batch_size)
+    if uniform:
+        boundaries = {b * positions[0] for b in range(batch_size + 1)}
+
+        def cuts(count: int) -> set[int]:
+            return {k * total // count for k in range(count + 1)}
+
+        aligned = max(
+            c for c in range(1, used + 1) if cuts(c) <= boundaries or boundaries <= cuts(c)
+        )
+        if 16 * aligned >= 15 * used:
+            used = aligned
+    starts = [c * total // used for c in range(used + 1)]
+    bases = [sum(positions[:r]) for r in range(batch_size)]
+    return SharePlan(tiles=tiles, drafts=drafts, starts=starts, bases=bases)

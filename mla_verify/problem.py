@@ -1,0 +1,80 @@
+"""The problem's fixed facts: head dims, dtypes, and the ranges every public
+entry point accepts. A leaf module: everything else imports it.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+# Absorbed MLA: q/k rows are 512 latent ("nope") + 64 rope columns; V is the
+# first 512 latent columns.
+D_NOPE = 512
+D_ROPE = 64
+QK_HEAD_DIM = D_NOPE + D_ROPE
+V_HEAD_DIM = D_NOPE
+
+# Supported ranges, inclusive. The batch bound is CUDA's grid-y limit (stage
+# 2 runs a program per request); 16 drafts is the longest verify any engine
+# sends; more than 1024 heads on one rank exists in no model.
+MIN_DRAFT_LEN, MAX_DRAFT_LEN = 1, 16
+MIN_BATCH_SIZE, MAX_BATCH_SIZE = 1, 65535
+MIN_HEADS, MAX_HEADS = 1, 1024
+
+Q_DTYPES = (torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+# Key names of the KV dtypes the tables distinguish.
+KV_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float8_e4m3fn: "fp8_e4m3",
+}
+if hasattr(torch, "float8_e4m3fnuz"):  # MI300's fp8 flavour
+    KV_DTYPE_NAMES[torch.float8_e4m3fnuz] = "fp8_e4m3fnuz"
+KV_DTYPES = tuple(KV_DTYPE_NAMES)
+
+
+def kv_dtype_name(dtype: torch.dtype | str) -> str:
+    """Table key of a KV dtype ('bf16', 'fp16', 'fp8_e4m3', ...)."""
+    if isinstance(dtype, str):
+        if dtype not in KV_DTYPE_NAMES.values():
+            raise ValueError(
+                f"kv_dtype: expected one of {sorted(KV_DTYPE_NAMES.values())}, got {dtype!r}"
+            )
+        return dtype
+    try:
+        return KV_DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"kv_dtype: expected one of {list(KV_DTYPE_NAMES)}, got {dtype}") from None
+
+
+def kv_dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype of a table key ('bf16', 'fp8_e4m3', ...)."""
+    kv_dtype_name(name)  # validates, naming the choices
+    return next(dtype for dtype, key in KV_DTYPE_NAMES.items() if key == name)
+
+
+def check_range(name: str, value: object, low: int, high: int) -> int:
+    """``value`` as an int in low..high, else a ValueError naming the
+    argument, the range and the value (bools are refused: True is no size)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: expected an int in {low}..{high}, got {value!r}") from None
+    if not low <= number <= high:
+        raise ValueError(f"{name}: expected an int in {low}..{high}, got {number}")
+    return number
+
+
+def check_shape(num_heads: object, draft_len: object, batch_size: object) -> tuple[int, int, int]:
+    """The three sizes every public entry point takes, checked against the
+    supported ranges."""
+    return (
+        check_range("num_heads", num_heads, MIN_HEADS, MAX_HEADS),
+        check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN),
+        check_range("batch_size", batch_size, MIN_BATCH_SIZE, MAX_BATCH_SIZE),
+    )
