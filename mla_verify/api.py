@@ -32,6 +32,7 @@ from .problem import (
     MAX_BATCH_SIZE,
     MAX_DRAFT_LEN,
     MAX_HEADS,
+    MAX_POOL_SLOTS,
     MIN_DRAFT_LEN,
     Q_DTYPES,
     QK_HEAD_DIM,
@@ -136,6 +137,8 @@ def _refusal(
         return "more than one KV head"
     if v_extend.shape[1] != 1:
         return "more than one KV head (v_extend)"
+    if k_buffer.shape[0] > MAX_POOL_SLOTS:
+        return f"a pool of {k_buffer.shape[0]} slots (at most {MAX_POOL_SLOTS})"
     if q.dtype not in Q_DTYPES:
         return f"q dtype {q.dtype}"
     if k_extend.dtype != q.dtype or v_extend.dtype != q.dtype:

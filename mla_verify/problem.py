@@ -21,6 +21,9 @@ V_HEAD_DIM = D_NOPE
 MIN_DRAFT_LEN, MAX_DRAFT_LEN = 1, 16
 MIN_BATCH_SIZE, MAX_BATCH_SIZE = 1, 65535
 MIN_HEADS, MAX_HEADS = 1, 1024
+# Slots of a KV pool: the kernels hold slot numbers in int32 (an int64 index
+# tensor is narrowed as it loads); 2^31 rows of 576 bf16 would be 2.5 TB.
+MAX_POOL_SLOTS = 2**31 - 1
 
 Q_DTYPES = (torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
