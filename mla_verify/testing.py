@@ -108,13 +108,17 @@ def make_batch(
     v_scale: float = 1.0,
     sm_scale: float | None = None,
     seed: int | None = None,
+    kv_slots: torch.Tensor | None = None,
 ) -> VerifyBatch:
     """A random batch: request b has ``prefix_lens[b]`` prefix tokens at
     scattered slots of a pool of ``pool_slots`` (default: used + 64), or of
     the given ``pool`` [slots, 1, 576] (shared by many batches, left as is).
     ``separate_v``: a V pool of its own instead of the view of K's first 512
     columns. ``v_extend_from_k``: v_extend is the view k_extend[..., :512]
-    (by default it is a tensor of its own, as SGLang passes it)."""
+    (by default it is a tensor of its own, as SGLang passes it).
+    ``kv_slots``: the prefix slots to use, request after request (default:
+    distinct random slots), so callers can keep several batches' slots
+    apart in one pool."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
@@ -134,7 +138,14 @@ def make_batch(
         slots = pool.shape[0]
         if used > slots:
             raise ValueError(f"pool: expected at least {used} slots, got {slots}")
-    perm = torch.randperm(slots, generator=gen, device=device)[:used]
+    if kv_slots is None:
+        perm = torch.randperm(slots, generator=gen, device=device)[:used]
+    elif kv_slots.numel() != used:
+        raise ValueError(
+            f"kv_slots: expected {used} slots (the prefix lengths' sum), got {kv_slots.numel()}"
+        )
+    else:
+        perm = kv_slots.to(device=device, dtype=torch.int64)
     if pool is not None:
         k_buffer = pool
     else:

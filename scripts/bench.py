@@ -1,8 +1,18 @@
 """Benchmark of MLA target-verify attention: the project's one source of speed numbers.
 
-    python scripts/bench.py --quick --out bench_out/quick
-    python scripts/bench.py --shapes H16L4B32C16384 H16L4B32Rlognormal16384 --out DIR
-    python scripts/bench.py --out DIR                     # the full grid (long)
+    python scripts/bench.py --quick                        # 12 shapes, a few minutes
+    python scripts/bench.py --shapes H16L4B32C16K H16L4B32Rlognormal16K --out bench_out/two
+    python scripts/bench.py                                # the full grid (long)
+
+Every run appends one row per shape x contender to one tidy CSV (``--csv``,
+default ``results/results.csv``): device, versions, commit, date, config,
+median/p20/p80 microseconds, bytes/s, FLOP/s, the fractions of the ceilings,
+and the error against the float32 reference. ``--out DIR`` also writes that
+run alone as results.csv, results.json, summary.md and roofline*.png (with
+matplotlib). Run it as a script (``python scripts/bench.py``): Python then
+puts ``scripts/`` first on the import path, which is how the optional plot
+module beside it, ``bench_plot``, is found; the package itself is imported
+as installed (``pip install -e .``).
 
 Measures, in one run on one GPU:
 
@@ -10,11 +20,16 @@ Measures, in one run on one GPU:
   inside a CUDA graph, read + write bytes; a graph-captured ``copy_`` becomes a
   copy-engine memcpy and is not a valid ceiling) and the bf16 ``torch.mm``
   rate on random 8192^3 operands;
-- per shape, the contenders ``tuned`` (the tuned table), ``default`` (the
-  built-in default config), ``mha`` (the same kernel with BLOCK_H=1, the
-  MHA-style baseline), ``torch_ref`` (the float32 reference on the GPU) and
-  ``flashinfer`` (``BatchMLAPagedAttentionWrapper``, fa3 backend), each
-  checked against the float32 reference before it is timed.
+- per shape, the contenders: ``tuned`` (the shipped table, launched as an
+  engine launches it), ``default`` (the built-in default config),
+  ``triton`` (the tuned tile on the package's portable Triton kernel),
+  ``mha`` (the Triton kernel with BLOCK_H=1, the MHA-style baseline),
+  ``torch_ref`` (the float32 reference on the GPU), ``flashinfer``
+  (``BatchMLAPagedAttentionWrapper``, fa3 backend, page size 1) and
+  ``flashmla`` (FlashMLA's dense decode, 64-token pages; only where
+  ``import flash_mla`` succeeds). All read the same KV values; each is
+  checked against the float32 reference with the package's tolerance
+  (``mla_verify.testing.check_close``) before it is timed.
 
 Shape specs: ``H{heads}L{drafts}B{batch}`` then the prefix lengths, one of
 ``C{ctx}`` (uniform), ``Rlognormal{mean}`` (lognormal lengths, sigma 1, the
@@ -22,20 +37,16 @@ same mean) or ``Rlong{long}x{short}`` (one request of ``long`` tokens among
 ``batch - 1`` of ``short``; ``x{short}`` defaults to 512). Lengths take an
 optional ``K`` (x1024): ``H16L4B32C16K``. A ``-fp8`` suffix stores the KV
 cache in fp8 e4m3 (k_scale = v_scale = 1; q, the drafts and the output stay
-bf16): ``H16L4B32C16K-fp8``. FlashInfer is timed on bf16 KV only.
+bf16): ``H16L4B32C16K-fp8``. FlashInfer and FlashMLA are timed on bf16 KV only.
 
-Timing: CUDA-graph replays of N back-to-back launches, each launch reading a
-different set of scattered KV slots (sets rotate so the KV read per replay is
-a few times the L2), reported as median, p20 and p80 over replays in
-microseconds per launch. ``torch_ref`` syncs, so it is timed eagerly. The
-contenders of a shape are timed in ``--rounds`` interleaved rounds, each
-round starting with the next contender, and each one's replays are pooled:
-timed one after another, the one timed first ran up to 12% faster than the
-same config timed next (BENCHMARKS.md).
-
-Writes under --out: results.csv, results.json (one row per shape x contender,
-each with device, versions, commit, date, config, times, error), summary.md
-and roofline*.png (if matplotlib is installed), then prints a short table.
+Timing (``mla_verify.timing``): CUDA-graph replays of N back-to-back
+launches, each launch reading a different set of scattered KV slots (sets
+rotate so the KV read per replay is a few times the L2), reported as median,
+p20 and p80 over replays in microseconds per launch. ``torch_ref`` syncs, so
+it is timed eagerly. The contenders of a shape are timed in ``--rounds``
+interleaved rounds, each round starting with the next contender, and each
+one's replays are pooled: timed one after another, the one timed first ran
+up to 12% faster than the same config timed next (`git show b2e39e1`).
 """
 
 from __future__ import annotations
@@ -59,26 +70,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the CPU machine has triton; guard anyway so --help always works
-    triton = None
-    tl = None
+import mla_verify
+from mla_verify.config import VerifyConfig, default_num_kv_splits, rows_per_program
+from mla_verify.problem import kv_dtype_name
+from mla_verify.testing import (
+    Q_DIM,
+    V_DIM,
+    VerifyBatch,
+    check_close,
+    make_batch,
+    make_pool,
+    relative_error,
+)
+from mla_verify.timing import eager_samples_us, graph_replays, percentile
 
-SCRIPTS_DIR = Path(__file__).resolve().parent
-REPO_ROOT = SCRIPTS_DIR.parent
-sys.path.insert(0, str(REPO_ROOT))  # the checkout's mla_verify, installed or not
-sys.path.insert(0, str(SCRIPTS_DIR))  # bench_plot
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = REPO_ROOT / "results" / "results.csv"
 
 logger = logging.getLogger("bench")
 
-D_QK = 576  # latent 512 + rope 64
-D_V = 512
-D_ROPE = D_QK - D_V
-KV_DTYPE = torch.bfloat16  # q, the drafts, the output, and the KV cache unless fp8
+ROPE_DIM = Q_DIM - V_DIM
+ACT_DTYPE = torch.bfloat16  # q, the drafts, the output, and the KV cache unless fp8
 ELEM = 2  # bytes of a bf16 element
+FLASHMLA_PAGE = 64  # tokens a page of FlashMLA's dense-decode cache
 
 
 @dataclass(frozen=True)
@@ -95,12 +112,8 @@ KV_CACHE_DTYPES = {
     "fp8_e4m3": KVCacheDtype(torch.float8_e4m3fn, 1, "-fp8"),
 }
 
-# Correctness gate applied before any contender is timed.
-MAX_REL_ERR = 1e-2
-ATOL = RTOL = 2e-2
-
-CONTENDERS = ("tuned", "default", "mha", "torch_ref", "flashinfer")
-PLOT_CONTENDERS = ("tuned", "default", "flashinfer")
+CONTENDERS = ("tuned", "default", "triton", "mha", "torch_ref", "flashinfer", "flashmla")
+PLOT_CONTENDERS = ("tuned", "triton", "flashinfer", "flashmla")
 
 QUICK_SHAPES = (
     "H8L2B64C65536",  # memory-bound, H*L = 16
@@ -122,11 +135,23 @@ GRID_BATCHES = (1, 8, 32, 64)
 GRID_CONTEXTS = (2048, 16384, 65536)
 LONG_CTX, SHORT_CTX = 65536, 512
 
+# The tidy CSV: one row per shape x contender, the same columns in every
+# run, so runs append to one file. Rates in bytes/s and FLOP/s; frac_* are
+# fractions (0..1) of the run's own ceilings.
 CSV_FIELDS = (
+    # the run
+    "date_utc",
+    "git_commit",
+    "device",
+    "arch",
+    "torch",
+    "triton",
+    "cuda",
+    "mla_verify",
+    "flashinfer",
+    "flash_mla",
+    # the shape
     "shape",
-    "contender",
-    "status",
-    "reason",
     "num_heads",
     "draft_len",
     "batch_size",
@@ -136,42 +161,50 @@ CSV_FIELDS = (
     "prefix_tokens",
     "prefix_min",
     "prefix_max",
-    "median_us",
-    "p20_us",
-    "p80_us",
+    # the contender and its config
+    "contender",
+    "status",
+    "reason",
+    "config_source",
+    "kernel",
+    "BLOCK_H",
+    "BLOCK_N",
+    "NUM_KV_SPLITS",
+    "num_warps",
+    "num_stages",
+    "MIN_SHARE",
+    "config",
+    # the measurement
     "timing",
     "launches_per_replay",
     "replays",
     "rotations",
-    "rel_err",
-    "max_abs_err",
+    "median_us",
+    "p20_us",
+    "p80_us",
     "bytes",
     "flops",
-    "bw_tbps",
-    "pct_copy_bw",
-    "tflops",
-    "pct_roofline",
+    "bytes_per_s",
+    "flop_per_s",
+    "copy_bytes_per_s",
+    "matmul_flop_per_s",
+    "frac_copy_bw",
+    "frac_matmul",
+    "frac_roofline",
     "bound",
     "tuned_speedup",
+    "rel_err",
+    "max_abs_err",
+)
+CONFIG_FIELDS = (
     "BLOCK_H",
     "BLOCK_N",
     "NUM_KV_SPLITS",
     "num_warps",
     "num_stages",
     "kernel",
-    "config",
-    "config_source",
-    "copy_bw_tbps",
-    "matmul_tflops",
-    "device",
-    "arch",
-    "torch",
-    "triton",
-    "flashinfer",
-    "git_commit",
-    "date_utc",
+    "MIN_SHARE",
 )
-CONFIG_FIELDS = ("BLOCK_H", "BLOCK_N", "NUM_KV_SPLITS", "num_warps", "num_stages", "kernel")
 
 
 # --- shapes -------------------------------------------------------------------------
@@ -292,12 +325,12 @@ def shape_work(
 ) -> Work:
     tokens = len(prefix_lens) * draft_len
     prefix = sum(prefix_lens)
-    nbytes = kv_bytes * prefix * D_QK + ELEM * (  # latent KV, read once
-        tokens * num_heads * D_QK  # q
-        + tokens * num_heads * D_V  # out
-        + tokens * (D_QK + D_V)  # k_extend + v_extend
+    nbytes = kv_bytes * prefix * Q_DIM + ELEM * (  # latent KV, read once
+        tokens * num_heads * Q_DIM  # q
+        + tokens * num_heads * V_DIM  # out
+        + tokens * (Q_DIM + V_DIM)  # k_extend + v_extend
     )
-    flops = 2 * num_heads * draft_len * prefix * (D_QK + D_V)
+    flops = 2 * num_heads * draft_len * prefix * (Q_DIM + V_DIM)
     return Work(nbytes, flops)
 
 
@@ -309,35 +342,27 @@ class Ceilings:
 
 
 def metrics(time_us: float, work: Work, ceilings: Ceilings) -> dict[str, Any]:
-    """Bandwidth, FLOP rate and the share of the roofline floor one time reaches."""
+    """Rates, and the fractions of the ceilings one time reaches; the
+    roofline floor is the larger of bytes / copy BW and FLOPs / matmul rate."""
     seconds = time_us * 1e-6
-    bw = work.bytes / seconds
     out: dict[str, Any] = {
-        "bw_tbps": bw / 1e12,
-        "tflops": work.flops / seconds / 1e12,
-        "pct_copy_bw": None,
-        "pct_roofline": None,
+        "bytes_per_s": work.bytes / seconds,
+        "flop_per_s": work.flops / seconds,
+        "frac_copy_bw": None,
+        "frac_matmul": None,
+        "frac_roofline": None,
         "bound": None,
     }
     if ceilings.copy_bw:
-        out["pct_copy_bw"] = 100.0 * bw / ceilings.copy_bw
+        out["frac_copy_bw"] = out["bytes_per_s"] / ceilings.copy_bw
+    if ceilings.matmul_rate:
+        out["frac_matmul"] = out["flop_per_s"] / ceilings.matmul_rate
     if ceilings.copy_bw and ceilings.matmul_rate:
         t_mem = work.bytes / ceilings.copy_bw
         t_math = work.flops / ceilings.matmul_rate
-        out["pct_roofline"] = 100.0 * max(t_mem, t_math) / seconds
+        out["frac_roofline"] = max(t_mem, t_math) / seconds
         out["bound"] = "memory" if t_mem >= t_math else "compute"
     return out
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]."""
-    s = sorted(values)
-    if not s:
-        raise ValueError("percentile of no values")
-    pos = (len(s) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def geomean(values: Sequence[float]) -> float | None:
@@ -359,21 +384,15 @@ class Check:
 
 
 def check_output(out: torch.Tensor, ref: torch.Tensor) -> Check:
-    """rel L2 error < 1e-2 and allclose(atol=rtol=2e-2); NaN anywhere fails."""
-    out = out.float()
-    finite = bool(torch.isfinite(out).all())
-    diff = out - ref
-    rel = float(diff.norm() / ref.norm().clamp_min(1e-30))
+    """The package's test tolerance (``mla_verify.testing.check_close``):
+    every element close and the whole within its relative error; NaN
+    anywhere fails."""
+    diff = out.float() - ref
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-    close = bool(torch.allclose(out, ref, atol=ATOL, rtol=RTOL))
-    problems = []
-    if not finite:
-        problems.append("non-finite values in the output")
-    if not rel < MAX_REL_ERR:
-        problems.append(f"rel L2 error {rel:.3g} >= {MAX_REL_ERR}")
-    if not close:
-        problems.append(f"not allclose (atol=rtol={ATOL}); max abs error {max_abs:.3g}")
-    return Check(not problems, rel, max_abs, "; ".join(problems))
+    try:
+        return Check(True, check_close(out, ref), max_abs, "")
+    except AssertionError as exc:
+        return Check(False, relative_error(out, ref), max_abs, str(exc))
 
 
 # --- batches ------------------------------------------------------------------------
@@ -381,28 +400,37 @@ def check_output(out: torch.Tensor, ref: torch.Tensor) -> Check:
 
 @dataclass
 class Batch:
-    """The tensors of one shape. Rotation set r reads prefix slots
-    ``kv_indices[r]``; ``fi_kv_indices[r]`` is the same prefix plus the
-    request's L draft slots (which hold k_extend) for FlashInfer's paged cache."""
+    """The tensors of one shape: ``sets[r]`` is the batch of rotation set r,
+    which differ only in their prefix slots (``kv_indices``) in one shared
+    pool. ``fi_kv_indices[r]`` is set r's prefix plus the request's L draft
+    slots (which hold k_extend) for FlashInfer's paged cache."""
 
     spec: ShapeSpec
     prefix_lens: list[int]
-    q: torch.Tensor  # [bs*L, H, 576]
-    k_extend: torch.Tensor  # [bs*L, 1, 576]
-    v_extend: torch.Tensor  # [bs*L, 1, 512]: k_extend[..., :512]'s values, own tensor (SGLang)
-    k_buffer: torch.Tensor  # [slots, 1, 576]
-    v_buffer: torch.Tensor  # k_buffer[..., :512]
-    qo_indptr: torch.Tensor  # [bs+1] int32
-    kv_indptr: torch.Tensor  # [bs+1] int32
-    kv_indices: list[torch.Tensor]  # per rotation set, [sum(prefix)] int32
+    sets: list[VerifyBatch]
     fi_kv_indptr: torch.Tensor  # [bs+1] int32, prefix + L per request
     fi_kv_indices: list[torch.Tensor]  # per rotation set, [sum(prefix) + bs*L] int32
     fi_kv_lens: torch.Tensor  # [bs] int32
-    sm_scale: float
 
     @property
     def rotations(self) -> int:
-        return len(self.kv_indices)
+        return len(self.sets)
+
+    @property
+    def q(self) -> torch.Tensor:  # [bs*L, H, 576]
+        return self.sets[0].q
+
+    @property
+    def k_buffer(self) -> torch.Tensor:  # [slots, 1, 576], shared by every set
+        return self.sets[0].k_buffer
+
+    @property
+    def qo_indptr(self) -> torch.Tensor:
+        return self.sets[0].qo_indptr
+
+    @property
+    def sm_scale(self) -> float:
+        return self.sets[0].sm_scale
 
     @property
     def pool_bytes(self) -> int:
@@ -422,22 +450,37 @@ def plan_pool(
     through them reads about 4x the L2, and a pool larger than the used slots
     and than ``pool_min_bytes``."""
     per_set = sum(prefix_lens) + len(prefix_lens) * draft_len
-    set_bytes = per_set * D_QK * kv_bytes
+    set_bytes = per_set * Q_DIM * kv_bytes
     rotations = max(1, min(max_rotations, math.ceil(4 * l2_bytes / set_bytes)))
     needed = rotations * per_set
-    slots = max(math.ceil(pool_min_bytes / (D_QK * kv_bytes)), math.ceil(1.25 * needed))
+    slots = max(math.ceil(pool_min_bytes / (Q_DIM * kv_bytes)), math.ceil(1.25 * needed))
     return rotations, slots
 
 
-def estimate_bytes(spec: ShapeSpec, prefix_lens: Sequence[int], slots: int, rotations: int) -> int:
-    """Device bytes the shape's tensors take (pool, q/o copies, indices)."""
+def flashmla_pages(prefix_lens: Sequence[int], draft_len: int) -> int:
+    """Pages of FlashMLA's cache for one rotation set: prefix + drafts, per request."""
+    return sum(-(-(p + draft_len) // FLASHMLA_PAGE) for p in prefix_lens)
+
+
+def estimate_bytes(
+    spec: ShapeSpec,
+    prefix_lens: Sequence[int],
+    slots: int,
+    rotations: int,
+    *,
+    flashmla: bool = False,
+) -> int:
+    """Device bytes the shape's tensors take (pool, q/o copies, indices, and
+    FlashMLA's paged copies of the KV where it runs)."""
     tokens = spec.batch_size * spec.draft_len
     per_set = sum(prefix_lens) + tokens
+    pages = flashmla_pages(prefix_lens, spec.draft_len) if flashmla else 0
     return (
-        slots * D_QK * spec.kv_bytes
+        slots * Q_DIM * spec.kv_bytes
         + slots * 8  # the slot permutation
         + 2 * rotations * per_set * 4  # our indices + FlashInfer's
-        + tokens * spec.num_heads * (D_QK * ELEM + 5 * D_V * 4)  # q, outputs, fp32 reference
+        + rotations * pages * FLASHMLA_PAGE * Q_DIM * spec.kv_bytes
+        + tokens * spec.num_heads * (Q_DIM * ELEM + 5 * V_DIM * 4)  # q, outputs, fp32 reference
     )
 
 
@@ -468,6 +511,71 @@ def paged_indices_with_drafts(
     return fi_indptr.to(torch.int32), indices.to(torch.int32)
 
 
+def paged_kv_with_drafts(
+    k_buffer: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    k_extend: torch.Tensor,
+    draft_len: int,
+    *,
+    page_size: int = FLASHMLA_PAGE,
+    scatter: torch.Generator | None = None,
+    chunk_rows: int = 1 << 18,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same K values in FlashMLA's dense-decode layout.
+
+    Request b's sequence is its prefix rows ``k_buffer[kv_indices[kv_indptr[b]:
+    kv_indptr[b+1]]]`` followed by its L drafts' K ``k_extend[b*L:(b+1)*L]``,
+    cut into pages of ``page_size`` tokens; the drafts are the sequence's last
+    L positions, so a bottom-right causal mask is the verify mask. Returns
+    ``kv_cache`` [pages, page_size, 1, 576] (rows past a sequence's end are
+    NaN, so reading them shows), ``block_table`` [bs, most pages a request]
+    int32 (unused entries 0) and ``cache_seqlens`` [bs] int32 = prefix + L.
+    With ``scatter``, pages lie in a random order of the cache, as in a real
+    pool; without it, in request order. bf16/fp16 caches.
+    """
+    if k_buffer.element_size() != 2:
+        raise ValueError(f"k_buffer: expected a bf16 or fp16 cache, got {k_buffer.dtype}")
+    device = k_buffer.device
+    indptr = kv_indptr.to(device=device, dtype=torch.int64)
+    lens = indptr[1:] - indptr[:-1]
+    bs = lens.numel()
+    seqlens = lens + draft_len
+    pages = (seqlens + page_size - 1) // page_size
+    first_page = torch.zeros(bs + 1, dtype=torch.int64, device=device)
+    first_page[1:] = torch.cumsum(pages, 0)
+    total_pages, most_pages = int(first_page[-1]), int(pages.max())
+    if scatter is None:
+        order = torch.arange(total_pages, device=device)
+    else:
+        order = torch.randperm(total_pages, generator=scatter, device=device)
+
+    j = torch.arange(most_pages, device=device)
+    logical = (first_page[:-1, None] + j).clamp(max=total_pages - 1)
+    block_table = torch.where(j < pages[:, None], order[logical], 0).to(torch.int32)
+
+    kv_cache = torch.full(
+        (total_pages, page_size, 1, Q_DIM), float("nan"), dtype=k_buffer.dtype, device=device
+    )
+    rows = kv_cache.view(total_pages * page_size, Q_DIM)
+
+    def row_of(req: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return order[first_page[req] + pos // page_size] * page_size + pos % page_size
+
+    # The prefixes, in chunks: a real-size prefix is GBs.
+    prefix_req = torch.repeat_interleave(torch.arange(bs, device=device), lens)
+    indices = kv_indices.to(device=device, dtype=torch.int64)
+    for start in range(0, indices.numel(), chunk_rows):
+        req = prefix_req[start : start + chunk_rows]
+        token = torch.arange(start, start + req.numel(), device=device)
+        rows[row_of(req, token - indptr[req])] = k_buffer[indices[token], 0]
+    # The drafts: request b's draft i at position prefix_b + i.
+    draft = torch.arange(bs * draft_len, device=device)
+    req = draft // draft_len
+    rows[row_of(req, lens[req] + draft % draft_len)] = k_extend[draft, 0].to(k_buffer.dtype)
+    return kv_cache, block_table, seqlens.to(torch.int32)
+
+
 def build_batch(
     spec: ShapeSpec,
     prefix_lens: list[int],
@@ -477,71 +585,49 @@ def build_batch(
     device: torch.device,
     seed: int,
 ) -> Batch:
-    """Random non-zero data in a scattered pool: request prefixes at slots of
-    a random permutation, disjoint between rotation sets."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    bs, L, H = spec.batch_size, spec.draft_len, spec.num_heads
-    tokens = bs * L
+    """Random non-zero data (``mla_verify.testing``) in one pool: each
+    rotation set's prefixes and drafts at slots of one random permutation,
+    disjoint between sets. The drafts' slots hold k_extend, and v_extend
+    holds its first 512 columns in a tensor of its own (as SGLang passes
+    it), so every contender reads the same values."""
+    bs, L = spec.batch_size, spec.draft_len
     prefix = sum(prefix_lens)
-    per_set = prefix + tokens
-
-    k_buffer = torch.randn(slots, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
-    k_buffer = k_buffer.to(KV_CACHE_DTYPES[spec.kv_dtype].torch_dtype)  # N(0, 1) fits fp8 e4m3
-    q = torch.randn(tokens, H, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
-    k_extend = torch.randn(tokens, 1, D_QK, generator=gen, device=device, dtype=KV_DTYPE)
-    # MLA: the drafts' V is their latent, like the pool's V (needed for FlashInfer,
-    # which reads the drafts from the pool).
-    v_extend = k_extend[..., :D_V].contiguous()
-
+    per_set = prefix + bs * L
+    kv_dtype = KV_CACHE_DTYPES[spec.kv_dtype].torch_dtype
+    pool = make_pool(slots, kv_dtype, device, seed=seed)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 1)
     perm = torch.randperm(slots, generator=gen, device=device)[: rotations * per_set]
     perm = perm.view(rotations, per_set)
+    first = make_batch(
+        spec.num_heads,
+        L,
+        prefix_lens,
+        dtype=ACT_DTYPE,
+        kv_dtype=kv_dtype,
+        device=device,
+        pool=pool,
+        v_extend_from_k=True,
+        seed=seed + 2,
+        kv_slots=perm[0, :prefix],
+    )
+    first = dataclasses.replace(first, v_extend=first.v_extend.contiguous())
     lens = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
-    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
-    kv_indptr[1:] = torch.cumsum(lens, 0).to(torch.int32)
-    qo_indptr = (torch.arange(bs + 1, device=device) * L).to(torch.int32)
-
-    kv_indices, fi_kv_indices = [], []
+    sets, fi_kv_indices = [], []
     fi_kv_indptr = None
     for r in range(rotations):
-        prefix_slots = perm[r, :prefix]
-        draft_slots = perm[r, prefix:]
-        k_buffer[draft_slots] = k_extend.to(k_buffer.dtype)  # the drafts, as FlashInfer sees them
-        kv_indices.append(prefix_slots.to(torch.int32).contiguous())
+        prefix_slots, draft_slots = perm[r, :prefix], perm[r, prefix:]
+        pool[draft_slots] = first.k_extend.to(kv_dtype)  # the drafts, as FlashInfer sees them
+        sets.append(dataclasses.replace(first, kv_indices=prefix_slots.to(torch.int32)))
         fi_kv_indptr, fi_idx = paged_indices_with_drafts(prefix_slots, draft_slots, lens, L)
         fi_kv_indices.append(fi_idx)
     return Batch(
         spec=spec,
         prefix_lens=list(prefix_lens),
-        q=q,
-        k_extend=k_extend,
-        v_extend=v_extend,
-        k_buffer=k_buffer,
-        v_buffer=k_buffer[..., :D_V],
-        qo_indptr=qo_indptr,
-        kv_indptr=kv_indptr,
-        kv_indices=kv_indices,
+        sets=sets,
         fi_kv_indptr=fi_kv_indptr,
         fi_kv_indices=fi_kv_indices,
         fi_kv_lens=(lens + L).to(torch.int32),
-        sm_scale=1.0 / math.sqrt(D_QK),
-    )
-
-
-def reference(batch: Batch) -> torch.Tensor:
-    """The float32 truth for rotation set 0."""
-    import mla_verify
-
-    return mla_verify.verify_mla_reference(
-        batch.q,
-        batch.k_extend,
-        batch.v_extend,
-        batch.k_buffer,
-        batch.v_buffer,
-        batch.qo_indptr,
-        batch.kv_indptr,
-        batch.kv_indices[0],
-        sm_scale=batch.sm_scale,
     )
 
 
@@ -578,86 +664,42 @@ def pool_timings(timings: Sequence[Timing]) -> Timing:
     return _summarise(samples, first.mode, first.launches_per_replay)
 
 
-def _elapsed_ms(run: Callable[[], None], repeats: int = 1) -> float:
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
-
-
 def time_graph(
     launches: Sequence[Callable[[], None]],
     *,
     rep_ms: float,
     replay_ms: float = 5.0,
     max_launches: int = 2000,
-    out: torch.Tensor | None = None,
+    written: Callable[[], torch.Tensor] | None = None,
 ) -> Timing:
-    """Capture cycles through ``launches`` (one per rotation set) in one CUDA
-    graph of about ``replay_ms``, replay it for about ``rep_ms`` and report
-    microseconds per launch over the replays. With ``out`` (which every
-    launch writes whole), first check that a replay does write it: a launch
-    that escaped the capture would otherwise time as nothing."""
-    sets = len(launches)
-
-    def cycle() -> None:
-        for launch in launches:
-            launch()
-
-    cycle()  # warm: compiled, workspace sized
-    torch.cuda.synchronize()
-    # Eager estimate (includes launch overhead: an upper bound for sizing only).
-    est_ms = _elapsed_ms(cycle, 2) / (2 * sets)
-    cycles = max(1, min(max_launches // sets, round(replay_ms / max(est_ms * sets, 1e-4))))
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(cycles):
-            cycle()
-    if out is not None:
-        out.fill_(float("nan"))
-    graph.replay()  # upload
-    torch.cuda.synchronize()
-    if out is not None and not bool(torch.isfinite(out).all()):
-        raise RuntimeError("a graph replay left the output unwritten: the launches escaped capture")
-    one = _elapsed_ms(graph.replay)
-    replays = max(5, min(200, math.ceil(rep_ms / max(one, 1e-3))))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for s, e in zip(starts, ends, strict=True):
-        s.record()
-        graph.replay()
-        e.record()
-    torch.cuda.synchronize()
-    n = cycles * sets
-    per_launch = [s.elapsed_time(e) * 1e3 / n for s, e in zip(starts, ends, strict=True)]
-    del graph
-    return _summarise(per_launch, "cudagraph", n)
+    """One CUDA graph cycling through ``launches`` (one per rotation set)
+    for about ``replay_ms``, replayed back to back for about ``rep_ms``;
+    microseconds per launch over the replays. ``written`` returns the
+    tensor every launch writes whole, checked to be written by a replay."""
+    replays = graph_replays(
+        launches,
+        rep_ms=rep_ms,
+        replay_ms=replay_ms,
+        max_launches=max_launches,
+        written=written,
+        pipelined=True,
+    )
+    return _summarise(replays.us, "cudagraph", replays.launches)
 
 
-def time_eager(run: Callable[[], None], *, rep_ms: float, max_reps: int = 50) -> Timing:
+def time_eager(run: Callable[[], None], *, rep_ms: float) -> Timing:
     """Per-call event timing, for what a graph cannot hold (host syncs)."""
-    run()
-    torch.cuda.synchronize()
-    est = _elapsed_ms(run)
-    reps = max(3, min(max_reps, math.ceil(rep_ms / max(est, 1e-3))))
-    times = [_elapsed_ms(run) * 1e3 for _ in range(reps)]
-    return _summarise(times, "eager", 1)
+    return _summarise(eager_samples_us(run, rep_ms=rep_ms), "eager", 1)
 
 
 # --- ceilings -------------------------------------------------------------------------
 
-if triton is not None:
 
-    @triton.jit
-    def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+@triton.jit
+def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
 
 def triton_copy(src: torch.Tensor, dst: torch.Tensor, block: int = 4096) -> None:
@@ -675,13 +717,12 @@ def _copy_rates(device: torch.device, rep_ms: float, copy_bytes: int) -> dict[st
     rates: dict[str, float | None] = {}
     t = time_graph([lambda: torch.add(src, 0, out=dst)], rep_ms=rep_ms)
     rates["copy_torch_add_tbps"] = moved / (t.median_us * 1e-6) / 1e12
-    if triton is not None:
-        dst.zero_()
-        t = time_graph([lambda: triton_copy(src, dst)], rep_ms=rep_ms)
-        rates["copy_triton_tbps"] = moved / (t.median_us * 1e-6) / 1e12
-        if not torch.equal(src, dst):
-            logger.warning("the Triton copy kernel did not copy; ignoring its bandwidth")
-            rates["copy_triton_tbps"] = None
+    dst.zero_()
+    t = time_graph([lambda: triton_copy(src, dst)], rep_ms=rep_ms)
+    rates["copy_triton_tbps"] = moved / (t.median_us * 1e-6) / 1e12
+    if not torch.equal(src, dst):
+        logger.warning("the Triton copy kernel did not copy; ignoring its bandwidth")
+        rates["copy_triton_tbps"] = None
     return rates
 
 
@@ -718,66 +759,60 @@ def measure_ceilings(device: torch.device, rep_ms: float, copy_bytes: int) -> Ce
 
 @dataclass
 class Contender:
-    """``launches[r]`` computes rotation set r into ``out``; ``launches[0]``
-    is checked against the reference."""
+    """``launches[r]`` computes rotation set r; ``launches[0]`` is checked
+    against the reference. ``out`` is the buffer every launch writes
+    (poisoned before the check); a contender that allocates its output per
+    call has none and gives ``result``, its latest output."""
 
     name: str
     launches: list[Callable[[], None]]
-    out: torch.Tensor
+    out: torch.Tensor | None
     graphable: bool = True
-    config: Any = None  # VerifyConfig for the Triton kernel
+    config: Any = None  # VerifyConfig for the package's kernels
     config_source: str = ""
+    result: Callable[[], torch.Tensor] | None = None
+
+    def output(self) -> torch.Tensor:
+        """[bs*L, H, 512]: what the latest launch wrote."""
+        return self.out if self.out is not None else self.result()
 
 
 def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Callable[[], None]]:
-    import mla_verify
-
-    def make(kv_indices: torch.Tensor) -> Callable[[], None]:
+    def make(vb: VerifyBatch) -> Callable[[], None]:
         def launch() -> None:
-            wrote = mla_verify.verify_mla_fwd(
-                batch.q,
-                batch.k_extend,
-                batch.v_extend,
-                out,
-                batch.k_buffer,
-                batch.v_buffer,
-                batch.qo_indptr,
-                batch.kv_indptr,
-                kv_indices,
-                None,
-                True,
-                None,
-                batch.spec.draft_len,
-                sm_scale=batch.sm_scale,
-                config=config,
-            )
-            if not wrote:
+            if not vb.run(out, config):
                 raise RuntimeError("verify_mla_fwd refused the call (can_handle is False)")
 
         return launch
 
-    return [make(idx) for idx in batch.kv_indices]
+    return [make(vb) for vb in batch.sets]
+
+
+def triton_config(config: VerifyConfig) -> VerifyConfig:
+    """``config``'s tile on the portable Triton kernel. A Hopper config's
+    fields are its Triton fallback's tile too, so this is what the package
+    runs where the Hopper kernel cannot take a call; not a tuned Triton
+    config (the sm90 table holds none). Elsewhere it is the tuned config."""
+    return dataclasses.replace(config, kernel="triton", MIN_SHARE=None)
 
 
 def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
-    """tuned (the table's config), default (the built-in one) or mha (BLOCK_H=1)."""
-    import mla_verify
-    from mla_verify.config import default_num_kv_splits, rows_per_program
-    from mla_verify.problem import kv_dtype_name
-
+    """tuned (the table's config), default (the built-in one), triton (the
+    tuned tile on the Triton kernel) or mha (BLOCK_H=1)."""
     s = batch.spec
-    out = torch.empty(
-        s.batch_size * s.draft_len, s.num_heads, D_V, dtype=KV_DTYPE, device=batch.q.device
-    )
-    default = mla_verify.default_config(
-        s.num_heads, s.draft_len, s.batch_size, arch, kv_dtype_name(batch.k_buffer.dtype)
-    )
-    if name == "tuned":
+    out = batch.sets[0].new_output()
+    kv_dtype = kv_dtype_name(batch.k_buffer.dtype)
+    default = mla_verify.default_config(s.num_heads, s.draft_len, s.batch_size, arch, kv_dtype)
+    if name in ("tuned", "triton"):
         config, source = mla_verify.resolve_config(
             s.num_heads, s.draft_len, s.batch_size, batch.k_buffer.dtype, arch
         )
-        # Launch through the table (config=None), exactly as an engine does.
-        return Contender(name, _kernel_launches(batch, out, None), out, True, config, source)
+        if name == "tuned":
+            # Launched through the table (config=None), exactly as an engine does.
+            return Contender(name, _kernel_launches(batch, out, None), out, True, config, source)
+        config = triton_config(config)
+        launches = _kernel_launches(batch, out, config)
+        return Contender(name, launches, out, True, config, f"{source}; kernel='triton'")
     if name == "default":
         launches = _kernel_launches(batch, out, default)
         return Contender(name, launches, out, True, default, "default_config")
@@ -787,7 +822,7 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
         )
         # Always the Triton kernel: the Hopper one holds 64 rows by design.
         config = dataclasses.replace(
-            default, BLOCK_H=1, num_warps=4, NUM_KV_SPLITS=splits, kernel="triton"
+            triton_config(default), BLOCK_H=1, num_warps=4, NUM_KV_SPLITS=splits
         )
         launches = _kernel_launches(batch, out, config)
         return Contender(name, launches, out, True, config, "default_config, BLOCK_H=1")
@@ -797,11 +832,11 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
 def torch_ref_contender(batch: Batch) -> Contender:
     s = batch.spec
     out = torch.empty(
-        s.batch_size * s.draft_len, s.num_heads, D_V, dtype=torch.float32, device=batch.q.device
+        s.batch_size * s.draft_len, s.num_heads, V_DIM, dtype=torch.float32, device=batch.q.device
     )
 
     def launch() -> None:
-        out.copy_(reference(batch))
+        out.copy_(batch.sets[0].reference())
 
     return Contender("torch_ref", [launch], out, graphable=False, config_source="reference")
 
@@ -846,12 +881,12 @@ class FlashInfer:
         device = batch.q.device
         if self._workspace is None or self._workspace.device != device:
             self._workspace = torch.empty(256 << 20, dtype=torch.uint8, device=device)
-        q_nope = batch.q[..., :D_V]
-        q_pe = batch.q[..., D_V:]
-        ckv = batch.k_buffer[..., :D_V]  # [slots, 1, 512], page size 1
-        kpe = batch.k_buffer[..., D_V:]  # [slots, 1, 64]
+        q_nope = batch.q[..., :V_DIM]
+        q_pe = batch.q[..., V_DIM:]
+        ckv = batch.k_buffer[..., :V_DIM]  # [slots, 1, 512], page size 1
+        kpe = batch.k_buffer[..., V_DIM:]  # [slots, 1, 64]
         out = torch.empty(
-            s.batch_size * s.draft_len, s.num_heads, D_V, dtype=KV_DTYPE, device=device
+            s.batch_size * s.draft_len, s.num_heads, V_DIM, dtype=ACT_DTYPE, device=device
         )
         wrappers = []
         for fi_indices in batch.fi_kv_indices:
@@ -862,8 +897,8 @@ class FlashInfer:
                 fi_indices,
                 batch.fi_kv_lens,
                 num_heads=s.num_heads,
-                head_dim_ckv=D_V,
-                head_dim_kpe=D_ROPE,
+                head_dim_ckv=V_DIM,
+                head_dim_kpe=ROPE_DIM,
                 page_size=1,
                 causal=True,
                 sm_scale=batch.sm_scale,
@@ -883,6 +918,78 @@ class FlashInfer:
         )
 
 
+class FlashMLA:
+    """FlashMLA's dense decode (``flash_mla_with_kvcache``, SM90), used only
+    where ``import flash_mla`` succeeds; ``reason`` says why not. This
+    project ships no FlashMLA code and no way to build it."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.module: Any = None
+        self.version = "n/a"
+        self.reason = ""
+        if not enabled:
+            self.reason = "not among --contenders"
+            return
+        try:
+            import flash_mla
+        except Exception as exc:  # not installed, or built for another GPU
+            self.reason = f"import flash_mla failed: {type(exc).__name__}: {exc}"
+            return
+        self.module = flash_mla
+        self.version = getattr(flash_mla, "__version__", "unknown")
+
+    @property
+    def available(self) -> bool:
+        return self.module is not None
+
+    def contender(self, batch: Batch, seed: int) -> Contender:
+        """Each rotation set's KV copied into a 64-token-page cache of its
+        own (pages scattered), the drafts' K appended to each sequence;
+        scheduling metadata made once per batch, outside the timed call
+        (every set has the same lengths). FlashMLA allocates its output
+        per call, so it cannot be poisoned before the check."""
+        s = batch.spec
+        bs, L, H = s.batch_size, s.draft_len, s.num_heads
+        q = batch.q.view(bs, L, H, Q_DIM)
+        gen = torch.Generator(device=batch.q.device)
+        gen.manual_seed(seed)
+        caches = [
+            paged_kv_with_drafts(
+                vb.k_buffer, vb.kv_indptr, vb.kv_indices, vb.k_extend, L, scatter=gen
+            )
+            for vb in batch.sets
+        ]
+        cache_seqlens = caches[0][2]
+        # (metadata, splits) in FlashMLA's first interface; (metadata, None)
+        # in the later one, which plans on its first call.
+        metadata, num_splits = self.module.get_mla_metadata(cache_seqlens, L * H, 1)
+        latest: dict[str, torch.Tensor] = {}
+
+        def make(kv_cache: torch.Tensor, block_table: torch.Tensor) -> Callable[[], None]:
+            def launch() -> None:
+                latest["out"] = self.module.flash_mla_with_kvcache(
+                    q,
+                    kv_cache,
+                    block_table,
+                    cache_seqlens,
+                    V_DIM,
+                    metadata,
+                    num_splits,
+                    softmax_scale=batch.sm_scale,
+                    causal=True,
+                )[0]
+
+            return launch
+
+        return Contender(
+            "flashmla",
+            [make(kv_cache, block_table) for kv_cache, block_table, _ in caches],
+            None,
+            config_source=f"flash_mla {self.version}, {FLASHMLA_PAGE}-token pages",
+            result=lambda: latest["out"].view(bs * L, H, V_DIM),
+        )
+
+
 # --- one shape --------------------------------------------------------------------------
 
 
@@ -892,6 +999,7 @@ class RunContext:
     arch: str
     ceilings: Ceilings
     flashinfer: FlashInfer
+    flashmla: FlashMLA
     contenders: tuple[str, ...]
     meta: dict[str, Any]
     rep_ms: float
@@ -921,8 +1029,8 @@ def _base_row(spec: ShapeSpec, prefix_lens: Sequence[int], ctx: RunContext) -> d
         bytes=work.bytes,
         flops=work.flops,
         reason="",
-        copy_bw_tbps=ctx.ceilings.copy_bw / 1e12 if ctx.ceilings.copy_bw else None,
-        matmul_tflops=ctx.ceilings.matmul_rate / 1e12 if ctx.ceilings.matmul_rate else None,
+        copy_bytes_per_s=ctx.ceilings.copy_bw,
+        matmul_flop_per_s=ctx.ceilings.matmul_rate,
         arch=ctx.arch,
         **ctx.meta,
     )
@@ -941,7 +1049,7 @@ def _with_config(row: dict[str, Any], contender: Contender) -> None:
 
 def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str:
     """The contender, or why it is skipped."""
-    if name in ("tuned", "default", "mha"):
+    if name in ("tuned", "default", "triton", "mha"):
         return kernel_contender(name, batch, ctx.arch)
     if name == "torch_ref":
         tokens = sum(batch.prefix_lens)
@@ -960,6 +1068,12 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
             reason = f"plan failed: {describe_error(exc)}"
             ctx.flashinfer.disable(f"disabled after an error in {batch.spec.name}: {reason}")
             raise
+    if name == "flashmla":
+        if not ctx.flashmla.available:
+            return ctx.flashmla.reason
+        if batch.spec.kv_dtype != "bf16":
+            return "this benchmark times FlashMLA on bf16 KV only"
+        return ctx.flashmla.contender(batch, ctx.seed + 3)
     raise ValueError(f"unknown contender {name!r}")
 
 
@@ -974,11 +1088,12 @@ def prepare_contender(
         return None
     contender = made
     _with_config(row, contender)
-    contender.out.fill_(float("nan"))
+    if contender.out is not None:
+        contender.out.fill_(float("nan"))
     contender.launches[0]()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
-    check = check_output(contender.out, ref)
+    check = check_output(contender.output(), ref)
     row.update(rel_err=check.rel_err, max_abs_err=check.max_abs_err)
     if not check.ok:
         row.update(status="FAILED", reason=check.reason)
@@ -992,7 +1107,7 @@ def time_contender(
     """One round of one contender: graph replays where it can be captured."""
     if contender.graphable and row.get("timing") != "eager":
         try:
-            timing = time_graph(contender.launches, rep_ms=ctx.rep_ms, out=contender.out)
+            timing = time_graph(contender.launches, rep_ms=ctx.rep_ms, written=contender.output)
             row["rotations"] = len(contender.launches)
             return timing
         except Exception as exc:
@@ -1055,8 +1170,6 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
 
 
 def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
-    import mla_verify
-
     prefix_lens = prefix_lengths(spec)
     rotations, slots = plan_pool(
         prefix_lens,
@@ -1071,7 +1184,8 @@ def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
         row = _base_row(spec, prefix_lens, ctx)
         row["contender"] = name
         rows.append(row)
-    need = estimate_bytes(spec, prefix_lens, slots, rotations)
+    flashmla = "flashmla" in ctx.contenders and ctx.flashmla.available
+    need = estimate_bytes(spec, prefix_lens, slots, rotations, flashmla=flashmla)
     if need > ctx.mem_cap_bytes:
         reason = f"needs ~{need / 2**30:.1f} GiB > --mem-cap-gb {ctx.mem_cap_bytes / 2**30:.0f}"
         for row in rows:
@@ -1085,7 +1199,7 @@ def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
         mla_verify.prepare_workspace(
             spec.batch_size, spec.num_heads, spec.draft_len, device=ctx.device
         )
-    ref = reference(batch)
+    ref = batch.sets[0].reference()
     logger.info(
         "%s: %d prefix tokens (min %d, max %d), pool %.2f GB, %d rotation set(s)",
         spec.name,
@@ -1141,7 +1255,7 @@ def _log_row(row: dict[str, Any]) -> None:
             row["median_us"],
             row["p20_us"],
             row["p80_us"],
-            _fmt(row["pct_roofline"], 1),
+            _pct(row["frac_roofline"]),
             row["rel_err"],
             _config_text(row),
         )
@@ -1160,10 +1274,20 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _pct(fraction: float | None, digits: int = 1) -> str:
+    return _fmt(None if fraction is None else 100.0 * fraction, digits)
+
+
+def _scaled(value: float | None, scale: float, digits: int = 1) -> str:
+    return _fmt(None if value is None else value / scale, digits)
+
+
 def _config_text(row: dict[str, Any]) -> str:
     if row.get("BLOCK_H") is None:
         return ""
     text = "H{BLOCK_H}/N{BLOCK_N}/S{NUM_KV_SPLITS}/w{num_warps}/s{num_stages}".format(**row)
+    if row.get("MIN_SHARE") is not None:
+        text += f"/f{row['MIN_SHARE']}"
     return text if row.get("kernel", "triton") == "triton" else f"{text}/{row['kernel']}"
 
 
@@ -1173,12 +1297,44 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _csv_cells(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS}
+
+
+def check_csv(path: Path) -> None:
+    """Raise ValueError if ``path`` exists with columns other than CSV_FIELDS
+    (rows appended to it would not line up)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open(newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    if tuple(header) != CSV_FIELDS:
+        raise ValueError(
+            f"{path}: its columns are not this benchmark's ({len(header)} vs "
+            f"{len(CSV_FIELDS)}; first difference at "
+            f"{next((a, b) for a, b in zip([*header, ''], [*CSV_FIELDS, '']) if a != b)}); "
+            "pass another --csv"
+        )
+
+
+def append_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Append one line per row to the tidy CSV, with the header if the file is new."""
+    check_csv(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerows(_csv_cells(row) for row in rows)
+
+
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """This run alone, in the tidy CSV's columns."""
     with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
+        writer.writerows(_csv_cells(row) for row in rows)
 
 
 def write_json(
@@ -1222,12 +1378,13 @@ def summary_markdown(
         "# mla_verify benchmark",
         "",
         f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
-        f"flashinfer {meta['flashinfer']}, commit {meta['git_commit']}, {meta['date_utc']}",
+        f"CUDA {meta['cuda']}, flashinfer {meta['flashinfer']}, flash_mla {meta['flash_mla']}, "
+        f"commit {meta['git_commit']}, {meta['date_utc']}",
         "",
         "Ceilings measured in this run: copy bandwidth "
-        f"{_fmt(ceilings.copy_bw / 1e12 if ceilings.copy_bw else None)} TB/s (best SM copy in a "
+        f"{_scaled(ceilings.copy_bw, 1e12, 2)} TB/s (best SM copy in a "
         "CUDA graph, read + write), bf16 matmul "
-        f"{_fmt(ceilings.matmul_rate / 1e12 if ceilings.matmul_rate else None, 0)} TFLOP/s "
+        f"{_scaled(ceilings.matmul_rate, 1e12, 0)} TFLOP/s "
         "(8192^3 torch.mm). Details: "
         + ", ".join(f"{k} {_fmt(v)}" for k, v in ceilings.details.items()),
         "",
@@ -1268,8 +1425,8 @@ def summary_markdown(
                 lines.append(
                     f"| {name} | ok ({r['timing']}) | {_fmt(r['median_us'], 1)} "
                     f"| {_fmt(r['p20_us'], 1)}-{_fmt(r['p80_us'], 1)} "
-                    f"| {_fmt(r['pct_copy_bw'], 1)} | {_fmt(r['tflops'], 1)} "
-                    f"| {_fmt(r['pct_roofline'], 1)} | {_fmt(r['tuned_speedup'], 3)} "
+                    f"| {_pct(r['frac_copy_bw'])} | {_scaled(r['flop_per_s'], 1e12)} "
+                    f"| {_pct(r['frac_roofline'])} | {_fmt(r['tuned_speedup'], 3)} "
                     f"| {_fmt(r['rel_err'], 5)} | {_config_text(r) or r['config_source'] or ''} |"
                 )
             else:
@@ -1295,8 +1452,8 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
         cells = [
             f"{shape:<26}",
             f"{_fmt(t['median_us'], 1) if ok else (t['status'] if t else '-'):>10}",
-            f"{_fmt(t['pct_roofline'], 1) if ok else '-':>7}",
-            f"{_fmt(t['pct_copy_bw'], 1) if ok else '-':>7}",
+            f"{_pct(t['frac_roofline']) if ok else '-':>7}",
+            f"{_pct(t['frac_copy_bw']) if ok else '-':>7}",
         ]
         for c in others:
             r = contenders.get(c)
@@ -1316,8 +1473,8 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
         )
     )
     lines.append(
-        f"ceilings: copy {_fmt(ceilings.copy_bw / 1e12 if ceilings.copy_bw else None)} TB/s, "
-        f"matmul {_fmt(ceilings.matmul_rate / 1e12 if ceilings.matmul_rate else None, 0)} TFLOP/s"
+        f"ceilings: copy {_scaled(ceilings.copy_bw, 1e12, 2)} TB/s, "
+        f"matmul {_scaled(ceilings.matmul_rate, 1e12, 0)} TFLOP/s"
     )
     return "\n".join(lines)
 
@@ -1330,11 +1487,13 @@ def write_outputs(
     *,
     plot: bool,
 ) -> None:
+    """This run's own files under ``out_dir``."""
     write_csv(rows, out_dir / "results.csv")
     write_json(rows, meta, ceilings, out_dir / "results.json")
     (out_dir / "summary.md").write_text(summary_markdown(rows, meta, ceilings), encoding="utf-8")
     if plot:
         try:
+            # The module beside this script (run as a script, scripts/ is on the path).
             from bench_plot import plot_roofline
         except ImportError as exc:
             logger.info("no plot: %s", exc)
@@ -1368,12 +1527,16 @@ def git_commit() -> str:
     return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else "unknown"
 
 
-def run_metadata(device: torch.device, flashinfer_version: str) -> dict[str, Any]:
+def run_metadata(device: torch.device, flashinfer_version: str, flashmla_version: str) -> dict:
+    """The columns every row of one run shares."""
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
         "torch": torch.__version__,
-        "triton": getattr(triton, "__version__", "n/a") if triton is not None else "n/a",
+        "triton": triton.__version__,
+        "cuda": torch.version.hip or torch.version.cuda or "n/a",
+        "mla_verify": mla_verify.__version__,
         "flashinfer": flashinfer_version,
+        "flash_mla": flashmla_version,
         "git_commit": git_commit(),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -1405,7 +1568,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "H16L4B64Rlong65536x512.\nquick set: " + " ".join(QUICK_SHAPES)
         ),
     )
-    parser.add_argument("--out", type=Path, help="output directory (required to run)")
+    parser.add_argument(
+        "--csv",
+        type=Path,
+        default=DEFAULT_CSV,
+        help="the tidy CSV every run appends to (default: results/results.csv in the checkout)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write this run alone here: results.csv, results.json, summary.md, plot",
+    )
     parser.add_argument(
         "--quick", action="store_true", help=f"the {len(QUICK_SHAPES)}-shape subset (a few minutes)"
     )
@@ -1427,7 +1600,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--rep-ms",
         type=float,
         default=50.0,
-        help="replay time per contender and shape (default 50)",
+        help="replay time per contender, shape and round (default 50)",
     )
     parser.add_argument(
         "--pool-mb",
@@ -1474,10 +1647,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
-    if args.out is None and not args.list_shapes:
-        parser.error("--out DIR is required")
     try:
         args.shape_list = select_shapes(args)
+        check_csv(args.csv)
     except ValueError as exc:
         parser.error(str(exc))
     if args.max_rotations < 1:
@@ -1505,17 +1677,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.version.cuda,
         )
         return 2
-    if triton is None:
-        logger.error("triton is not importable; the kernel under test needs it")
-        return 2
-    try:
-        import mla_verify
-    except Exception as exc:
-        logger.error("cannot import mla_verify from %s: %s: %s", REPO_ROOT, type(exc).__name__, exc)
-        return 2
 
     device = torch.device("cuda", torch.cuda.current_device())
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
     flashinfer = FlashInfer(
         enabled="flashinfer" in args.contenders and not args.no_flashinfer, device=device
     )
@@ -1525,7 +1690,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     else:
         logger.info("flashinfer skipped: %s", flashinfer.reason)
-    meta = run_metadata(device, flashinfer.version)
+    flashmla = FlashMLA(enabled="flashmla" in args.contenders)
+    if not flashmla.available:
+        logger.info("flashmla skipped: %s", flashmla.reason)
+    meta = run_metadata(device, flashinfer.version, flashmla.version)
     arch = mla_verify.current_arch(device)
     props = torch.cuda.get_device_properties(device)
     l2_bytes = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
@@ -1545,6 +1713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         arch=arch,
         ceilings=ceilings,
         flashinfer=flashinfer,
+        flashmla=flashmla,
         contenders=tuple(args.contenders),
         meta=meta,
         rep_ms=args.rep_ms,
@@ -1561,26 +1730,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i, spec in enumerate(args.shape_list):
         logger.info("[%d/%d] %s", i + 1, len(args.shape_list), spec.name)
         try:
-            rows += run_shape(spec, ctx)
+            shape_rows = run_shape(spec, ctx)
         except Exception as exc:
             logger.exception("%s: shape failed", spec.name)
             if not _cuda_healthy(device):
                 logger.error("the CUDA context is broken (%s); stopping after %d shapes", exc, i)
                 aborted = True
                 break
-            failed = []
+            shape_rows = []
             for name in ctx.contenders:
                 row = _base_row(spec, prefix_lengths(spec), ctx)
                 row.update(contender=name, status="error", reason=describe_error(exc))
-                failed.append(row)
-            rows += failed
+                shape_rows.append(row)
+        rows += shape_rows
+        append_csv(shape_rows, args.csv)  # shape by shape: a crash keeps what was measured
         torch.cuda.empty_cache()
-        write_outputs(rows, meta, ceilings, args.out, plot=False)
-    write_outputs(rows, meta, ceilings, args.out, plot=not args.no_plot)
-    logger.info(
-        "wrote %s",
-        ", ".join(str(args.out / n) for n in ("results.csv", "results.json", "summary.md")),
-    )
+        if args.out is not None:
+            write_outputs(rows, meta, ceilings, args.out, plot=False)
+    logger.info("appended %d rows to %s", len(rows), args.csv)
+    if args.out is not None:
+        write_outputs(rows, meta, ceilings, args.out, plot=not args.no_plot)
+        logger.info(
+            "wrote %s",
+            ", ".join(str(args.out / n) for n in ("results.csv", "results.json", "summary.md")),
+        )
     logging.shutdown()
     sys.stderr.flush()
     print(stdout_table(rows, ceilings), flush=True)

@@ -2,8 +2,8 @@
 
     python scripts/bench_plot.py DIR        # redraw DIR/roofline*.png from DIR/results.json
 
-Imported by ``bench.py``; needs matplotlib (the import fails without it, and
-bench.py then skips the plot).
+Imported by ``bench.py`` as the module beside it; needs matplotlib (the
+import fails without it, and bench.py then skips the plot).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ COLORS = {
     "tuned": "#1f77b4",
     "default": "#aec7e8",
     "mha": "#c7c7c7",
+    "triton": "#9edae5",
     "flashinfer": "#ff7f0e",
+    "flashmla": "#d62728",
     "torch_ref": "#98df8a",
 }
 
@@ -45,8 +47,8 @@ def _roofline_table(
         shape = row["shape"]
         if shape not in shapes:
             shapes.append(shape)
-        if row.get("status") == "ok" and row.get("pct_roofline") is not None:
-            values[(shape, row["contender"])] = float(row["pct_roofline"])
+        if row.get("status") == "ok" and row.get("frac_roofline") not in (None, ""):
+            values[(shape, row["contender"])] = 100.0 * float(row["frac_roofline"])
             bound[shape] = row.get("bound") or ""
     series = {c: [values.get((s, c)) for s in shapes] for c in contenders}
     return shapes, series, bound
@@ -57,7 +59,7 @@ def plot_roofline(
     out_dir: Path,
     *,
     title: str = "",
-    contenders: Sequence[str] = ("tuned", "default", "flashinfer"),
+    contenders: Sequence[str] = ("tuned", "triton", "flashinfer", "flashmla"),
 ) -> list[Path]:
     """Write roofline.png (or roofline_01.png, ... past 24 shapes); returns the paths."""
     shapes, series, bound = _roofline_table(rows, contenders)

@@ -1,14 +1,19 @@
-"""scripts/bench.py's shape specs and byte counts (CPU only; the timings
-themselves need a GPU and are the benchmark's job, not a test's)."""
+"""scripts/bench.py on CPU: shape specs, byte counts, the batch every
+contender reads (FlashMLA's paged copy included), the tolerance and the
+tidy CSV's columns. The timings themselves need a GPU and are the
+benchmark's job, not a test's."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import json
 import sys
 import types
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH_PATH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 _spec = importlib.util.spec_from_file_location("mla_verify_bench", BENCH_PATH)
@@ -70,3 +75,196 @@ def test_contenders_are_timed_in_rotating_rounds_and_pooled(monkeypatch):
     assert a["status"] == "ok" and a["replays"] == 12
     # a's rounds ran as calls 1, 6 and 8: samples 11, 16 and 18 (4 each)
     assert (a["p20_us"], a["median_us"], a["p80_us"]) == (11.0, 16.0, 18.0)
+
+
+# --- the batch every contender reads -------------------------------------------------
+
+
+def small_batch(prefix_lens=(5, 0, 70), heads=2, draft_len=3, rotations=2):
+    spec = bench.parse_shape(f"H{heads}L{draft_len}B{len(prefix_lens)}C1")
+    per_set = sum(prefix_lens) + len(prefix_lens) * draft_len
+    return bench.build_batch(
+        spec,
+        list(prefix_lens),
+        rotations=rotations,
+        slots=rotations * per_set + 11,
+        device=torch.device("cpu"),
+        seed=3,
+    )
+
+
+def test_rotation_sets_share_values_on_disjoint_slots():
+    batch = small_batch()
+    first, second = batch.sets
+    assert first.q is second.q and first.k_buffer is second.k_buffer
+    assert not set(first.kv_indices.tolist()) & set(second.kv_indices.tolist())
+    # v_extend: the drafts' latent, as FlashInfer reads it from the pool, in a tensor of its own
+    assert torch.equal(first.v_extend, first.k_extend[..., :512])
+    assert first.v_extend.data_ptr() != first.k_extend.data_ptr()
+    # FlashInfer's lists: each request's prefix slots, then slots holding its drafts' K
+    for r, vb in enumerate(batch.sets):
+        rows = vb.k_buffer[batch.fi_kv_indices[r].long(), 0]
+        start = 0
+        for b, p in enumerate(batch.prefix_lens):
+            prefix = vb.kv_indices[vb.kv_indptr[b] : vb.kv_indptr[b + 1]].long()
+            assert torch.equal(rows[start : start + p], vb.k_buffer[prefix, 0])
+            drafts = vb.k_extend[b * vb.draft_len : (b + 1) * vb.draft_len, 0]
+            assert torch.equal(rows[start + p : start + p + vb.draft_len], drafts)
+            start += p + vb.draft_len
+
+
+@pytest.mark.parametrize("page_size", [4, 64])
+@pytest.mark.parametrize("scattered", [False, True], ids=["in-order", "scattered"])
+def test_flashmla_pages_hold_each_sequence_then_nan(page_size, scattered):
+    vb = small_batch().sets[1]
+    L = vb.draft_len
+    gen = torch.Generator().manual_seed(0) if scattered else None
+    kv_cache, block_table, seqlens = bench.paged_kv_with_drafts(
+        vb.k_buffer, vb.kv_indptr, vb.kv_indices, vb.k_extend, L, page_size=page_size, scatter=gen
+    )
+    assert seqlens.dtype == block_table.dtype == torch.int32
+    assert seqlens.tolist() == [p + L for p in vb.prefix_lens]
+    assert kv_cache.shape[1:] == (page_size, 1, 576)
+    for b, n in enumerate(seqlens.tolist()):
+        pages = -(-n // page_size)
+        seq = kv_cache[block_table[b, :pages].long()].reshape(-1, 576)
+        prefix = vb.kv_indices[vb.kv_indptr[b] : vb.kv_indptr[b + 1]].long()
+        expected = torch.cat([vb.k_buffer[prefix, 0], vb.k_extend[b * L : (b + 1) * L, 0]])
+        assert torch.equal(seq[:n], expected)
+        assert torch.isnan(seq[n:]).all()  # the last page's tail: poisoned
+        assert (block_table[b, pages:] == 0).all()
+    used = block_table[block_table != 0].unique().numel()
+    assert used <= kv_cache.shape[0] and kv_cache.shape[0] == sum(
+        -(-n // page_size) for n in seqlens.tolist()
+    )
+
+
+def test_flashmla_layout_computes_the_verify_function():
+    # Bottom-right causal attention over each paged sequence (FlashMLA's
+    # convention, V = K's first 512 columns) equals the package's reference.
+    vb = small_batch(rotations=1).sets[0]
+    L, H = vb.draft_len, vb.num_heads
+    kv_cache, block_table, seqlens = bench.paged_kv_with_drafts(
+        vb.k_buffer, vb.kv_indptr, vb.kv_indices, vb.k_extend, L, page_size=4
+    )
+    out = []
+    for b, n in enumerate(seqlens.tolist()):
+        kv = kv_cache[block_table[b, : -(-n // 4)].long()].reshape(-1, 576)[:n].float()
+        q = vb.q[b * L : (b + 1) * L].float()  # [L, H, 576]
+        scores = torch.einsum("lhd,td->lht", q, kv) * vb.sm_scale
+        visible = torch.arange(n)[None, :] <= (n - L + torch.arange(L))[:, None]  # [L, n]
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        out.append(torch.einsum("lht,td->lhd", scores.softmax(-1), kv[:, :512]))
+    torch.testing.assert_close(torch.cat(out), vb.reference(), rtol=1e-5, atol=1e-5)
+    assert out[0].shape == (L, H, 512)
+
+
+def test_flashmla_pages_refuse_fp8():
+    vb = small_batch(rotations=1).sets[0]
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        bench.paged_kv_with_drafts(
+            vb.k_buffer.to(torch.float8_e4m3fn), vb.kv_indptr, vb.kv_indices, vb.k_extend, 3
+        )
+
+
+# --- contenders ---------------------------------------------------------------------------
+
+
+def test_triton_contender_runs_the_tuned_tile_on_the_triton_kernel():
+    from mla_verify.config import hopper_config
+
+    hopper = hopper_config(16, 4, 32, "gluon_sm90_sv").with_min_share(2)
+    forced = bench.triton_config(hopper)
+    assert forced.kernel == "triton" and forced.MIN_SHARE is None
+    keep = ("BLOCK_H", "BLOCK_N", "NUM_KV_SPLITS", "num_warps", "num_stages")
+    assert all(getattr(forced, k) == getattr(hopper, k) for k in keep)
+
+
+def test_outputs_are_checked_with_the_package_tolerance():
+    from mla_verify.testing import MAX_RELATIVE_ERROR
+
+    ref = torch.rand(4, 2, 512) + 0.5
+    assert bench.check_output(ref.bfloat16(), ref).ok
+    # 0.8% off everywhere: inside the old bench's 1e-2, outside the package's 6e-3
+    off = bench.check_output(ref * (1 + 0.8e-2), ref)
+    assert not off.ok and off.rel_err > MAX_RELATIVE_ERROR and "relative error" in off.reason
+    nan = ref.clone()
+    nan[1, 1, 7] = float("nan")
+    assert not bench.check_output(nan, ref).ok
+
+
+# --- the tidy CSV ---------------------------------------------------------------------------
+
+
+def ok_row():
+    spec = bench.parse_shape("H16L4B2C500")
+    ceilings = bench.Ceilings(4.2e12, 780e12)
+    meta = {
+        "device": "NVIDIA H200",
+        "torch": "2.11.0",
+        "triton": "3.6.0",
+        "cuda": "13.0",
+        "mla_verify": "0.1.0",
+        "flashinfer": "0.6.4",
+        "flash_mla": "n/a",
+        "git_commit": "abc1234",
+        "date_utc": "2026-12-01T00:00:00+00:00",
+    }
+    ctx = types.SimpleNamespace(ceilings=ceilings, arch="sm90", meta=meta)
+    row = bench._base_row(spec, bench.prefix_lengths(spec), ctx)
+    row["contender"] = "triton"
+    from mla_verify.config import hopper_config
+
+    contender = bench.Contender(
+        "triton",
+        [],
+        None,
+        config=bench.triton_config(hopper_config(16, 4, 2, "gluon_sm90_sv")),
+        config_source="sm90.json entry H16_L4_bf16, bucket 2; kernel='triton'",
+    )
+    bench._with_config(row, contender)
+    row.update(rel_err=1.7e-3, max_abs_err=4e-4)
+    bench.record_timing(row, bench._summarise([10.0, 11.0, 12.0, 13.0, 14.0], "cudagraph", 8), ctx)
+    return row
+
+
+def test_csv_rows_carry_run_shape_config_and_rates(tmp_path):
+    row = ok_row()
+    path = tmp_path / "results" / "results.csv"
+    bench.append_csv([row], path)
+    bench.append_csv([row, row], path)  # a second run appends, no second header
+    with path.open(newline="") as f:
+        lines = list(csv.reader(f))
+    assert tuple(lines[0]) == bench.CSV_FIELDS and len(lines) == 4
+    written = dict(zip(lines[0], lines[1]))
+    for name in ("device", "torch", "triton", "git_commit", "date_utc", "kernel", "config"):
+        assert written[name], name
+    assert written["kernel"] == "triton" and json.loads(written["config"])["BLOCK_H"] == 16
+    assert float(written["median_us"]) == 12.0 and float(written["p20_us"]) == 10.8
+    seconds = 12.0e-6
+    assert float(written["bytes_per_s"]) == pytest.approx(row["bytes"] / seconds)
+    assert float(written["flop_per_s"]) == pytest.approx(row["flops"] / seconds)
+    assert float(written["frac_copy_bw"]) == pytest.approx(row["bytes"] / seconds / 4.2e12)
+    assert float(written["frac_matmul"]) == pytest.approx(row["flops"] / seconds / 780e12)
+    fracs = {"memory": float(written["frac_copy_bw"]), "compute": float(written["frac_matmul"])}
+    assert float(written["frac_roofline"]) == pytest.approx(max(fracs.values()))
+    assert fracs[written["bound"]] == max(fracs.values())
+    assert written["status"] == "ok" and float(written["rel_err"]) == 1.7e-3
+
+
+def test_csv_with_other_columns_is_refused(tmp_path):
+    path = tmp_path / "old.csv"
+    path.write_text("shape,contender,pct_roofline\nH8L2B8C2048,tuned,20.1\n")
+    with pytest.raises(ValueError, match="columns"):
+        bench.append_csv([ok_row()], path)
+    with pytest.raises(SystemExit):  # refused before any GPU time is spent
+        bench.parse_args(["--csv", str(path), "--list-shapes"])
+    assert path.read_text().count("\n") == 2  # left as it was
+
+
+def test_shipped_results_csv_has_the_bench_columns():
+    shipped = BENCH_PATH.parents[1] / "results" / "results.csv"
+    bench.check_csv(shipped)
+    with shipped.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["git_commit"] and r["device"] for r in rows)

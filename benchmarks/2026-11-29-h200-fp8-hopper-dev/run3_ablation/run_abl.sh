@@ -1,6 +1,0 @@
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
-timeout 300 python3 scratch/abl_fp8.py > $OUT/abl.txt 2>&1
-tail -6 $OUT/abl.txt
