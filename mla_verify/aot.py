@@ -11,7 +11,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import kernel, kernel_sm90
+from . import hopper, kernel
 from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
 
 # arch -> (Triton target, shared memory per block in bytes)
@@ -68,7 +68,7 @@ def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, a
         V_FROM_K=True,
         DOT_FP32=False,
     )
-    if config.kernel in HOPPER_KERNELS and arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES:
+    if config.kernel in HOPPER_KERNELS and arch == "sm90" and kv_dtype in hopper.KV_DTYPES:
         score_value = runs_score_value(config.kernel, kv_dtype)
         return _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
     src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)
@@ -79,7 +79,7 @@ def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, a
 def _compile_hopper_kernel(
     config: VerifyConfig, draft_len: int, target, pointers, score_value: bool
 ) -> int:
-    fn = kernel_sm90._prefix_kernel_sm90
+    fn = hopper.gluon_kernel()._prefix_kernel_sm90
     constexprs = dict(
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,
@@ -97,5 +97,5 @@ def _compile_hopper_kernel(
         constexprs,
         aligned & set(fn.arg_names),
     )
-    options = kernel_sm90.launch_options(score_value)
+    options = hopper.launch_options(score_value)
     return triton.compile(src, target=target, options=options).metadata.shared

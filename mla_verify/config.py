@@ -14,7 +14,7 @@ from typing import Any
 
 import triton
 
-from . import kernel_sm90
+from . import hopper
 from .device import arch_sm_count, is_amd_arch
 
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
@@ -31,7 +31,7 @@ def runs_score_value(kernel: str, kv_dtype: str) -> bool:
     """Whether a config's stage 1 runs the Hopper kernel's score/value
     schedule: where it names it and the KV dtype allows it; otherwise a
     "gluon_sm90_sv" config runs the columns schedule (same tile and plan)."""
-    return kernel == "gluon_sm90_sv" and kv_dtype in kernel_sm90.SCORE_VALUE_KV_DTYPES
+    return kernel == "gluon_sm90_sv" and kv_dtype in hopper.SCORE_VALUE_KV_DTYPES
 
 
 def rows_per_program(block_h: int, draft_len: int) -> int:
@@ -209,7 +209,7 @@ def hopper_config(
     kernel plans its own shares (one wave of CTAs); NUM_KV_SPLITS, for about
     one wave of CTAs, serves the Triton kernel where a call cannot take the
     Hopper one."""
-    block_h = kernel_sm90.block_heads(num_heads, draft_len)
+    block_h = hopper.block_heads(num_heads, draft_len)
     return VerifyConfig(
         BLOCK_H=block_h,
         BLOCK_N=64,
@@ -248,11 +248,11 @@ def tile_candidates(
     the answer is known: accumulator registers and shared memory for the KV
     ring."""
     out: list[VerifyConfig] = []
-    if arch == "sm90" and kv_dtype in kernel_sm90.KV_DTYPES and draft_len <= MAX_ROWS:
+    if arch == "sm90" and kv_dtype in hopper.KV_DTYPES and draft_len <= MAX_ROWS:
         out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
         if runs_score_value("gluon_sm90_sv", kv_dtype):
             out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
-        if kernel_sm90.AVAILABLE:
+        if hopper.available():
             return out
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)
@@ -317,4 +317,4 @@ def min_share_candidates(arch: str, kernel: str) -> list[int | None]:
 def _plans_shares(arch: str, kernel: str) -> bool:
     """Whether ``kernel`` on ``arch`` runs the Hopper kernel, which plans
     its own shares (NUM_KV_SPLITS plays no part, MIN_SHARE does)."""
-    return kernel in HOPPER_KERNELS and arch == "sm90" and kernel_sm90.AVAILABLE
+    return kernel in HOPPER_KERNELS and arch == "sm90" and hopper.available()

@@ -42,6 +42,7 @@ Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import re
@@ -53,7 +54,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 from triton.runtime.jit import ConstexprFunction
 
-from . import kernel_sm90
+from . import hopper
 from .config import rows_per_program
 from .problem import D_NOPE, D_ROPE
 
@@ -565,12 +566,16 @@ def _add_drafts(
 # interpreter's bf16 tl.dot is wrong, so dots then run on fp32 operands.
 INTERPRETED = not isinstance(_prefix_kernel, triton.runtime.JITFunction)
 
+kernel_sm90 = hopper.gluon_kernel()
+
 
 def _kernel_source(jitted) -> str:
-    # The function's text from its `def` on, whether Triton compiles it or
-    # interprets it, so the hash is the same on a GPU and in CI.
+    # The function's syntax tree from its `def` on (decorators, comments and
+    # formatting left out), whether Triton compiles it or interprets it, so
+    # the hash is the same on a GPU and in CI.
     src = textwrap.dedent(inspect.getsource(jitted.fn))
-    return src[re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE).start() :]
+    tree = ast.parse(src[re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE).start() :])
+    return ast.dump(tree)
 
 
 def _jitted(namespace: dict) -> list:
@@ -585,11 +590,11 @@ def _jitted(namespace: dict) -> list:
 
 
 # Identifies the kernel code a tuned table was measured with: the jitted
-# functions and the module constants that shape them (comments elsewhere
-# in the modules do not count).
+# functions' code and the module constants that shape them (comments and
+# formatting do not count).
 KERNEL_HASH = hashlib.sha256(
     "\n".join(
-        [_kernel_source(fn) for fn in _jitted(globals()) + _jitted(vars(kernel_sm90))]
+        [_kernel_source(fn) for fn in _jitted(globals()) + _jitted(vars(kernel_sm90 or {}))]
         + [
             repr(
                 (
@@ -603,7 +608,7 @@ KERNEL_HASH = hashlib.sha256(
                 )
             )
         ]
-        + [repr(kernel_sm90.SHAPE)]
+        + [repr(hopper.SHAPE)]
     ).encode()
 ).hexdigest()[:16]
 
@@ -816,8 +821,8 @@ def launch_merge_shares(
         ROWS=max(l_pad, MERGE_SHARES_TILE * blocks // D_NOPE),
         D_BLOCK=D_NOPE // blocks,
         D_NOPE=D_NOPE,
-        TOKENS=kernel_sm90.TOKENS.value,
-        DRAFT_POSITIONS=kernel_sm90.DRAFT_POSITIONS.value,
+        TOKENS=hopper.TOKENS,
+        DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
         BLOCK_B=PLAN_BLOCK,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,

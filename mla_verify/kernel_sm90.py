@@ -71,327 +71,281 @@ sm90 ahead of time, and the GPU tests check it against the reference.
 
 from __future__ import annotations
 
-from triton.language import constexpr
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.runtime.jit import constexpr_function
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        async_copy,
-        fence_async_shared,
-        mbarrier,
-        warpgroup_mma,
-        warpgroup_mma_wait,
+from . import hopper, problem
+
+# Triton 3.6 names (the H200's) and their later renames (CI's Triton): a
+# barrier among the calling partition's warps, and a cp.async gather.
+_warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+# The kernels read module constants as constexpr objects (Triton's rule for
+# globals); their values and meaning live in hopper.py.
+ROWS = gl.constexpr(hopper.ROWS)
+TOKENS = gl.constexpr(hopper.TOKENS)
+STAGES = gl.constexpr(hopper.STAGES)
+CONSUMER_WARPS = gl.constexpr(hopper.CONSUMER_WARPS)
+WARPGROUP = gl.constexpr(hopper.WARPGROUP)
+PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
+DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
+PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
+VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
+HALF_V = gl.constexpr(hopper.HALF_V)
+D_NOPE = gl.constexpr(problem.D_NOPE)
+D_ROPE = gl.constexpr(problem.D_ROPE)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _launch_dependents():
+    # PTX griddepcontrol.launch_dependents (Gluon has no wrapper); the
+    # dummy output is what inline asm needs to be emitted.
+    gl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0",
+        "=r",
+        [],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
     )
-    from triton.runtime.jit import constexpr_function
-
-    # Triton 3.6 names (the H200's) and their later renames (CI's Triton):
-    # a barrier among the calling partition's warps, and a cp.async gather.
-    _warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-    AVAILABLE = True
-except ImportError:  # a Triton without Gluon's Hopper ops
-    AVAILABLE = False
-
-# Constants the kernels read are constexpr objects (Triton's rule for
-# globals); host code reads their .value.
-ROWS = constexpr(64)  # query rows per CTA: one wgmma M per warpgroup
-TOKENS = constexpr(64)  # prefix tokens per ring stage
-STAGES = constexpr(2)
-CONSUMER_WARPS = constexpr(8)  # the columns schedule's consumer partition
-WARPGROUP = constexpr(4)  # warps of one warpgroup (the score/value partitions)
-PRODUCER_WARPS = constexpr(4)
-# Positions a share holds at least, where a config names none (a runtime
-# argument: the tuner searches it). On a small batch, one wave of shares of
-# a tile or two each left stage 2 a merge of over 100 partials a request
-# (0.6x the time of the earlier plan on one 16K request, H16 L4).
-DEFAULT_MIN_SHARE = 4
-# Positions a request's drafts count for in the shares of a ragged batch:
-# their tile and a segment's fixed cost (query staging, first tile, output
-# store: about 9 us, against 2.4 us a prefix tile, BENCHMARKS.md), so a CTA
-# that packs many short requests gets fewer positions. The drafts go with
-# the CTA that holds the first of them; one whose range holds only the
-# others has nothing of that request to do. A uniform batch counts one:
-# its cuts fall at request boundaries or split each request alike, and
-# every part of a split request pays a segment's cost.
-DRAFT_POSITIONS = constexpr(5)
-# The producer holds two tiles' slot indices (this tile's and the next's):
-# with 56 registers it spilled them (1.14-1.22x the time without the
-# prefetch); with 88 the prefetch is 3-14% faster (BENCHMARKS.md).
-PRODUCER_REGS = constexpr(88)
-# 12 warps x 168 registers fill the register file; the producer gives its
-# surplus to the consumers (setmaxnreg): (12 * 168 - 4 * 88) / 8 = 208 each.
-# Score/value: the value warpgroup holds half the output (128 words a
-# thread) and takes 176, which leaves the score warpgroup
-# 12 * 168 - 4 * (88 + 176) = 4 * 240.
-MAX_REGS = 168
-VALUE_REGS = constexpr(176)
-HALF_V = constexpr(256)  # output columns per warpgroup
-D_NOPE = constexpr(512)
-D_ROPE = constexpr(64)
 
 
-def block_heads(num_heads: int, draft_len: int) -> int:
-    """Heads per CTA: as many as fill the 64 query rows."""
-    return max(1, min(num_heads, ROWS.value // draft_len))
+@gluon.jit
+def _row_coords(
+    head_block, num_heads, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, layout: gl.constexpr
+):
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
+    offs_m = gl.arange(0, ROWS, layout=layout)
+    offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+    offs_i = offs_m % DRAFT_LEN
+    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
+    return offs_h, offs_i, mask_m
 
 
-KV_DTYPES = ("bf16", "fp8_e4m3")
-SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (docstring)
+@gluon.jit
+def _tile_coords(
+    head_block,
+    num_heads,
+    col0,
+    WIDTH: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    layout: gl.constexpr,
+):
+    # _row_coords for a 2-D tile in `layout`, and its columns col0 ..
+    # col0 + WIDTH - 1.
+    offs_h, offs_i, mask_m = _row_coords(
+        head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+    )
+    cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    return offs_h, offs_i, mask_m, cols
 
 
-def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
-    """Calls this kernel computes; the plain kernel takes the rest."""
-    return AVAILABLE and draft_len <= ROWS.value and kv_dtype_name in KV_DTYPES and v_from_k
+@gluon.jit
+def _load_q(
+    Q,
+    q_first,
+    head_block,
+    num_heads,
+    stride_q_tok,
+    stride_q_head,
+    col0,
+    WIDTH: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    layout: gl.constexpr,
+):
+    offs_h, offs_i, mask_m, cols = _tile_coords(
+        head_block, num_heads, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
+    )
+    rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
+    return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
 
 
-if AVAILABLE:
+@constexpr_function
+def _copy_layout(dtype, width):
+    # The producer's layout for rows `width` elements wide: 16-byte
+    # copies (8 bf16 or 16 fp8 elements), a warp across as much of a
+    # row as it covers.
+    vec = 128 // dtype.primitive_bitwidth
+    per_row = min(32, width // vec)
+    return gl.BlockedLayout([1, vec], [32 // per_row, per_row], [PRODUCER_WARPS.value, 1], [1, 0])
 
-    @gluon.jit
-    def _add(a, b):
-        return a + b
 
-    @gluon.jit
-    def _launch_dependents():
-        # PTX griddepcontrol.launch_dependents (Gluon has no wrapper); the
-        # dummy output is what inline asm needs to be emitted.
-        gl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents; // $0",
-            "=r",
-            [],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
+@gluon.jit
+def _tokens(first, layout: gl.constexpr):
+    # Tokens first .. first + 63, one per row of a tile laid out as layout.
+    return first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
 
-    @gluon.jit
-    def _row_coords(
-        head_block, num_heads, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, layout: gl.constexpr
-    ):
-        # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
-        offs_m = gl.arange(0, ROWS, layout=layout)
-        offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
-        offs_i = offs_m % DRAFT_LEN
-        mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
-        return offs_h, offs_i, mask_m
 
-    @gluon.jit
-    def _tile_coords(
-        head_block,
-        num_heads,
-        col0,
-        WIDTH: gl.constexpr,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-        layout: gl.constexpr,
-    ):
-        # _row_coords for a 2-D tile in `layout`, and its columns col0 ..
-        # col0 + WIDTH - 1.
-        offs_h, offs_i, mask_m = _row_coords(
-            head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
-        )
-        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-        return offs_h, offs_i, mask_m, cols
+@gluon.jit
+def _slots(KV_INDICES, first, end, layout: gl.constexpr):
+    # The pool slots of prefix tokens first .. first + 63 (0 past end),
+    # in int32 whatever the index dtype: the producer holds two tiles'
+    # slots in its 88 registers, and int64 ones spilled (20-25% slower).
+    # A pool has fewer than 2^31 rows (the gate checks).
+    offs = _tokens(first, layout)
+    return gl.load(KV_INDICES + offs, mask=offs < end, other=0).to(gl.int32)
 
-    @gluon.jit
-    def _load_q(
-        Q,
-        q_first,
-        head_block,
-        num_heads,
-        stride_q_tok,
-        stride_q_head,
-        col0,
-        WIDTH: gl.constexpr,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-        layout: gl.constexpr,
-    ):
-        offs_h, offs_i, mask_m, cols = _tile_coords(
-            head_block, num_heads, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
-        )
-        rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
-        return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
 
-    @constexpr_function
-    def _copy_layout(dtype, width):
-        # The producer's layout for rows `width` elements wide: 16-byte
-        # copies (8 bf16 or 16 fp8 elements), a warp across as much of a
-        # row as it covers.
-        vec = 128 // dtype.primitive_bitwidth
-        per_row = min(32, width // vec)
-        return gl.BlockedLayout(
-            [1, vec], [32 // per_row, per_row], [PRODUCER_WARPS.value, 1], [1, 0]
-        )
+@gluon.jit
+def _gather(dst, BASE, rows, mask, stride_row, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
+    # One cp.async per buffer: 64 latent rows (scattered), columns
+    # col0 .. col0 + WIDTH; masked rows are zero-filled.
+    cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    ptrs = BASE + rows.to(gl.int64)[:, None] * stride_row + cols[None, :]
+    _cp_async(dst, ptrs, mask=mask[:, None])
 
-    @gluon.jit
-    def _tokens(first, layout: gl.constexpr):
-        # Tokens first .. first + 63, one per row of a tile laid out as layout.
-        return first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
 
-    @gluon.jit
-    def _slots(KV_INDICES, first, end, layout: gl.constexpr):
-        # The pool slots of prefix tokens first .. first + 63 (0 past end),
-        # in int32 whatever the index dtype: the producer holds two tiles'
-        # slots in its 88 registers, and int64 ones spilled (20-25% slower).
-        # A pool has fewer than 2^31 rows (the gate checks).
-        offs = _tokens(first, layout)
-        return gl.load(KV_INDICES + offs, mask=offs < end, other=0).to(gl.int32)
-
-    @gluon.jit
-    def _gather(dst, BASE, rows, mask, stride_row, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
-        # One cp.async per buffer: 64 latent rows (scattered), columns
-        # col0 .. col0 + WIDTH; masked rows are zero-filled.
-        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-        ptrs = BASE + rows.to(gl.int64)[:, None] * stride_row + cols[None, :]
-        _cp_async(dst, ptrs, mask=mask[:, None])
-
-    @gluon.jit
-    def _gather_tile(
-        nope, rope, BASE, nope_rows, rope_rows, first, end, stride_row, WITH_ROPE: gl.constexpr
-    ):
-        # Tokens first .. end - 1 of one tile, at rows nope_rows / rope_rows
-        # of BASE (laid out as _copy_layout).
-        nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
-        mask = _tokens(first, nope_layout) < end
-        _gather(nope, BASE, nope_rows, mask, stride_row, 0, D_NOPE, nope_layout)
-        if WITH_ROPE:
-            rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
-            mask = _tokens(first, rope_layout) < end
-            _gather(rope, BASE, rope_rows, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
-
-    @gluon.jit
-    def _gather_drafts(
-        nope, rope, BASE, q_first, DRAFT_LEN: gl.constexpr, stride_tok, WITH_ROPE: gl.constexpr
-    ):
-        # The drafts' own rows of k_extend / v_extend.
-        nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
+@gluon.jit
+def _gather_tile(
+    nope, rope, BASE, nope_rows, rope_rows, first, end, stride_row, WITH_ROPE: gl.constexpr
+):
+    # Tokens first .. end - 1 of one tile, at rows nope_rows / rope_rows
+    # of BASE (laid out as _copy_layout).
+    nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
+    mask = _tokens(first, nope_layout) < end
+    _gather(nope, BASE, nope_rows, mask, stride_row, 0, D_NOPE, nope_layout)
+    if WITH_ROPE:
         rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
-        _gather_tile(
-            nope,
-            rope,
-            BASE,
-            _tokens(q_first, nope_layout),
-            _tokens(q_first, rope_layout),
-            q_first,
-            q_first + DRAFT_LEN,
-            stride_tok,
-            WITH_ROPE,
-        )
+        mask = _tokens(first, rope_layout) < end
+        _gather(rope, BASE, rope_rows, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
 
-    @gluon.jit
-    def _positions(
-        KV_INDPTR, start, batch_size, drafts, BLOCK_B: gl.constexpr, layout: gl.constexpr
-    ):
-        # Positions of requests start .. start + BLOCK_B - 1 (0 past the
-        # batch): one per prefix tile, and `drafts` for the drafts.
-        offs = start + gl.arange(0, BLOCK_B, layout=layout)
-        mask = offs < batch_size
-        lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
-            KV_INDPTR + offs, mask=mask, other=0
-        )
-        return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
 
-    @gluon.jit
-    def _share_count(grid_ctas, total, uniform, batch_size, min_share):
-        # The batch's shares (module docstring): one a CTA, of min_share
-        # positions at least; where every request holds as many positions
-        # (`uniform`), a multiple or a divisor of the batch size that costs
-        # at most a sixteenth of them, so that no share holds part of a
-        # request. kernel._share_count is the same rule for stage 2.
-        ctas = gl.minimum(grid_ctas, (total + min_share - 1) // min_share)
-        # No more than 1 + 4 sqrt(P) shares a request of P positions, on
-        # average: beyond that, a merge of more partials costs more than
-        # shorter shares save (BENCHMARKS.md: floor 2 is 1.27x floor 4 on
-        # one 2K request, 0.93x on one 16K request).
-        work = total.to(gl.float32) * batch_size
-        ctas = gl.minimum(ctas, (4.0 * gl.sqrt_rn(work)).to(gl.int32) + batch_size)
-        aligned = ctas
-        if uniform:
-            if ctas >= batch_size:
-                aligned = ctas - ctas % batch_size
-            else:
-                group = (batch_size + ctas - 1) // ctas
-                if batch_size % group == 0:
-                    aligned = batch_size // group
-        if aligned * 16 >= ctas * 15:
-            ctas = aligned
-        return ctas
-
-    @gluon.jit
-    def _segment(share, b, base):
-        # Request b's part of this CTA's share (positions base .. of the
-        # batch are b's): its prefix tokens lo .. hi - 1, whether the
-        # drafts' first position is in it, whether it is the whole request,
-        # its first query row, and where the next request's positions begin.
-        KV_INDPTR, QO_INDPTR, _, _, _, s0, s1, drafts = share
-        kv_start = gl.load(KV_INDPTR + b)
-        kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
-        tiles = (kv_len + TOKENS - 1) // TOKENS
-        j_lo = gl.maximum(s0 - base, 0)
-        j_hi = gl.minimum(tiles + drafts, s1 - base)
-        hi = gl.minimum(j_hi * TOKENS, kv_len)
-        lo = gl.minimum(j_lo * TOKENS, hi)
-        with_drafts = (j_lo <= tiles) & (j_hi > tiles)
-        whole = (j_lo == 0) & with_drafts
-        q_first = gl.load(QO_INDPTR + b)
-        return kv_start, lo, hi, with_drafts, whole, q_first, base + tiles + drafts
-
-    @gluon.jit
-    def _dest(out_args, b, b0, whole, q_first):
-        # Where a segment's results go (_store_out, _store_lse): the output
-        # for a whole request, else the CTA's slot for its first segment
-        # (2 cta) or its last (2 cta + 1); any other is whole.
-        O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads = out_args
-        slot = 2 * cta + (b != b0).to(gl.int32)
-        return (
-            whole,
-            O,
-            stride_o_tok,
-            stride_o_head,
-            PART_O,
-            PART_LSE,
-            q_first,
-            slot,
-            head_block,
-            num_heads,
-        )
-
-    @gluon.jit
-    def _stage_q(
-        q_nope,
-        q_rope,
-        q_args,
+@gluon.jit
+def _gather_drafts(
+    nope, rope, BASE, q_first, DRAFT_LEN: gl.constexpr, stride_tok, WITH_ROPE: gl.constexpr
+):
+    # The drafts' own rows of k_extend / v_extend.
+    nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
+    rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
+    _gather_tile(
+        nope,
+        rope,
+        BASE,
+        _tokens(q_first, nope_layout),
+        _tokens(q_first, rope_layout),
         q_first,
+        q_first + DRAFT_LEN,
+        stride_tok,
+        WITH_ROPE,
+    )
+
+
+@gluon.jit
+def _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+    # Positions of requests start .. start + BLOCK_B - 1 (0 past the
+    # batch): one per prefix tile, and `drafts` for the drafts.
+    offs = start + gl.arange(0, BLOCK_B, layout=layout)
+    mask = offs < batch_size
+    lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+        KV_INDPTR + offs, mask=mask, other=0
+    )
+    return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
+
+
+@gluon.jit
+def _share_count(grid_ctas, total, uniform, batch_size, min_share):
+    # The batch's shares (module docstring): one a CTA, of min_share
+    # positions at least; where every request holds as many positions
+    # (`uniform`), a multiple or a divisor of the batch size that costs
+    # at most a sixteenth of them, so that no share holds part of a
+    # request. kernel._share_count is the same rule for stage 2.
+    ctas = gl.minimum(grid_ctas, (total + min_share - 1) // min_share)
+    # No more than 1 + 4 sqrt(P) shares a request of P positions, on
+    # average: beyond that, a merge of more partials costs more than
+    # shorter shares save (BENCHMARKS.md: floor 2 is 1.27x floor 4 on
+    # one 2K request, 0.93x on one 16K request).
+    work = total.to(gl.float32) * batch_size
+    ctas = gl.minimum(ctas, (4.0 * gl.sqrt_rn(work)).to(gl.int32) + batch_size)
+    aligned = ctas
+    if uniform:
+        if ctas >= batch_size:
+            aligned = ctas - ctas % batch_size
+        else:
+            group = (batch_size + ctas - 1) // ctas
+            if batch_size % group == 0:
+                aligned = batch_size // group
+    if aligned * 16 >= ctas * 15:
+        ctas = aligned
+    return ctas
+
+
+@gluon.jit
+def _segment(share, b, base):
+    # Request b's part of this CTA's share (positions base .. of the
+    # batch are b's): its prefix tokens lo .. hi - 1, whether the
+    # drafts' first position is in it, whether it is the whole request,
+    # its first query row, and where the next request's positions begin.
+    KV_INDPTR, QO_INDPTR, _, _, _, s0, s1, drafts = share
+    kv_start = gl.load(KV_INDPTR + b)
+    kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
+    tiles = (kv_len + TOKENS - 1) // TOKENS
+    j_lo = gl.maximum(s0 - base, 0)
+    j_hi = gl.minimum(tiles + drafts, s1 - base)
+    hi = gl.minimum(j_hi * TOKENS, kv_len)
+    lo = gl.minimum(j_lo * TOKENS, hi)
+    with_drafts = (j_lo <= tiles) & (j_hi > tiles)
+    whole = (j_lo == 0) & with_drafts
+    q_first = gl.load(QO_INDPTR + b)
+    return kv_start, lo, hi, with_drafts, whole, q_first, base + tiles + drafts
+
+
+@gluon.jit
+def _dest(out_args, b, b0, whole, q_first):
+    # Where a segment's results go (_store_out, _store_lse): the output
+    # for a whole request, else the CTA's slot for its first segment
+    # (2 cta) or its last (2 cta + 1); any other is whole.
+    O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads = out_args
+    slot = 2 * cta + (b != b0).to(gl.int32)
+    return (
+        whole,
+        O,
+        stride_o_tok,
+        stride_o_head,
+        PART_O,
+        PART_LSE,
+        q_first,
+        slot,
         head_block,
         num_heads,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-        WARPS: gl.constexpr,
-    ):
-        # A segment's query rows into shared memory, by the warps that read
-        # them, once all of them are done with the previous segment's. The
-        # producer meanwhile fetches the segment's first tiles.
-        Q, stride_q_tok, stride_q_head = q_args
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-        _warps_barrier()
-        for half in gl.static_range(2):
-            q_nope.slice(half * HALF_V, HALF_V, dim=1).store(
-                _load_q(
-                    Q,
-                    q_first,
-                    head_block,
-                    num_heads,
-                    stride_q_tok,
-                    stride_q_head,
-                    half * HALF_V,
-                    HALF_V,
-                    BLOCK_H,
-                    DRAFT_LEN,
-                    layout,
-                )
-            )
-        q_rope.store(
+    )
+
+
+@gluon.jit
+def _stage_q(
+    q_nope,
+    q_rope,
+    q_args,
+    q_first,
+    head_block,
+    num_heads,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    WARPS: gl.constexpr,
+):
+    # A segment's query rows into shared memory, by the warps that read
+    # them, once all of them are done with the previous segment's. The
+    # producer meanwhile fetches the segment's first tiles.
+    Q, stride_q_tok, stride_q_head = q_args
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    _warps_barrier()
+    for half in gl.static_range(2):
+        q_nope.slice(half * HALF_V, HALF_V, dim=1).store(
             _load_q(
                 Q,
                 q_first,
@@ -399,1003 +353,1000 @@ if AVAILABLE:
                 num_heads,
                 stride_q_tok,
                 stride_q_head,
-                D_NOPE,
-                D_ROPE,
+                half * HALF_V,
+                HALF_V,
                 BLOCK_H,
                 DRAFT_LEN,
                 layout,
             )
         )
-        fence_async_shared()
-        _warps_barrier()
+    q_rope.store(
+        _load_q(
+            Q,
+            q_first,
+            head_block,
+            num_heads,
+            stride_q_tok,
+            stride_q_head,
+            D_NOPE,
+            D_ROPE,
+            BLOCK_H,
+            DRAFT_LEN,
+            layout,
+        )
+    )
+    fence_async_shared()
+    _warps_barrier()
 
-    @gluon.jit
-    def _open_segment(
-        share,
-        b,
-        base,
-        q_nope,
-        q_rope,
-        q_args,
-        out_args,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-        WARPS: gl.constexpr,
-    ):
-        # A consumer's start of request b's segment (_segment), its query
-        # rows staged.
-        _, _, _, _, _, _, head_block, num_heads = out_args
-        segment = _segment(share, b, base)
-        q_first = segment[5]
-        _stage_q(q_nope, q_rope, q_args, q_first, head_block, num_heads, BLOCK_H, DRAFT_LEN, WARPS)
-        return segment
 
-    # The helpers below branch on V_EXT_FROM_K with `if`, never in Python:
-    # a worker partition receives its constexpr arguments as runtime values.
-    @gluon.jit
-    def _after_drafts(t, V_EXT_FROM_K: gl.constexpr):
-        # The ring position after a request's drafts at tile t: their K
-        # tile, then their V tile unless it is a view of K.
-        if V_EXT_FROM_K:
-            t += 1
-        else:
-            t += 2
-        return t
+@gluon.jit
+def _open_segment(
+    share,
+    b,
+    base,
+    q_nope,
+    q_rope,
+    q_args,
+    out_args,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    WARPS: gl.constexpr,
+):
+    # A consumer's start of request b's segment (_segment), its query
+    # rows staged.
+    _, _, _, _, _, _, head_block, num_heads = out_args
+    segment = _segment(share, b, base)
+    q_first = segment[5]
+    _stage_q(q_nope, q_rope, q_args, q_first, head_block, num_heads, BLOCK_H, DRAFT_LEN, WARPS)
+    return segment
 
-    @gluon.jit
-    def _release_drafts(empty, t, V_EXT_FROM_K: gl.constexpr):
-        # The drafts' ring tiles (from tile t) are free.
-        mbarrier.arrive(empty.index(t % STAGES), count=1)
-        if not V_EXT_FROM_K:
-            mbarrier.arrive(empty.index((t + 1) % STAGES), count=1)
 
-    @gluon.jit
-    def _produce_drafts(
-        ext,
-        kv_nope_ring,
-        kv_rope_ring,
-        ready,
-        empty,
-        t,
+# The helpers below branch on V_EXT_FROM_K with `if`, never in Python:
+# a worker partition receives its constexpr arguments as runtime values.
+@gluon.jit
+def _after_drafts(t, V_EXT_FROM_K: gl.constexpr):
+    # The ring position after a request's drafts at tile t: their K
+    # tile, then their V tile unless it is a view of K.
+    if V_EXT_FROM_K:
+        t += 1
+    else:
+        t += 2
+    return t
+
+
+@gluon.jit
+def _release_drafts(empty, t, V_EXT_FROM_K: gl.constexpr):
+    # The drafts' ring tiles (from tile t) are free.
+    mbarrier.arrive(empty.index(t % STAGES), count=1)
+    if not V_EXT_FROM_K:
+        mbarrier.arrive(empty.index((t + 1) % STAGES), count=1)
+
+
+@gluon.jit
+def _produce_drafts(
+    ext,
+    kv_nope_ring,
+    kv_rope_ring,
+    ready,
+    empty,
+    t,
+    q_first,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+):
+    # Tile t: the drafts' K; then their V unless it is K's view.
+    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    stage = t % STAGES
+    mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+    _gather_drafts(
+        kv_nope_ring.index(stage),
+        kv_rope_ring.index(stage),
+        K_EXT,
         q_first,
-        DRAFT_LEN: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-    ):
-        # Tile t: the drafts' K; then their V unless it is K's view.
-        K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
-        stage = t % STAGES
-        mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+        DRAFT_LEN,
+        stride_ke_tok,
+        True,
+    )
+    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+    if not V_EXT_FROM_K:
+        stage = (t + 1) % STAGES
+        mbarrier.wait(empty.index(stage), (((t + 1) // STAGES) & 1) ^ 1)
         _gather_drafts(
             kv_nope_ring.index(stage),
             kv_rope_ring.index(stage),
-            K_EXT,
+            V_EXT,
             q_first,
             DRAFT_LEN,
-            stride_ke_tok,
-            True,
+            stride_ve_tok,
+            False,
         )
         async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-        if not V_EXT_FROM_K:
-            stage = (t + 1) % STAGES
-            mbarrier.wait(empty.index(stage), (((t + 1) // STAGES) & 1) ^ 1)
-            _gather_drafts(
+
+
+@gluon.jit
+def _produce(
+    share,
+    K_BUF,
+    KV_INDICES,
+    stride_k_slot,
+    ext,
+    kv_nope_ring,
+    kv_rope_ring,
+    ready,
+    empty,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+    KV_FP8: gl.constexpr,
+):
+    # The ring runs on across the share's segments: while the consumers
+    # finish one request, the next one's first tiles arrive.
+    nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE)
+    rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE)
+    _, _, b0, b1, base, _, _, _ = share
+    t0 = 0  # ring tiles of the earlier segments
+    for b in range(b0, b1 + 1):
+        kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+        end = kv_start + hi
+        nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
+        rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
+            tile = t0 + t
+            stage = tile % STAGES
+            first = kv_start + lo + t * TOKENS
+            # The next tile's slots, loaded before the wait: their latency
+            # hides behind it and this tile's copies. Loaded after the wait,
+            # they kept the ring from refilling in time (3-14% slower).
+            next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
+            next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
+            # A fresh mbarrier counts as having completed phase 1: the first
+            # pass over the ring does not wait.
+            mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
+            _gather_tile(
                 kv_nope_ring.index(stage),
                 kv_rope_ring.index(stage),
-                V_EXT,
-                q_first,
-                DRAFT_LEN,
-                stride_ve_tok,
-                False,
+                K_BUF,
+                nope_rows,
+                rope_rows,
+                first,
+                end,
+                stride_k_slot,
+                True,
             )
+            nope_rows = next_nope_rows
+            rope_rows = next_rope_rows
+            # Each producer thread arrives once its own copies have landed.
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+        t0 += prefix_tiles
 
-    @gluon.jit
-    def _produce(
-        share,
-        K_BUF,
-        KV_INDICES,
-        stride_k_slot,
-        ext,
-        kv_nope_ring,
-        kv_rope_ring,
-        ready,
-        empty,
-        DRAFT_LEN: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-        KV_FP8: gl.constexpr,
-    ):
-        # The ring runs on across the share's segments: while the consumers
-        # finish one request, the next one's first tiles arrive.
-        nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE)
-        rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE)
-        _, _, b0, b1, base, _, _, _ = share
-        t0 = 0  # ring tiles of the earlier segments
-        for b in range(b0, b1 + 1):
-            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
-            end = kv_start + hi
-            nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
-            rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
-            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-            for t in range(prefix_tiles):
-                tile = t0 + t
-                stage = tile % STAGES
-                first = kv_start + lo + t * TOKENS
-                # The next tile's slots, loaded before the wait: their latency
-                # hides behind it and this tile's copies. Loaded after the wait,
-                # they kept the ring from refilling in time (3-14% slower).
-                next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
-                next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
-                # A fresh mbarrier counts as having completed phase 1: the first
-                # pass over the ring does not wait.
-                mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
-                _gather_tile(
-                    kv_nope_ring.index(stage),
-                    kv_rope_ring.index(stage),
-                    K_BUF,
-                    nope_rows,
-                    rope_rows,
-                    first,
-                    end,
-                    stride_k_slot,
-                    True,
+        # The drafts are bf16: with fp8 KV the consumers load them
+        # (_consume_loaded_drafts), and this code is not compiled for the
+        # fp8 ring.
+        if not KV_FP8:  # noqa: SIM102 (constexpr: not compiled for fp8)
+            if with_drafts:
+                _produce_drafts(
+                    ext,
+                    kv_nope_ring,
+                    kv_rope_ring,
+                    ready,
+                    empty,
+                    t0,
+                    q_first,
+                    DRAFT_LEN,
+                    V_EXT_FROM_K,
                 )
-                nope_rows = next_nope_rows
-                rope_rows = next_rope_rows
-                # Each producer thread arrives once its own copies have landed.
-                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-            t0 += prefix_tiles
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
 
-            # The drafts are bf16: with fp8 KV the consumers load them
-            # (_consume_loaded_drafts), and this code is not compiled for the
-            # fp8 ring.
-            if not KV_FP8:  # noqa: SIM102 (constexpr: not compiled for fp8)
-                if with_drafts:
-                    _produce_drafts(
-                        ext,
-                        kv_nope_ring,
-                        kv_rope_ring,
-                        ready,
-                        empty,
-                        t0,
-                        q_first,
-                        DRAFT_LEN,
-                        V_EXT_FROM_K,
-                    )
-                    t0 = _after_drafts(t0, V_EXT_FROM_K)
 
-    @gluon.jit
-    def _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s):
-        # The caller has fenced the tile's writes (generic proxy) for wgmma
-        # (async proxy).
-        # One chain of wgmma, waited once.
-        qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        qk = warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk, is_async=True)
-        return warpgroup_mma_wait(0, deps=[qk])
+@gluon.jit
+def _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s):
+    # The caller has fenced the tile's writes (generic proxy) for wgmma
+    # (async proxy).
+    # One chain of wgmma, waited once.
+    qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    qk = warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk, is_async=True)
+    return warpgroup_mma_wait(0, deps=[qk])
 
-    @gluon.jit
-    def _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s):
-        # Waits for tile t of the ring, then its scores.
-        stage = t % STAGES
-        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-        fence_async_shared()  # the gathers wrote through the generic proxy
-        return _scores(q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s)
 
-    @gluon.jit
-    def _online_softmax(qk, scale, m_i):
-        # One tile of raw scores (-inf where masked) and their log2-domain
-        # scale: P, the factor that rescales the earlier tiles' sums and
-        # outputs, and the new running max (scaled). The scale goes into
-        # one fma with the max (scale > 0, so it commutes with the max).
-        m_new = gl.maximum(m_i, gl.max(qk, 1) * scale)
-        p = gl.exp2(qk * scale - m_new[:, None])
-        return p, gl.exp2(m_i - m_new), m_new
+@gluon.jit
+def _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s):
+    # Waits for tile t of the ring, then its scores.
+    stage = t % STAGES
+    mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+    fence_async_shared()  # the gathers wrote through the generic proxy
+    return _scores(q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s)
 
-    @gluon.jit
-    def _mask_tail(qk, first, hi):
-        # Keys first .. first + 63 of a prefix tile: those at or past hi are
-        # masked (-inf). Only a segment's last tile can have any, so the
-        # others skip the select.
-        if first + TOKENS > hi:
-            layout: gl.constexpr = qk.type.layout
-            keys = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
-            qk = gl.where((keys < hi)[None, :], qk, float("-inf"))
-        return qk
 
-    @gluon.jit
-    def _mask_drafts(qk, DRAFT_LEN: gl.constexpr):
-        # The drafts' tile: row (h, i) sees drafts 0..i.
+@gluon.jit
+def _online_softmax(qk, scale, m_i):
+    # One tile of raw scores (-inf where masked) and their log2-domain
+    # scale: P, the factor that rescales the earlier tiles' sums and
+    # outputs, and the new running max (scaled). The scale goes into
+    # one fma with the max (scale > 0, so it commutes with the max).
+    m_new = gl.maximum(m_i, gl.max(qk, 1) * scale)
+    p = gl.exp2(qk * scale - m_new[:, None])
+    return p, gl.exp2(m_i - m_new), m_new
+
+
+@gluon.jit
+def _mask_tail(qk, first, hi):
+    # Keys first .. first + 63 of a prefix tile: those at or past hi are
+    # masked (-inf). Only a segment's last tile can have any, so the
+    # others skip the select.
+    if first + TOKENS > hi:
         layout: gl.constexpr = qk.type.layout
-        draft_of_row = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
-        draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
-        return gl.where(draft[None, :] <= draft_of_row[:, None], qk, float("-inf"))
+        keys = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
+        qk = gl.where((keys < hi)[None, :], qk, float("-inf"))
+    return qk
 
-    @gluon.jit
-    def _softmax_step(qk, scale, m_i, l_elem, acc, o_rows: gl.constexpr):
-        # Columns: returns P and the rescaled state.
-        p, alpha, m_i = _online_softmax(qk, scale, m_i)
-        l_elem = l_elem * alpha[:, None] + p
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        return p, m_i, l_elem, acc
 
-    @gluon.jit
-    def _add_pv(p, p_smem, v, acc):
-        # Both warpgroups' halves of P, then O += P V for all 64 keys.
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _warps_barrier()
-        acc = warpgroup_mma(p_smem, v, acc)
-        # Every consumer warp is done with the stage (and with P).
-        _warps_barrier()
-        return acc
+@gluon.jit
+def _mask_drafts(qk, DRAFT_LEN: gl.constexpr):
+    # The drafts' tile: row (h, i) sees drafts 0..i.
+    layout: gl.constexpr = qk.type.layout
+    draft_of_row = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+    draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
+    return gl.where(draft[None, :] <= draft_of_row[:, None], qk, float("-inf"))
 
-    @gluon.jit
-    def fp8_to_bf16(x):
-        # e4m3 -> bf16 with integer ops, four values a step: PRMT spreads the
-        # bytes into 16-bit lanes, sign-extended, so one shift and one mask
-        # put sign, exponent and mantissa in bf16's fields; a multiply by
-        # 2^(127 - 7) rebiases the exponent (subnormals included). The cvt
-        # route (e4m3 -> f16 -> bf16) runs on the slow conversion pipe. The
-        # NaN codes (0x7f, 0xff) read as +-480.
-        return gl.inline_asm_elementwise(
-            """
-            {
-            .reg .b32 lo, hi, scale;
-            mov.b32 scale, 0x7B807B80;
-            prmt.b32 lo, $2, 0, 0x9180;
-            prmt.b32 hi, $2, 0, 0xB3A2;
-            shl.b32 lo, lo, 4;
-            shl.b32 hi, hi, 4;
-            and.b32 lo, lo, 0x87F087F0;
-            and.b32 hi, hi, 0x87F087F0;
-            mul.rn.bf16x2 $0, lo, scale;
-            mul.rn.bf16x2 $1, hi, scale;
-            }
-            """,
-            "=r,=r,r",
-            [x.to(gl.uint8, bitcast=True)],
-            dtype=gl.bfloat16,
-            is_pure=True,
-            pack=4,
+
+@gluon.jit
+def _softmax_step(qk, scale, m_i, l_elem, acc, o_rows: gl.constexpr):
+    # Columns: returns P and the rescaled state.
+    p, alpha, m_i = _online_softmax(qk, scale, m_i)
+    l_elem = l_elem * alpha[:, None] + p
+    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+    return p, m_i, l_elem, acc
+
+
+@gluon.jit
+def _add_pv(p, p_smem, v, acc):
+    # Both warpgroups' halves of P, then O += P V for all 64 keys.
+    p_smem.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    _warps_barrier()
+    acc = warpgroup_mma(p_smem, v, acc)
+    # Every consumer warp is done with the stage (and with P).
+    _warps_barrier()
+    return acc
+
+
+@gluon.jit
+def fp8_to_bf16(x):
+    # e4m3 -> bf16 with integer ops, four values a step: PRMT spreads the
+    # bytes into 16-bit lanes, sign-extended, so one shift and one mask
+    # put sign, exponent and mantissa in bf16's fields; a multiply by
+    # 2^(127 - 7) rebiases the exponent (subnormals included). The cvt
+    # route (e4m3 -> f16 -> bf16) runs on the slow conversion pipe. The
+    # NaN codes (0x7f, 0xff) read as +-480.
+    return gl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 lo, hi, scale;
+        mov.b32 scale, 0x7B807B80;
+        prmt.b32 lo, $2, 0, 0x9180;
+        prmt.b32 hi, $2, 0, 0xB3A2;
+        shl.b32 lo, lo, 4;
+        shl.b32 hi, hi, 4;
+        and.b32 lo, lo, 0x87F087F0;
+        and.b32 hi, hi, 0x87F087F0;
+        mul.rn.bf16x2 $0, lo, scale;
+        mul.rn.bf16x2 $1, hi, scale;
+        }
+        """,
+        "=r,=r,r",
+        [x.to(gl.uint8, bitcast=True)],
+        dtype=gl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _widen(fp8_nope, fp8_rope, nope, rope):
+    # fp8 tile -> bf16 tile, shared by both warpgroups. A warp moves 8
+    # rows x 32 columns a step: its 16-byte stores cover all banks of the
+    # 128-byte swizzle. Whole-tile loads and stores: with slices of these
+    # buffers Triton puts a CTA barrier between each slice's load and
+    # store (8-11% slower end to end, measured).
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [CONSUMER_WARPS, 1], [1, 0])
+    nope.store(fp8_to_bf16(fp8_nope.load(layout)))
+    rope.store(fp8_to_bf16(fp8_rope.load(layout)))
+    # Both warpgroups' rows, visible to wgmma (the async proxy).
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _consume_drafts(
+    q_nope,
+    q_rope,
+    kv_nope_ring,
+    kv_rope_ring,
+    p_smem,
+    ready,
+    empty,
+    t,
+    draft_scale,
+    m_i,
+    l_elem,
+    acc,
+    zero_s,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+):
+    # Tile t holds the drafts' K (and tile t + 1 their V, unless V is a
+    # view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
+    qk = _mask_drafts(qk, DRAFT_LEN)
+    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
+    acc = _add_pv(p, p_smem, _draft_values(kv_nope_ring, ready, t, V_EXT_FROM_K), acc)
+    _release_drafts(empty, t, V_EXT_FROM_K)
+    return m_i, l_elem, acc
+
+
+@gluon.jit
+def _load_draft_rows(dst, BASE, q_first, stride_tok, col0, DRAFT_LEN: gl.constexpr):
+    # Rows q_first .. q_first + L - 1 of k_extend / v_extend, columns
+    # col0 onwards, into dst (rows past L zero).
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
+    rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, layout))
+    ptrs = BASE + (q_first + rows).to(gl.int64)[:, None] * stride_tok + cols[None, :]
+    dst.store(gl.load(ptrs, mask=(rows < DRAFT_LEN)[:, None], other=0.0))
+
+
+@gluon.jit
+def _consume_loaded_drafts(
+    q_nope,
+    q_rope,
+    ext,
+    wide_nope,
+    wide_rope,
+    p_smem,
+    q_first,
+    draft_scale,
+    m_i,
+    l_elem,
+    acc,
+    zero_s,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+):
+    # fp8 KV: the ring holds fp8 rows, so the consumers load the drafts
+    # (bf16) into the widened tile themselves. The last prefix tile's
+    # P V is done (_add_pv's last barrier): the tile is free.
+    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    for half in gl.static_range(2):
+        _load_draft_rows(
+            wide_nope.slice(half * HALF_V, HALF_V, dim=1),
+            K_EXT,
+            q_first,
+            stride_ke_tok,
+            half * HALF_V,
+            DRAFT_LEN,
         )
-
-    @gluon.jit
-    def _widen(fp8_nope, fp8_rope, nope, rope):
-        # fp8 tile -> bf16 tile, shared by both warpgroups. A warp moves 8
-        # rows x 32 columns a step: its 16-byte stores cover all banks of the
-        # 128-byte swizzle. Whole-tile loads and stores: with slices of these
-        # buffers Triton puts a CTA barrier between each slice's load and
-        # store (8-11% slower end to end, measured).
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [CONSUMER_WARPS, 1], [1, 0])
-        nope.store(fp8_to_bf16(fp8_nope.load(layout)))
-        rope.store(fp8_to_bf16(fp8_rope.load(layout)))
-        # Both warpgroups' rows, visible to wgmma (the async proxy).
-        fence_async_shared()
-        _warps_barrier()
-
-    @gluon.jit
-    def _consume_drafts(
-        q_nope,
-        q_rope,
-        kv_nope_ring,
-        kv_rope_ring,
-        p_smem,
-        ready,
-        empty,
-        t,
-        draft_scale,
-        m_i,
-        l_elem,
-        acc,
-        zero_s,
-        DRAFT_LEN: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-    ):
-        # Tile t holds the drafts' K (and tile t + 1 their V, unless V is a
-        # view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
-        o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-        qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
-        qk = _mask_drafts(qk, DRAFT_LEN)
-        p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
-        acc = _add_pv(p, p_smem, _draft_values(kv_nope_ring, ready, t, V_EXT_FROM_K), acc)
-        _release_drafts(empty, t, V_EXT_FROM_K)
-        return m_i, l_elem, acc
-
-    @gluon.jit
-    def _load_draft_rows(dst, BASE, q_first, stride_tok, col0, DRAFT_LEN: gl.constexpr):
-        # Rows q_first .. q_first + L - 1 of k_extend / v_extend, columns
-        # col0 onwards, into dst (rows past L zero).
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
-        rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-        cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, layout))
-        ptrs = BASE + (q_first + rows).to(gl.int64)[:, None] * stride_tok + cols[None, :]
-        dst.store(gl.load(ptrs, mask=(rows < DRAFT_LEN)[:, None], other=0.0))
-
-    @gluon.jit
-    def _consume_loaded_drafts(
-        q_nope,
-        q_rope,
-        ext,
-        wide_nope,
-        wide_rope,
-        p_smem,
-        q_first,
-        draft_scale,
-        m_i,
-        l_elem,
-        acc,
-        zero_s,
-        DRAFT_LEN: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-    ):
-        # fp8 KV: the ring holds fp8 rows, so the consumers load the drafts
-        # (bf16) into the widened tile themselves. The last prefix tile's
-        # P V is done (_add_pv's last barrier): the tile is free.
-        K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
-        o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    _load_draft_rows(wide_rope, K_EXT, q_first, stride_ke_tok, D_NOPE, DRAFT_LEN)
+    fence_async_shared()
+    _warps_barrier()
+    qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
+    qk = _mask_drafts(qk, DRAFT_LEN)
+    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
+    if not V_EXT_FROM_K:
+        _warps_barrier()  # both warpgroups' scores have read K's rows
         for half in gl.static_range(2):
             _load_draft_rows(
                 wide_nope.slice(half * HALF_V, HALF_V, dim=1),
-                K_EXT,
+                V_EXT,
                 q_first,
-                stride_ke_tok,
+                stride_ve_tok,
                 half * HALF_V,
                 DRAFT_LEN,
             )
-        _load_draft_rows(wide_rope, K_EXT, q_first, stride_ke_tok, D_NOPE, DRAFT_LEN)
-        fence_async_shared()
-        _warps_barrier()
-        qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
-        qk = _mask_drafts(qk, DRAFT_LEN)
-        p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
-        if not V_EXT_FROM_K:
-            _warps_barrier()  # both warpgroups' scores have read K's rows
-            for half in gl.static_range(2):
-                _load_draft_rows(
-                    wide_nope.slice(half * HALF_V, HALF_V, dim=1),
-                    V_EXT,
-                    q_first,
-                    stride_ve_tok,
-                    half * HALF_V,
-                    DRAFT_LEN,
-                )
-        # _add_pv fences and waits for every warp's stores before its P V.
-        return m_i, l_elem, _add_pv(p, p_smem, wide_nope, acc)
+    # _add_pv fences and waits for every warp's stores before its P V.
+    return m_i, l_elem, _add_pv(p, p_smem, wide_nope, acc)
 
-    @gluon.jit
-    def _consume(
-        share,
-        q_args,
-        ext,
-        q_nope,
-        q_rope,
-        kv_nope_ring,
-        kv_rope_ring,
-        wide,
-        p_smem,
-        ready,
-        empty,
-        scales,
-        out_args,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-        KV_FP8: gl.constexpr,
-    ):
-        # Warpgroup g computes score columns 32g .. 32g + 31 and output
-        # columns 256g .. 256g + 255 of all 64 rows.
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
+
+@gluon.jit
+def _consume(
+    share,
+    q_args,
+    ext,
+    q_nope,
+    q_rope,
+    kv_nope_ring,
+    kv_rope_ring,
+    wide,
+    p_smem,
+    ready,
+    empty,
+    scales,
+    out_args,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+    KV_FP8: gl.constexpr,
+):
+    # Warpgroup g computes score columns 32g .. 32g + 31 and output
+    # columns 256g .. 256g + 255 of all 64 rows.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
+    )
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+    score_scale, draft_scale, v_scale = scales
+    wide_nope, wide_rope = wide  # read with fp8 KV only
+    _, _, b0, b1, base, _, _, _ = share
+    t0 = 0  # ring tiles of the earlier segments
+    for b in range(b0, b1 + 1):
+        kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
+            share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
         )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
-        )
-        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-        score_scale, draft_scale, v_scale = scales
-        wide_nope, wide_rope = wide  # read with fp8 KV only
-        _, _, b0, b1, base, _, _, _ = share
-        t0 = 0  # ring tiles of the earlier segments
-        for b in range(b0, b1 + 1):
-            kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
-                share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
-            )
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-            # Row sums kept per element and reduced once at the end: one
-            # cross-warpgroup reduction per tile instead of two.
-            l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-            acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
-            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-            for t in range(prefix_tiles):
-                tile = t0 + t
-                stage = tile % STAGES
-                mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
-                if KV_FP8:
-                    # The previous tile's P V is done (_add_pv's last barrier):
-                    # the bf16 tile is free, and the fp8 stage is free once read.
-                    kv_nope = wide_nope
-                    kv_rope = wide_rope
-                    _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
-                    mbarrier.arrive(empty.index(stage), count=1)
-                else:
-                    kv_nope = kv_nope_ring.index(stage)
-                    kv_rope = kv_rope_ring.index(stage)
-                    fence_async_shared()  # the gathers wrote through the generic proxy
-                qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
-                qk = _mask_tail(qk, lo + t * TOKENS, hi)
-                p, m_i, l_elem, acc = _softmax_step(qk, score_scale, m_i, l_elem, acc, o_rows)
-                acc = _add_pv(p, p_smem, kv_nope, acc)
-                if not KV_FP8:
-                    mbarrier.arrive(empty.index(stage), count=1)
-            t0 += prefix_tiles
-            # The KV cache's value scale applies to the prefix alone.
-            acc = acc * v_scale
-
-            if with_drafts:
-                if KV_FP8:
-                    m_i, l_elem, acc = _consume_loaded_drafts(
-                        q_nope,
-                        q_rope,
-                        ext,
-                        wide_nope,
-                        wide_rope,
-                        p_smem,
-                        q_first,
-                        draft_scale,
-                        m_i,
-                        l_elem,
-                        acc,
-                        zero_s,
-                        DRAFT_LEN,
-                        V_EXT_FROM_K,
-                    )
-                else:
-                    m_i, l_elem, acc = _consume_drafts(
-                        q_nope,
-                        q_rope,
-                        kv_nope_ring,
-                        kv_rope_ring,
-                        p_smem,
-                        ready,
-                        empty,
-                        t0,
-                        draft_scale,
-                        m_i,
-                        l_elem,
-                        acc,
-                        zero_s,
-                        DRAFT_LEN,
-                        V_EXT_FROM_K,
-                    )
-                    t0 = _after_drafts(t0, V_EXT_FROM_K)
-
-            l_i = gl.sum(l_elem, 1)
-            dest = _dest(out_args, b, b0, whole, q_first)
-            _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
-            _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
-
-    @gluon.jit
-    def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar):
-        # Score/value: one tile's softmax. P goes into the tile's rope rows
-        # (spent: only the score warpgroup read them, for the scores now
-        # done) and the factor that rescales the earlier tiles into xchg,
-        # for the value warpgroup.
-        p, alpha, m_i = _online_softmax(qk, scale, m_i)
-        kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
-        xchg.index(stage).store(alpha)
-        fence_async_shared()
-        _warps_barrier()  # all of the warpgroup's stores before the arrive
-        mbarrier.arrive(p_bar.index(stage), count=1)
-        return alpha, m_i, l_i * alpha + gl.sum(p, 1)
-
-    @gluon.jit
-    def _consume_scores(
-        share,
-        q_args,
-        q_nope,
-        q_rope,
-        kv_nope_ring,
-        kv_rope_ring,
-        xchg,
-        bars,
-        scales,
-        out_args,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-    ):
-        # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
-        # the online softmax, and output columns 0 .. 255.
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
-        )
-        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-        ready, empty, p_bar, sums_bar, sums_free = bars
-        score_scale, draft_scale, v_scale = scales
-        _, _, b0, b1, base, _, _, _ = share
-        t0 = 0  # ring tiles of the earlier segments
-        for b in range(b0, b1 + 1):
-            kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
-                share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
-            )
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-            l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-            acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
-            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-            for t in range(prefix_tiles):
-                tile = t0 + t
-                stage = tile % STAGES
-                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
-                qk = _mask_tail(qk, lo + t * TOKENS, hi)
-                alpha, m_i, l_i = _hand_over(
-                    qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
-                )
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                # This tile's P V, and its stage freed, before waiting for the
-                # next tile: issued behind the next tile's scores instead, the
-                # stage was freed only once that tile had landed, and the ring
-                # ran one tile deep (1.5-10% slower, BENCHMARKS.md).
-                acc = warpgroup_mma(
-                    kv_rope_ring.index(stage),
-                    kv_nope_ring.index(stage).slice(0, HALF_V, dim=1),
-                    acc,
-                )
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        # Row sums kept per element and reduced once at the end: one
+        # cross-warpgroup reduction per tile instead of two.
+        l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+        acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
+            tile = t0 + t
+            stage = tile % STAGES
+            mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
+            if KV_FP8:
+                # The previous tile's P V is done (_add_pv's last barrier):
+                # the bf16 tile is free, and the fp8 stage is free once read.
+                kv_nope = wide_nope
+                kv_rope = wide_rope
+                _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
                 mbarrier.arrive(empty.index(stage), count=1)
-            t0 += prefix_tiles
-            # The KV cache's value scale applies to the prefix alone.
-            acc = acc * v_scale
-
-            if with_drafts:
-                # Tile n holds the drafts' K (and tile n + 1 their V unless V
-                # is a view of K). Row (h, i) sees drafts 0..i, scored without
-                # k_scale.
-                stage = t0 % STAGES
-                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
-                qk = _mask_drafts(qk, DRAFT_LEN)
-                alpha, m_i, l_i = _hand_over(
-                    qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
-                )
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
-                acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
-                mbarrier.arrive(empty.index(stage), count=1)
-                if not V_EXT_FROM_K:
-                    # V's tile carries no P; an arrive keeps that stage's
-                    # p_bar phases in step with the ring (nobody waits on it).
-                    stage = (t0 + 1) % STAGES
-                    mbarrier.arrive(p_bar.index(stage), count=1)
-                    mbarrier.arrive(empty.index(stage), count=1)
-                t0 = _after_drafts(t0, V_EXT_FROM_K)
-
-            # The row sums, for the value warpgroup's normalisation, once it
-            # has read the previous segment's.
-            mbarrier.wait(sums_free, ((b - b0) & 1) ^ 1)
-            xchg.index(STAGES).store(l_i)
-            _warps_barrier()
-            mbarrier.arrive(sums_bar, count=1)
-            dest = _dest(out_args, b, b0, whole, q_first)
-            out = acc / gl.convert_layout(l_i, o_rows)[:, None]
-            _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN, WIDE=True)
-            _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
-
-    @gluon.jit
-    def _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
-        # The drafts' V: tile n's latent rows when V is a view of K, else
-        # tile n + 1.
-        if V_EXT_FROM_K:
-            v_tile = kv_nope_ring.index(n % STAGES)
-        else:
-            mbarrier.wait(ready.index((n + 1) % STAGES), ((n + 1) // STAGES) & 1)
-            fence_async_shared()
-            v_tile = kv_nope_ring.index((n + 1) % STAGES)
-        return v_tile
-
-    @gluon.jit
-    def _consume_values(
-        share,
-        kv_nope_ring,
-        kv_rope_ring,
-        xchg,
-        bars,
-        v_scale,
-        out_args,
-        BLOCK_H: gl.constexpr,
-        DRAFT_LEN: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-    ):
-        # The value warpgroup: output columns 256 .. 511, one P V for each P
-        # the score warpgroup hands over.
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
-        )
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        ready, empty, p_bar, sums_bar, sums_free = bars
-        _, _, b0, b1, base, _, _, _ = share
-        t0 = 0  # ring tiles of the earlier segments
-        for b in range(b0, b1 + 1):
-            kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
-            acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
-            prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-            for t in range(prefix_tiles):
-                tile = t0 + t
-                stage = tile % STAGES
-                mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
-                acc = acc * xchg.index(stage).load(o_rows)[:, None]
-                acc = warpgroup_mma(
-                    kv_rope_ring.index(stage),
-                    kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
-                    acc,
-                )
-                mbarrier.arrive(empty.index(stage), count=1)
-            t0 += prefix_tiles
-            acc = acc * v_scale
-            if with_drafts:
-                stage = t0 % STAGES
-                mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
-                acc = acc * xchg.index(stage).load(o_rows)[:, None]
-                v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
-                acc = warpgroup_mma(
-                    kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc
-                )
-                _release_drafts(empty, t0, V_EXT_FROM_K)
-                t0 = _after_drafts(t0, V_EXT_FROM_K)
-            mbarrier.wait(sums_bar, (b - b0) & 1)
-            l_i = xchg.index(STAGES).load(o_rows)
-            _warps_barrier()  # every warp has read the sums
-            mbarrier.arrive(sums_free, count=1)
-            dest = _dest(out_args, b, b0, whole, q_first)
-            _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
-
-    @constexpr_function
-    def _row_pieces_layout():
-        # The wgmma accumulator's rows and warps for 256 columns, each
-        # thread holding 8 adjacent ones (a quad of lanes 32), not 2.
-        regs = [[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64], [0, 128]]
-        lanes = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
-        warps = [[16, 0], [32, 0]]
-        return gl.DistributedLinearLayout(regs, lanes, warps, [], [ROWS.value, HALF_V.value])
-
-    @gluon.jit
-    def _store_out(
-        out, col0, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, WIDE: gl.constexpr = False
-    ):
-        # Output columns col0 onwards of the tile's rows: the output itself
-        # when the segment is the whole request (drafts included), else the
-        # segment's partial.
-        (
-            write_output,
-            O,
-            stride_o_tok,
-            stride_o_head,
-            PART_O,
-            _,
-            q_first,
-            slot,
-            head_block,
-            num_heads,
-        ) = dest
-        out_args = (O, stride_o_tok, stride_o_head, q_first, head_block, num_heads)
-        if write_output:
-            if WIDE:
-                # 16-byte stores, not 4-byte ones, after a regrouping through
-                # shared scratch; it pays where a CTA packs many whole
-                # requests. Not in the value warpgroup: with 176 registers
-                # it spilled (BENCHMARKS.md).
-                wide = gl.convert_layout(out.to(gl.bfloat16), _row_pieces_layout())
-                _store_output(wide, col0, out_args, BLOCK_H, DRAFT_LEN)
             else:
-                _store_output(out.to(gl.bfloat16), col0, out_args, BLOCK_H, DRAFT_LEN)
-        else:
-            layout: gl.constexpr = out.type.layout
-            offs_h, offs_i, mask_m, offs_d = _tile_coords(
-                head_block, num_heads, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
-            )
-            part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
-            gl.store(
-                PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None]
-            )
+                kv_nope = kv_nope_ring.index(stage)
+                kv_rope = kv_rope_ring.index(stage)
+                fence_async_shared()  # the gathers wrote through the generic proxy
+            qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
+            qk = _mask_tail(qk, lo + t * TOKENS, hi)
+            p, m_i, l_elem, acc = _softmax_step(qk, score_scale, m_i, l_elem, acc, o_rows)
+            acc = _add_pv(p, p_smem, kv_nope, acc)
+            if not KV_FP8:
+                mbarrier.arrive(empty.index(stage), count=1)
+        t0 += prefix_tiles
+        # The KV cache's value scale applies to the prefix alone.
+        acc = acc * v_scale
 
-    @gluon.jit
-    def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
-        # The output rows of a whole request, in out's layout.
-        O, stride_o_tok, stride_o_head, q_first, head_block, num_heads = out_args
+        if with_drafts:
+            if KV_FP8:
+                m_i, l_elem, acc = _consume_loaded_drafts(
+                    q_nope,
+                    q_rope,
+                    ext,
+                    wide_nope,
+                    wide_rope,
+                    p_smem,
+                    q_first,
+                    draft_scale,
+                    m_i,
+                    l_elem,
+                    acc,
+                    zero_s,
+                    DRAFT_LEN,
+                    V_EXT_FROM_K,
+                )
+            else:
+                m_i, l_elem, acc = _consume_drafts(
+                    q_nope,
+                    q_rope,
+                    kv_nope_ring,
+                    kv_rope_ring,
+                    p_smem,
+                    ready,
+                    empty,
+                    t0,
+                    draft_scale,
+                    m_i,
+                    l_elem,
+                    acc,
+                    zero_s,
+                    DRAFT_LEN,
+                    V_EXT_FROM_K,
+                )
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
+
+        l_i = gl.sum(l_elem, 1)
+        dest = _dest(out_args, b, b0, whole, q_first)
+        _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
+        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
+
+
+@gluon.jit
+def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar):
+    # Score/value: one tile's softmax. P goes into the tile's rope rows
+    # (spent: only the score warpgroup read them, for the scores now
+    # done) and the factor that rescales the earlier tiles into xchg,
+    # for the value warpgroup.
+    p, alpha, m_i = _online_softmax(qk, scale, m_i)
+    kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
+    xchg.index(stage).store(alpha)
+    fence_async_shared()
+    _warps_barrier()  # all of the warpgroup's stores before the arrive
+    mbarrier.arrive(p_bar.index(stage), count=1)
+    return alpha, m_i, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _consume_scores(
+    share,
+    q_args,
+    q_nope,
+    q_rope,
+    kv_nope_ring,
+    kv_rope_ring,
+    xchg,
+    bars,
+    scales,
+    out_args,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+):
+    # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
+    # the online softmax, and output columns 0 .. 255.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
+    )
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+    ready, empty, p_bar, sums_bar, sums_free = bars
+    score_scale, draft_scale, v_scale = scales
+    _, _, b0, b1, base, _, _, _ = share
+    t0 = 0  # ring tiles of the earlier segments
+    for b in range(b0, b1 + 1):
+        kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
+            share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
+        )
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
+            tile = t0 + t
+            stage = tile % STAGES
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
+            qk = _mask_tail(qk, lo + t * TOKENS, hi)
+            alpha, m_i, l_i = _hand_over(
+                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+            )
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            # This tile's P V, and its stage freed, before waiting for the
+            # next tile: issued behind the next tile's scores instead, the
+            # stage was freed only once that tile had landed, and the ring
+            # ran one tile deep (1.5-10% slower, BENCHMARKS.md).
+            acc = warpgroup_mma(
+                kv_rope_ring.index(stage),
+                kv_nope_ring.index(stage).slice(0, HALF_V, dim=1),
+                acc,
+            )
+            mbarrier.arrive(empty.index(stage), count=1)
+        t0 += prefix_tiles
+        # The KV cache's value scale applies to the prefix alone.
+        acc = acc * v_scale
+
+        if with_drafts:
+            # Tile n holds the drafts' K (and tile n + 1 their V unless V
+            # is a view of K). Row (h, i) sees drafts 0..i, scored without
+            # k_scale.
+            stage = t0 % STAGES
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
+            qk = _mask_drafts(qk, DRAFT_LEN)
+            alpha, m_i, l_i = _hand_over(
+                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+            )
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
+            mbarrier.arrive(empty.index(stage), count=1)
+            if not V_EXT_FROM_K:
+                # V's tile carries no P; an arrive keeps that stage's
+                # p_bar phases in step with the ring (nobody waits on it).
+                stage = (t0 + 1) % STAGES
+                mbarrier.arrive(p_bar.index(stage), count=1)
+                mbarrier.arrive(empty.index(stage), count=1)
+            t0 = _after_drafts(t0, V_EXT_FROM_K)
+
+        # The row sums, for the value warpgroup's normalisation, once it
+        # has read the previous segment's.
+        mbarrier.wait(sums_free, ((b - b0) & 1) ^ 1)
+        xchg.index(STAGES).store(l_i)
+        _warps_barrier()
+        mbarrier.arrive(sums_bar, count=1)
+        dest = _dest(out_args, b, b0, whole, q_first)
+        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN, WIDE=True)
+        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
+
+
+@gluon.jit
+def _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
+    # The drafts' V: tile n's latent rows when V is a view of K, else
+    # tile n + 1.
+    if V_EXT_FROM_K:
+        v_tile = kv_nope_ring.index(n % STAGES)
+    else:
+        mbarrier.wait(ready.index((n + 1) % STAGES), ((n + 1) // STAGES) & 1)
+        fence_async_shared()
+        v_tile = kv_nope_ring.index((n + 1) % STAGES)
+    return v_tile
+
+
+@gluon.jit
+def _consume_values(
+    share,
+    kv_nope_ring,
+    kv_rope_ring,
+    xchg,
+    bars,
+    v_scale,
+    out_args,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+):
+    # The value warpgroup: output columns 256 .. 511, one P V for each P
+    # the score warpgroup hands over.
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
+    )
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    ready, empty, p_bar, sums_bar, sums_free = bars
+    _, _, b0, b1, base, _, _, _ = share
+    t0 = 0  # ring tiles of the earlier segments
+    for b in range(b0, b1 + 1):
+        kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
+            tile = t0 + t
+            stage = tile % STAGES
+            mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
+            acc = warpgroup_mma(
+                kv_rope_ring.index(stage),
+                kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
+                acc,
+            )
+            mbarrier.arrive(empty.index(stage), count=1)
+        t0 += prefix_tiles
+        acc = acc * v_scale
+        if with_drafts:
+            stage = t0 % STAGES
+            mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
+            v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
+            _release_drafts(empty, t0, V_EXT_FROM_K)
+            t0 = _after_drafts(t0, V_EXT_FROM_K)
+        mbarrier.wait(sums_bar, (b - b0) & 1)
+        l_i = xchg.index(STAGES).load(o_rows)
+        _warps_barrier()  # every warp has read the sums
+        mbarrier.arrive(sums_free, count=1)
+        dest = _dest(out_args, b, b0, whole, q_first)
+        _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
+
+
+@constexpr_function
+def _row_pieces_layout():
+    # The wgmma accumulator's rows and warps for 256 columns, each
+    # thread holding 8 adjacent ones (a quad of lanes 32), not 2.
+    regs = [[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64], [0, 128]]
+    lanes = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
+    warps = [[16, 0], [32, 0]]
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [ROWS.value, HALF_V.value])
+
+
+@gluon.jit
+def _store_out(
+    out, col0, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, WIDE: gl.constexpr = False
+):
+    # Output columns col0 onwards of the tile's rows: the output itself
+    # when the segment is the whole request (drafts included), else the
+    # segment's partial.
+    (
+        write_output,
+        O,
+        stride_o_tok,
+        stride_o_head,
+        PART_O,
+        _,
+        q_first,
+        slot,
+        head_block,
+        num_heads,
+    ) = dest
+    out_args = (O, stride_o_tok, stride_o_head, q_first, head_block, num_heads)
+    if write_output:
+        if WIDE:
+            # 16-byte stores, not 4-byte ones, after a regrouping through
+            # shared scratch; it pays where a CTA packs many whole
+            # requests. Not in the value warpgroup: with 176 registers
+            # it spilled (BENCHMARKS.md).
+            wide = gl.convert_layout(out.to(gl.bfloat16), _row_pieces_layout())
+            _store_output(wide, col0, out_args, BLOCK_H, DRAFT_LEN)
+        else:
+            _store_output(out.to(gl.bfloat16), col0, out_args, BLOCK_H, DRAFT_LEN)
+    else:
         layout: gl.constexpr = out.type.layout
         offs_h, offs_i, mask_m, offs_d = _tile_coords(
             head_block, num_heads, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
-        o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
-        gl.store(O + o_row[:, None] + offs_d[None, :], out, mask=mask_m[:, None])
+        part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+        gl.store(PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None])
 
-    @gluon.jit
-    def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
-        # The segment's log2-sum-exp per row, for stage 2's merge (none
-        # when it wrote the output itself).
-        write_output, _, _, _, _, PART_LSE, _, slot, head_block, num_heads = dest
-        if not write_output:
-            layout: gl.constexpr = m_i.type.layout
-            offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, layout)
-            row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
-            gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
-    @gluon.jit(do_not_specialize=["batch_size", "min_share"])
-    def _prefix_kernel_sm90(
-        Q,
-        K_BUF,
-        K_EXT,
-        V_EXT,
-        O,
-        QO_INDPTR,
-        KV_INDPTR,
-        KV_INDICES,
-        PART_O,
-        PART_LSE,
-        stride_q_tok,
-        stride_q_head,
-        stride_k_slot,
-        stride_ke_tok,
-        stride_ve_tok,
-        stride_o_tok,
-        stride_o_head,
-        num_heads,
-        batch_size,
-        min_share,
-        score_scale,
-        draft_scale,
-        v_scale,
-        DRAFT_LEN: gl.constexpr,
-        BLOCK_H: gl.constexpr,
-        BLOCK_B: gl.constexpr,
-        V_EXT_FROM_K: gl.constexpr,
-        SCORE_VALUE: gl.constexpr,
-        LAUNCH_DEPENDENTS: gl.constexpr,
-    ):
-        if LAUNCH_DEPENDENTS:
-            # Stage 2 may launch from the start (kernel.dependent_launch):
-            # with one CTA per SM its programs find room only as this
-            # grid's CTAs exit, so they cannot hold one back; each plans on
-            # an SM freed early and waits for the whole grid before it
-            # reads a partial.
-            _launch_dependents()
-        KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
-        gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
-        # Warps of the default partition: the consumers (columns) or the
-        # score warpgroup.
-        MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
-        head_block = gl.program_id(0)
-        cta = gl.program_id(1)
-        plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
-        # The share (module docstring): the batch's positions, cut into
-        # equal ranges, one per CTA, of min_share positions at least.
-        total = 0
-        most = 0
+@gluon.jit
+def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
+    # The output rows of a whole request, in out's layout.
+    O, stride_o_tok, stride_o_head, q_first, head_block, num_heads = out_args
+    layout: gl.constexpr = out.type.layout
+    offs_h, offs_i, mask_m, offs_d = _tile_coords(
+        head_block, num_heads, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
+    )
+    o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
+    gl.store(O + o_row[:, None] + offs_d[None, :], out, mask=mask_m[:, None])
+
+
+@gluon.jit
+def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
+    # The segment's log2-sum-exp per row, for stage 2's merge (none
+    # when it wrote the output itself).
+    write_output, _, _, _, _, PART_LSE, _, slot, head_block, num_heads = dest
+    if not write_output:
+        layout: gl.constexpr = m_i.type.layout
+        offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, layout)
+        row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+        gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
+
+
+@gluon.jit(do_not_specialize=["batch_size", "min_share"])
+def _prefix_kernel_sm90(
+    Q,
+    K_BUF,
+    K_EXT,
+    V_EXT,
+    O,
+    QO_INDPTR,
+    KV_INDPTR,
+    KV_INDICES,
+    PART_O,
+    PART_LSE,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_slot,
+    stride_ke_tok,
+    stride_ve_tok,
+    stride_o_tok,
+    stride_o_head,
+    num_heads,
+    batch_size,
+    min_share,
+    score_scale,
+    draft_scale,
+    v_scale,
+    DRAFT_LEN: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_B: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+    SCORE_VALUE: gl.constexpr,
+    LAUNCH_DEPENDENTS: gl.constexpr,
+):
+    if LAUNCH_DEPENDENTS:
+        # Stage 2 may launch from the start (kernel.dependent_launch):
+        # with one CTA per SM its programs find room only as this
+        # grid's CTAs exit, so they cannot hold one back; each plans on
+        # an SM freed early and waits for the whole grid before it
+        # reads a partial.
+        _launch_dependents()
+    KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
+    gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
+    # Warps of the default partition: the consumers (columns) or the
+    # score warpgroup.
+    MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
+    head_block = gl.program_id(0)
+    cta = gl.program_id(1)
+    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
+    # The share (module docstring): the batch's positions, cut into
+    # equal ranges, one per CTA, of min_share positions at least.
+    total = 0
+    most = 0
+    for start in range(0, batch_size, BLOCK_B):
+        positions = _positions(KV_INDPTR, start, batch_size, 1, BLOCK_B, plan_layout)
+        total += gl.sum(positions, 0)
+        most = gl.maximum(most, gl.max(positions, 0))
+    # A ragged batch's drafts weigh DRAFT_POSITIONS (int64: no wrap to
+    # equal).
+    uniform = most.to(gl.int64) * batch_size == total
+    drafts = DRAFT_POSITIONS
+    if uniform:
+        drafts = 1
+    total += (drafts - 1) * batch_size
+    ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
+    if cta < ctas:
+        s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
+        s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
+        # The first request with work in the range (its drafts' first
+        # position at s0 or later), the one that holds position s1 - 1,
+        # and where the first one's positions begin (Gluon scans only in
+        # the kernel body). b1 < b0: the range holds drafts' later
+        # positions alone, and nothing to do.
+        b0 = 0
+        base0 = 0
+        b1 = 0
+        done = 0
         for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(KV_INDPTR, start, batch_size, 1, BLOCK_B, plan_layout)
-            total += gl.sum(positions, 0)
-            most = gl.maximum(most, gl.max(positions, 0))
-        # A ragged batch's drafts weigh DRAFT_POSITIONS (int64: no wrap to
-        # equal).
-        uniform = most.to(gl.int64) * batch_size == total
-        drafts = DRAFT_POSITIONS
-        if uniform:
-            drafts = 1
-        total += (drafts - 1) * batch_size
-        ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
-        if cta < ctas:
-            s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
-            s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
-            # The first request with work in the range (its drafts' first
-            # position at s0 or later), the one that holds position s1 - 1,
-            # and where the first one's positions begin (Gluon scans only in
-            # the kernel body). b1 < b0: the range holds drafts' later
-            # positions alone, and nothing to do.
-            b0 = 0
-            base0 = 0
-            b1 = 0
-            done = 0
-            for start in range(0, batch_size, BLOCK_B):
-                positions = _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B, plan_layout)
-                ends = done + gl.associative_scan(positions, 0, _add)
-                before = ends - drafts < s0
-                b0 += gl.sum(before.to(gl.int32), 0)
-                base0 += gl.sum(gl.where(before, positions, 0), 0)
-                b1 += gl.sum((ends < s1).to(gl.int32), 0)
-                done += gl.sum(positions, 0)
-            share = (KV_INDPTR, QO_INDPTR, b0, b1, base0, s0, s1, drafts)
-            q_args = (Q, stride_q_tok, stride_q_head)
-            ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
-            scales = (score_scale, draft_scale, v_scale)
-            out_args = (
-                O,
-                stride_o_tok,
-                stride_o_head,
-                PART_O,
-                PART_LSE,
-                cta,
-                head_block,
-                num_heads,
-            )
+            positions = _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B, plan_layout)
+            ends = done + gl.associative_scan(positions, 0, _add)
+            before = ends - drafts < s0
+            b0 += gl.sum(before.to(gl.int32), 0)
+            base0 += gl.sum(gl.where(before, positions, 0), 0)
+            b1 += gl.sum((ends < s1).to(gl.int32), 0)
+            done += gl.sum(positions, 0)
+        share = (KV_INDPTR, QO_INDPTR, b0, b1, base0, s0, s1, drafts)
+        q_args = (Q, stride_q_tok, stride_q_head)
+        ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
+        scales = (score_scale, draft_scale, v_scale)
+        out_args = (
+            O,
+            stride_o_tok,
+            stride_o_head,
+            PART_O,
+            PART_LSE,
+            cta,
+            head_block,
+            num_heads,
+        )
 
-            nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-                [ROWS, D_NOPE], gl.bfloat16
+        nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
+        rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
+        # Each segment's query rows are staged by the warps that read
+        # them (_stage_q).
+        q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], rope_smem)
+        # The ring holds KV rows as stored; with fp8 KV (columns), one
+        # bf16 tile besides (module docstring).
+        kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
+        kv_nope_ring = gl.allocate_shared_memory(
+            kv_dtype,
+            [STAGES, TOKENS, D_NOPE],
+            gl.NVMMASharedLayout.get_default_for([TOKENS, D_NOPE], kv_dtype),
+        )
+        kv_rope_ring = gl.allocate_shared_memory(
+            kv_dtype,
+            [STAGES, TOKENS, D_ROPE],
+            gl.NVMMASharedLayout.get_default_for([TOKENS, D_ROPE], kv_dtype),
+        )
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for stage in gl.static_range(STAGES):
+            mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
+            # Score/value: both warpgroups release each stage.
+            mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
+        produce_args = (
+            share,
+            K_BUF,
+            KV_INDICES,
+            stride_k_slot,
+            ext,
+            kv_nope_ring,
+            kv_rope_ring,
+            ready,
+            empty,
+            DRAFT_LEN,
+            V_EXT_FROM_K,
+            KV_FP8,
+        )
+        if SCORE_VALUE:
+            # Per stage the rescale factors of the P handed over, then
+            # the final row sums.
+            xchg = gl.allocate_shared_memory(
+                gl.float32, [STAGES + 1, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
             )
-            rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-                [ROWS, D_ROPE], gl.bfloat16
-            )
-            # Each segment's query rows are staged by the warps that read
-            # them (_stage_q).
-            q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
-            q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], rope_smem)
-            # The ring holds KV rows as stored; with fp8 KV (columns), one
-            # bf16 tile besides (module docstring).
-            kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
-            kv_nope_ring = gl.allocate_shared_memory(
-                kv_dtype,
-                [STAGES, TOKENS, D_NOPE],
-                gl.NVMMASharedLayout.get_default_for([TOKENS, D_NOPE], kv_dtype),
-            )
-            kv_rope_ring = gl.allocate_shared_memory(
-                kv_dtype,
-                [STAGES, TOKENS, D_ROPE],
-                gl.NVMMASharedLayout.get_default_for([TOKENS, D_ROPE], kv_dtype),
-            )
-            ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            p_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            sums_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            sums_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             for stage in gl.static_range(STAGES):
-                mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
-                # Score/value: both warpgroups release each stage.
-                mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
-            produce_args = (
-                share,
-                K_BUF,
-                KV_INDICES,
-                stride_k_slot,
-                ext,
-                kv_nope_ring,
-                kv_rope_ring,
-                ready,
-                empty,
-                DRAFT_LEN,
-                V_EXT_FROM_K,
-                KV_FP8,
+                mbarrier.init(p_bar.index(stage), count=1)
+            mbarrier.init(sums_bar, count=1)
+            mbarrier.init(sums_free, count=1)
+            fence_async_shared()
+            bars = (ready, empty, p_bar, sums_bar, sums_free)
+            gl.warp_specialize(
+                [
+                    (
+                        _consume_scores,
+                        (
+                            share,
+                            q_args,
+                            q_nope,
+                            q_rope,
+                            kv_nope_ring,
+                            kv_rope_ring,
+                            xchg,
+                            bars,
+                            scales,
+                            out_args,
+                            BLOCK_H,
+                            DRAFT_LEN,
+                            V_EXT_FROM_K,
+                        ),
+                    ),
+                    (
+                        _consume_values,
+                        (
+                            share,
+                            kv_nope_ring,
+                            kv_rope_ring,
+                            xchg,
+                            bars,
+                            v_scale,
+                            out_args,
+                            BLOCK_H,
+                            DRAFT_LEN,
+                            V_EXT_FROM_K,
+                        ),
+                    ),
+                    (_produce, produce_args),
+                ],
+                [WARPGROUP, PRODUCER_WARPS],
+                [VALUE_REGS, PRODUCER_REGS],
             )
-            if SCORE_VALUE:
-                # Per stage the rescale factors of the P handed over, then
-                # the final row sums.
-                xchg = gl.allocate_shared_memory(
-                    gl.float32, [STAGES + 1, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
-                )
-                p_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-                sums_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-                sums_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-                for stage in gl.static_range(STAGES):
-                    mbarrier.init(p_bar.index(stage), count=1)
-                mbarrier.init(sums_bar, count=1)
-                mbarrier.init(sums_free, count=1)
-                fence_async_shared()
-                bars = (ready, empty, p_bar, sums_bar, sums_free)
-                gl.warp_specialize(
-                    [
-                        (
-                            _consume_scores,
-                            (
-                                share,
-                                q_args,
-                                q_nope,
-                                q_rope,
-                                kv_nope_ring,
-                                kv_rope_ring,
-                                xchg,
-                                bars,
-                                scales,
-                                out_args,
-                                BLOCK_H,
-                                DRAFT_LEN,
-                                V_EXT_FROM_K,
-                            ),
-                        ),
-                        (
-                            _consume_values,
-                            (
-                                share,
-                                kv_nope_ring,
-                                kv_rope_ring,
-                                xchg,
-                                bars,
-                                v_scale,
-                                out_args,
-                                BLOCK_H,
-                                DRAFT_LEN,
-                                V_EXT_FROM_K,
-                            ),
-                        ),
-                        (_produce, produce_args),
-                    ],
-                    [WARPGROUP, PRODUCER_WARPS],
-                    [VALUE_REGS, PRODUCER_REGS],
+        else:
+            # The bf16 tile the consumers read: with fp8 KV the widened
+            # one, with bf16 KV the ring's stages as they are.
+            if KV_FP8:
+                wide = (
+                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem),
+                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_ROPE], rope_smem),
                 )
             else:
-                # The bf16 tile the consumers read: with fp8 KV the widened
-                # one, with bf16 KV the ring's stages as they are.
-                if KV_FP8:
-                    wide = (
-                        gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem),
-                        gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_ROPE], rope_smem),
-                    )
-                else:
-                    wide = (kv_nope_ring, kv_rope_ring)
-                p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
-                fence_async_shared()
-                gl.warp_specialize(
-                    [
+                wide = (kv_nope_ring, kv_rope_ring)
+            p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
+            fence_async_shared()
+            gl.warp_specialize(
+                [
+                    (
+                        _consume,
                         (
-                            _consume,
-                            (
-                                share,
-                                q_args,
-                                ext,
-                                q_nope,
-                                q_rope,
-                                kv_nope_ring,
-                                kv_rope_ring,
-                                wide,
-                                p_smem,
-                                ready,
-                                empty,
-                                scales,
-                                out_args,
-                                BLOCK_H,
-                                DRAFT_LEN,
-                                V_EXT_FROM_K,
-                                KV_FP8,
-                            ),
+                            share,
+                            q_args,
+                            ext,
+                            q_nope,
+                            q_rope,
+                            kv_nope_ring,
+                            kv_rope_ring,
+                            wide,
+                            p_smem,
+                            ready,
+                            empty,
+                            scales,
+                            out_args,
+                            BLOCK_H,
+                            DRAFT_LEN,
+                            V_EXT_FROM_K,
+                            KV_FP8,
                         ),
-                        (_produce, produce_args),
-                    ],
-                    [PRODUCER_WARPS],
-                    [PRODUCER_REGS],
-                )
-
-
-# The constants that shape the kernel, hashed with its jitted functions
-# into kernel.KERNEL_HASH.
-SHAPE = (
-    ROWS.value,
-    TOKENS.value,
-    STAGES.value,
-    CONSUMER_WARPS.value,
-    PRODUCER_WARPS.value,
-    PRODUCER_REGS.value,
-    DEFAULT_MIN_SHARE,
-    MAX_REGS,
-    WARPGROUP.value,
-    VALUE_REGS.value,
-    HALF_V.value,
-    DRAFT_POSITIONS.value,
-)
-
-
-def launch_options(score_value: bool) -> dict[str, int]:
-    """num_warps (the default partition's) and the register cap of a launch."""
-    warps = WARPGROUP.value if score_value else CONSUMER_WARPS.value
-    return {"num_warps": warps, "maxnreg": MAX_REGS}
-
-
-def ctas_per_head_block(sm_count: int, num_heads: int, block_h: int) -> int:
-    """The share count: one wave of CTAs (one per SM, see the docstring)
-    over the head blocks."""
-    head_blocks = (num_heads + block_h - 1) // block_h
-    return max(1, sm_count // head_blocks)
-
-
-def partial_slots(ctas: int) -> int:
-    """Partial slots of a launch with ``ctas`` shares per head block: one
-    for each CTA's first segment and one for its last."""
-    return 2 * ctas
+                    ),
+                    (_produce, produce_args),
+                ],
+                [PRODUCER_WARPS],
+                [PRODUCER_REGS],
+            )
 
 
 def launch_prefix(
@@ -1465,5 +1416,5 @@ def launch_prefix(
         V_EXT_FROM_K=v_extend_from_k,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=launch_dependents,
-        **launch_options(score_value),
+        **hopper.launch_options(score_value),
     )

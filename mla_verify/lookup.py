@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch
 
-from . import kernel_sm90, tables
+from . import hopper, tables
 from .config import HOPPER_KERNELS, MAX_KV_SPLITS, VerifyConfig, default_config
 from .device import current_arch
 from .kernel import KERNEL_HASH
@@ -189,7 +189,7 @@ def adapt_config(
         # The Hopper tile is always 64 rows and the tuner gives it as many
         # heads as fill them; an entry tuned at few heads has BLOCK_H capped
         # by its head count, which would leave rows empty at more heads.
-        block_h = kernel_sm90.block_heads(num_heads, draft_len)
+        block_h = hopper.block_heads(num_heads, draft_len)
     else:
         block_h = max(1, min(num_heads, config.BLOCK_H * tuned_draft_len // draft_len))
     tuned_blocks = math.ceil(tuned_heads / config.BLOCK_H)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from . import kernel_sm90
+from . import hopper
 from .config import HOPPER_KERNELS, VerifyConfig, runs_score_value
 from .device import has_dependent_launch, is_cuda_sm90, sm_count
 from .kernel import (
@@ -44,10 +44,11 @@ def uses_gluon_sm90(
     (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, V a view of K);
     otherwise the Triton kernel runs the same tile. Metadata only."""
     return (
-        not INTERPRETED
+        hopper.available()
+        and not INTERPRETED
         and q.dtype == torch.bfloat16
         and is_cuda_sm90(q.device)
-        and kernel_sm90.supports(draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k)
+        and hopper.supports(draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k)
     )
 
 
@@ -83,14 +84,14 @@ def fit_grid(config: VerifyConfig, batch_size: int) -> VerifyConfig:
 def min_share(config: VerifyConfig) -> int:
     """Positions a share of the Hopper kernel holds at least: the config's,
     else the kernel's default."""
-    return config.MIN_SHARE or kernel_sm90.DEFAULT_MIN_SHARE
+    return config.MIN_SHARE or hopper.DEFAULT_MIN_SHARE
 
 
 def partial_slots(batch_size: int, num_kv_splits: int, share_ctas: int) -> int:
     """Partial slots stage 1 writes: two per share (the Hopper kernel), or
     one per unit (batch x NUM_KV_SPLITS)."""
     if share_ctas:
-        return kernel_sm90.partial_slots(share_ctas)
+        return hopper.partial_slots(share_ctas)
     return batch_size * num_kv_splits
 
 
@@ -179,7 +180,7 @@ def plan_call(
     config = fit_grid(config, batch_size)
     share_ctas = 0
     if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
-        share_ctas = kernel_sm90.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
+        share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
     return Plan(
         config=config,
         batch_size=batch_size,
@@ -248,10 +249,10 @@ def share_plan(prefix_lens: list[int], ctas: int, min_share: int) -> SharePlan:
       that cuts only at request boundaries, if that costs at most a
       sixteenth of the shares.
     """
-    tokens = kernel_sm90.TOKENS.value
+    tokens = hopper.TOKENS
     tiles = [-(-n // tokens) for n in prefix_lens]
     uniform = len(set(tiles)) == 1
-    drafts = 1 if uniform else kernel_sm90.DRAFT_POSITIONS.value
+    drafts = 1 if uniform else hopper.DRAFT_POSITIONS
     positions = [t + drafts for t in tiles]
     total, batch_size = sum(positions), len(positions)
     used = min(ctas, -(-total // min_share), math.isqrt(16 * total * batch_size) + batch_size)

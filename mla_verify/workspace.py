@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from . import kernel_sm90
+from . import hopper
 from .config import HOPPER_KERNELS
 from .device import arch_sm_count, current_arch, sm_count
 from .lookup import block_config
@@ -96,7 +96,7 @@ def workspace_bytes(
         # the Triton kernel's units elsewhere: room for either.
         slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, 0))
         if config.kernel in HOPPER_KERNELS:
-            ctas = kernel_sm90.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
+            ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
             slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, ctas))
     return workspace_numel(slots, num_heads, draft_len)[1] * (D_NOPE + 1) * 4
 

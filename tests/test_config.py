@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mla_verify import kernel_sm90
+from mla_verify import hopper
 from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
@@ -71,7 +71,7 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
     assert hopper_kernels("gfx950", "bf16") == []
 
 
-@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+@pytest.mark.skipif(not hopper.available(), reason="needs Triton's Gluon")
 def test_sm90_search_leaves_out_triton_tiles_where_the_hopper_kernel_runs():
     kernels = lambda dtype: {c.kernel for c in tile_candidates(16, 4, "sm90", dtype)}  # noqa: E731
     assert kernels("bf16") == {"gluon_sm90", "gluon_sm90_sv"}
@@ -80,7 +80,7 @@ def test_sm90_search_leaves_out_triton_tiles_where_the_hopper_kernel_runs():
     assert "triton" in {c.kernel for c in tile_candidates(16, 4, "sm80", "bf16")}
 
 
-@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+@pytest.mark.skipif(not hopper.available(), reason="needs Triton's Gluon")
 @pytest.mark.parametrize("kernel", HOPPER_KERNELS)
 def test_tuner_searches_the_share_floor_of_the_hopper_kernel_only(kernel):
     floors = min_share_candidates("sm90", kernel)
@@ -110,7 +110,7 @@ def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():
     assert config.MIN_SHARE is None  # a Hopper-only field
 
 
-@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+@pytest.mark.skipif(not hopper.available(), reason="needs Triton's Gluon")
 @pytest.mark.parametrize("kernel", HOPPER_KERNELS)
 def test_tuner_times_one_split_count_for_the_hopper_kernel(kernel):
     # The Hopper kernel plans its own shares and ignores NUM_KV_SPLITS: the

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from mla_verify import VerifyConfig, kernel, kernel_sm90, plan, verify_mla_fwd
+from mla_verify import VerifyConfig, hopper, kernel, plan, verify_mla_fwd
 from mla_verify import device as device_facts
 from mla_verify.config import HOPPER_KERNELS, hopper_config, tile_candidates
 from mla_verify.testing import check_close, make_batch
@@ -232,11 +233,11 @@ def test_dependent_launch_only_on_cuda_sm90_and_later(monkeypatch, cuda, capabil
         device_facts._capability.cache_clear()
 
 
-@pytest.mark.skipif(not kernel_sm90.AVAILABLE, reason="needs Triton's Gluon")
+@pytest.mark.skipif(not hopper.available(), reason="needs Triton's Gluon")
 def test_kernel_hash_covers_constexpr_functions():
     # A table's kernel hash must change with anything that shapes the
     # kernel, the producer's copy layout (a constexpr function) included.
-    hashed = {fn.fn.__name__ for fn in kernel._jitted(vars(kernel_sm90))}
+    hashed = {fn.fn.__name__ for fn in kernel._jitted(vars(hopper.gluon_kernel()))}
     assert {"_copy_layout", "_produce", "_consume_values", "_prefix_kernel_sm90"} <= hashed
 
 
@@ -299,9 +300,8 @@ def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_d
     launched = []
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
-    monkeypatch.setattr(
-        kernel_sm90, "launch_prefix", lambda *args, **kw: launched.append(kw["score_value"])
-    )
+    fake_hopper = SimpleNamespace(launch_prefix=lambda *a, **kw: launched.append(kw["score_value"]))
+    monkeypatch.setattr(kernel, "kernel_sm90", fake_hopper)
     batch = make_batch(16, 2, [70, 5], kv_dtype=kv_dtype, device=device)
     batch.run(batch.new_output(), hopper_config(16, 2, 2, kernel_name))
     assert launched == [score_value]
@@ -351,7 +351,7 @@ def test_gpu_matches_reference(heads, draft_len, prefix_lens, kv_dtype):
 ON_HOPPER = (
     torch.cuda.is_available()
     and torch.cuda.get_device_capability() == (9, 0)
-    and kernel_sm90.AVAILABLE
+    and hopper.available()
 )
 
 
@@ -440,7 +440,7 @@ def test_gpu_hopper_kernel_draft_variants(
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
 
 
-if kernel_sm90.AVAILABLE:
+if hopper.available():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
@@ -448,7 +448,7 @@ if kernel_sm90.AVAILABLE:
     def _widen_codes(CODES, OUT):
         layout: gl.constexpr = gl.BlockedLayout([4], [32], [2], [0])
         offs = gl.arange(0, 256, layout=layout)
-        gl.store(OUT + offs, kernel_sm90.fp8_to_bf16(gl.load(CODES + offs)))
+        gl.store(OUT + offs, hopper.gluon_kernel().fp8_to_bf16(gl.load(CODES + offs)))
 
 
 @pytest.mark.gpu

@@ -1,0 +1,100 @@
+"""What the host needs to know about the Hopper (Gluon) kernel of
+kernel_sm90.py: its fixed tile, its launch options, the calls it computes
+and the geometry of its shares. Importable without Gluon.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+from .problem import D_NOPE
+
+ROWS = 64  # query rows per CTA (BLOCK_H heads x L drafts): one wgmma M per warpgroup
+TOKENS = 64  # prefix tokens per ring stage
+STAGES = 2  # q 72 KB + 2 x 72 KB ring fill the 227 KB of shared memory
+CONSUMER_WARPS = 8  # the columns schedule's consumer partition
+WARPGROUP = 4  # warps of one warpgroup (the score/value partitions)
+PRODUCER_WARPS = 4
+HALF_V = D_NOPE // 2  # output columns per consumer warpgroup
+# Positions a share holds at least, where a config names none (a runtime
+# argument: the tuner searches it). One wave of shares of a tile or two each
+# left a small batch a merge of over 100 partials a request.
+DEFAULT_MIN_SHARE = 4
+# Positions a request's drafts weigh in the shares of a ragged batch: their
+# tile plus a segment's fixed cost (query staging, first tile, output store:
+# about 9 us, against 2.4 us a prefix tile), so a CTA that packs many short
+# requests gets fewer positions. A uniform batch counts one: its cuts fall
+# at request boundaries or split every request alike.
+DRAFT_POSITIONS = 5
+# Registers: 12 warps x 168 fill the register file. The producer keeps 88
+# (two tiles' slot indices; 56 spilled them), the rest goes to the consumers
+# (setmaxnreg); with score/value the value warpgroup holds half the output
+# (128 words a thread) in 176, leaving the score warpgroup 240.
+MAX_REGS = 168
+PRODUCER_REGS = 88
+VALUE_REGS = 176
+
+KV_DTYPES = ("bf16", "fp8_e4m3")
+SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
+
+# The constants that shape the kernel, hashed with its jitted functions into
+# kernel.KERNEL_HASH.
+SHAPE = (
+    ROWS,
+    TOKENS,
+    STAGES,
+    CONSUMER_WARPS,
+    PRODUCER_WARPS,
+    PRODUCER_REGS,
+    DEFAULT_MIN_SHARE,
+    MAX_REGS,
+    WARPGROUP,
+    VALUE_REGS,
+    HALF_V,
+    DRAFT_POSITIONS,
+)
+
+
+@functools.cache
+def gluon_kernel() -> ModuleType | None:
+    """The kernel module, or None where this Triton lacks Gluon's Hopper ops
+    (then the Triton kernel runs every call)."""
+    try:
+        from . import kernel_sm90
+    except ImportError:
+        return None
+    return kernel_sm90
+
+
+def available() -> bool:
+    return gluon_kernel() is not None
+
+
+def block_heads(num_heads: int, draft_len: int) -> int:
+    """Heads per CTA: as many as fill the 64 query rows."""
+    return max(1, min(num_heads, ROWS // draft_len))
+
+
+def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
+    """Calls the Hopper kernel computes (where Gluon is available); the
+    Triton kernel takes the rest."""
+    return draft_len <= ROWS and kv_dtype_name in KV_DTYPES and v_from_k
+
+
+def launch_options(score_value: bool) -> dict[str, int]:
+    """num_warps (the default partition's) and the register cap of a launch."""
+    warps = WARPGROUP if score_value else CONSUMER_WARPS
+    return {"num_warps": warps, "maxnreg": MAX_REGS}
+
+
+def ctas_per_head_block(sm_count: int, num_heads: int, block_h: int) -> int:
+    """The share count: one wave of CTAs (one per SM) over the head blocks."""
+    head_blocks = (num_heads + block_h - 1) // block_h
+    return max(1, sm_count // head_blocks)
+
+
+def partial_slots(ctas: int) -> int:
+    """Partial slots of a launch with ``ctas`` shares per head block: one
+    for each CTA's first segment and one for its last."""
+    return 2 * ctas
