@@ -1,72 +1,38 @@
-"""Stage 1 for Hopper (sm90), written in Gluon: the same function as
-``kernel._prefix_kernel`` with explicit tensor-core layouts and a
-warp-specialised gather.
+"""Stage 1 for Hopper (sm90) in Gluon: the same function as
+``kernel._prefix_kernel``, with explicit tensor-core layouts and a
+warp-specialised gather. Host facts (tile, registers, shares) are in hopper.py.
 
-Why a second kernel: plain Triton stalls near 275 TFLOP/s on this op
-(PERF_NOTES): it gives both warpgroups the whole score tile (about 1.5x the
-useful tensor work), and nothing overlaps the row gathers with the products.
-Here each CTA holds 64 query rows (BLOCK_H heads x L drafts). A producer
-(4 warps) gathers 64 prefix tokens at a time with cp.async into a two-deep
-shared-memory ring and signals `ready`; it loads each tile's slot indices a
-tile ahead (with only two stages, a refill that began with that dependent
-load left the consumers waiting). Two warpgroups consume, in one of two
-schedules (config kernel "gluon_sm90" or "gluon_sm90_sv"):
+Tensors are kernel.py's; V is a view of K (MLA), KV bf16 or fp8 e4m3, q bf16.
 
-    columns      both warpgroups as one 8-warp partition: S = Q K^T split
-                 by score columns (layout [4, 2], no duplicated work), online
-                 softmax, P through shared memory, O += P V with V the same
-                 latent tile, each warpgroup 256 output columns; five CTA
-                 barriers a tile. Runs fp8 KV.
-    score/value  the score warpgroup computes the whole 64 x 64 score tile
-                 (n64 wgmma: each tile reads Q once, not twice), the softmax
-                 and output columns 0-255, and hands P (into the tile's spent
-                 rope rows) and the rescale factors to the value warpgroup,
-                 which adds P V for columns 256-511 while the score warpgroup
-                 goes on to the next tile; one mbarrier exchange a tile.
-                 2-12% faster than columns on every shape measured
-                 (BENCHMARKS.md). bf16 KV only: with fp8 it falls back to
-                 columns (the one widened tile would have to outlive the
-                 value warpgroup's P V while the next tile is widened).
+Why a second kernel: plain Triton gives both warpgroups the whole score tile
+and overlaps nothing, which stalls it near a third of the matmul rate.
 
-Shared memory: q 72 KB + 2 x 72 KB ring + P 8 KB (columns; score/value
-puts P in the rope rows) = 224 of 227 KB, so one CTA per SM and exactly two
-stages. The score warpgroup regroups a whole request's output for 16-byte
-stores through a few KB of scratch besides. V must be a view of K (MLA);
-other calls take the plain-Triton kernel.
+Each CTA holds 64 query rows (BLOCK_H heads x L drafts). A producer (4 warps)
+gathers 64 prefix tokens at a time with cp.async into a two-stage shared
+ring, loading the next tile's slot indices a tile ahead. Two warpgroups
+consume, in one of two schedules:
 
-The work is cut in balanced shares, as a persistent grid: each head block
-gets one wave of CTAs (`ctas_per_head_block`), and the batch's positions
-(each request's prefix tiles, then its drafts: one position in a uniform
-batch, ``DRAFT_POSITIONS`` in a ragged one, for a segment's fixed cost)
-are cut into that many equal ranges of consecutive positions (fewer on a
-small batch: at least ``min_share`` positions each, and at most about
-1 + 4 sqrt(P) ranges a request of P positions, on average), from
-kv_indptr on the device (no host sync). A CTA runs its range request by request
-("segments"); the ring runs on across them, so the next request's first
-tiles arrive while the consumers finish one, and each segment's query rows
-are staged by the warps that read them. A segment that is a whole request writes its output;
-only the first and last segment of a range can be part of a request, and
-those write a partial (slot 2 cta or 2 cta + 1) that stage 2 merges. A long
-request among short ones is thus spread over many CTAs, and short ones are
-packed several to a CTA. When every request holds as many positions, the
-share count drops to a multiple of the batch size (or a divisor of it) if
-that costs at most a sixteenth of the shares: every cut then falls on a
-request boundary, and no CTA stages two requests' queries or writes two
-partials (`_share_count`).
+    columns      one 8-warp partition: S = Q K^T split by score columns,
+                 online softmax, P through shared memory, O += P V with V the
+                 same latent tile, 256 output columns a warpgroup. Runs fp8.
+    score/value  the score warpgroup computes the whole score tile, the
+                 softmax and columns 0-255, and hands P (into the tile's
+                 spent rope rows) and the rescale factors to the value
+                 warpgroup, which adds P V for columns 256-511 while the
+                 score warpgroup moves on. bf16 KV only.
 
-fp8 e4m3 KV: wgmma takes fp8 only as K-major operands, and V is not K-major
-in P V, so the tile is widened to bf16 in shared memory. The ring's two
-stages then hold fp8 rows (2 x 36 KB) and one bf16 tile (72 KB) takes the
-place of the second bf16 stage; the consumer widens each stage into it and
-frees the stage at once, so the producer runs up to two tiles ahead. The
-widening (108 KB of shared-memory traffic a tile) is on the consumer's
-critical path: fp8 KV takes 1.2-1.6x the bf16 time (BENCHMARKS.md). The
-drafts are bf16 (like q): with bf16 KV they come through the ring as one
-more tile (two when V is not a view of K); with fp8 KV the consumers load
-them into the bf16 tile.
+The grid is persistent: each head block gets one wave of CTAs, and the
+batch's positions (each request's prefix tiles, then its drafts) are cut on
+the device into that many equal ranges (``_share_count``; plan.share_plan
+models it on the host). A CTA runs its range request by request; a request
+it holds whole is written out, the first and last of its range may be parts,
+written as partials that stage 2 merges.
 
-Gluon does not run under Triton's interpreter: CI compiles this kernel for
-sm90 ahead of time, and the GPU tests check it against the reference.
+fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
+P V, so each tile is widened to bf16 in shared memory (the consumers' cost).
+
+Gluon does not run under Triton's interpreter: CI compiles this kernel ahead
+of time and the GPU tests check it against the reference.
 """
 
 from __future__ import annotations
@@ -268,7 +234,7 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     ctas = gl.minimum(grid_ctas, (total + min_share - 1) // min_share)
     # No more than 1 + 4 sqrt(P) shares a request of P positions, on
     # average: beyond that, a merge of more partials costs more than
-    # shorter shares save (BENCHMARKS.md: floor 2 is 1.27x floor 4 on
+    # shorter shares save (floor 2 is 1.27x floor 4 on
     # one 2K request, 0.93x on one 16K request).
     work = total.to(gl.float32) * batch_size
     ctas = gl.minimum(ctas, (4.0 * gl.sqrt_rn(work)).to(gl.int32) + batch_size)
@@ -928,7 +894,7 @@ def _consume_scores(
             # This tile's P V, and its stage freed, before waiting for the
             # next tile: issued behind the next tile's scores instead, the
             # stage was freed only once that tile had landed, and the ring
-            # ran one tile deep (1.5-10% slower, BENCHMARKS.md).
+            # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(
                 kv_rope_ring.index(stage),
                 kv_nope_ring.index(stage).slice(0, HALF_V, dim=1),
@@ -1076,7 +1042,7 @@ def _store_out(
             # 16-byte stores, not 4-byte ones, after a regrouping through
             # shared scratch; it pays where a CTA packs many whole
             # requests. Not in the value warpgroup: with 176 registers
-            # it spilled (BENCHMARKS.md).
+            # it spilled.
             wide = gl.convert_layout(out.to(gl.bfloat16), _row_pieces_layout())
             _store_output(wide, col0, out_args, BLOCK_H, DRAFT_LEN)
         else:
