@@ -1,7 +1,8 @@
 """mla_verify: autotuned Triton attention for the speculative-decoding verify
 step of absorbed-MLA models (DeepSeek-V3/R1, Kimi-K2).
 
-    from mla_verify import verify_mla_fwd   # SGLang's extend-attention convention
+    from mla_verify import verify_mla_fwd     # SGLang's extend-attention convention
+    from mla_verify import verify_mla_paged   # FlashMLA's paged-cache convention
 
 Importing the package loads the tuned tables once; launches only look up.
 """
@@ -12,8 +13,9 @@ from .api import can_handle, set_debug, verify_mla_fwd  # noqa: E402
 from .config import VerifyConfig, default_config  # noqa: E402
 from .device import current_arch  # noqa: E402
 from .lookup import block_config, resolve_config  # noqa: E402
+from .paged import verify_mla_paged  # noqa: E402
 from .reference import verify_mla_reference  # noqa: E402
-from .workspace import prepare_workspace, workspace_bytes  # noqa: E402
+from .workspace import prepare_paged_workspace, prepare_workspace, workspace_bytes  # noqa: E402
 
 __all__ = [
     "VerifyConfig",
@@ -21,10 +23,12 @@ __all__ = [
     "can_handle",
     "current_arch",
     "default_config",
+    "prepare_paged_workspace",
     "prepare_workspace",
     "resolve_config",
     "set_debug",
     "verify_mla_fwd",
+    "verify_mla_paged",
     "verify_mla_reference",
     "workspace_bytes",
 ]
