@@ -353,7 +353,9 @@ def validate_paged(
         q.stride(0),
     )
 
-    _expect(kv_cache.dim() == 4, "kv_cache.shape", "[num_blocks, page, 1, 576]", kv_cache.shape)
+    _expect(
+        kv_cache.dim() == 4, "kv_cache.shape", "[num_blocks, page, 1, 576]", tuple(kv_cache.shape)
+    )
     num_blocks, page_size, kv_heads, kv_dim = kv_cache.shape
     _expect(num_blocks >= 1, "kv_cache.shape[0]", "at least one block", num_blocks)
     _expect(page_size in PAGE_SIZES, "kv_cache.shape[1] (page size)", PAGE_SIZES, page_size)
@@ -383,8 +385,15 @@ def validate_paged(
     slots = pool_layout(kv_cache)[2]
     _expect(slots <= MAX_SLOTS, "kv_cache", f"at most {MAX_SLOTS} token rows", slots)
 
-    _expect(block_table.dim() == 2, "block_table.shape", "[bs, max_blocks]", block_table.shape)
-    _expect(block_table.shape[0] == bs, "block_table.shape[0]", f"{bs} (q's batch)", bs)
+    _expect(
+        block_table.dim() == 2, "block_table.shape", "[bs, max_blocks]", tuple(block_table.shape)
+    )
+    _expect(
+        block_table.shape[0] == bs,
+        "block_table.shape[0]",
+        f"{bs} (q's batch)",
+        block_table.shape[0],
+    )
     _expect(
         block_table.shape[1] * page_size >= draft_len,
         "block_table.shape[1]",
