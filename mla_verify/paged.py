@@ -30,16 +30,21 @@ then calls ``verify_mla_fwd`` with the cache viewed as a page-size-1 pool
 same tuned tables, balanced plan and (bf16 or fp8 on the H200) Hopper kernel
 serve paged calls. ``max_tokens`` is max_blocks x page, a host-known bound.
 
-Scales: the kernels scale the prefix only. ``k_scale`` is folded into the
-score scale (exact: a product of Python floats, one rounding in float64).
-``v_scale`` multiplies the drafts' V rows in fp32, rounded once to q's
-dtype: exact where v_scale is a power of two, else each draft V element
-carries one more relative rounding of at most 2^-9 (bf16) / 2^-12 (fp16),
-below the output's own rounding; a v_scale that overflows fp16 (|V| *
-v_scale > 65504) is the caller's.
+Scales: the kernels scale the prefix only, so ``k_scale`` is folded into
+the score scale (sm_scale * k_scale, as the prefix gets it anyway: no
+loss), and ``v_scale`` multiplies the drafts' V rows in fp32, rounded once
+(to nearest even on the GPU) to q's dtype. That is exact where the product
+fits q's mantissa: a power-of-two v_scale, or with an fp8 cache (4
+significant bits) any v_scale of at most 4 significant bits for bf16 (1.25,
+0.75) or 7 for fp16. Otherwise each draft V element carries one rounding of
+relative error at most 2^-8 (bf16) / 2^-11 (fp16), the size of the
+output's own final rounding; the drafts are L of the cache_seqlens values
+each row averages. The alternative, scaling the output after the kernel,
+would round every output element twice. A v_scale that overflows fp16
+(|V| * v_scale > 65504) is the caller's.
 
-Cost over a native paged kernel: one more launch (under 1K programs for
-realistic batches), 4 bytes written and 4 read per prefix token for
+Cost over a native paged kernel: one more launch (bs x min(16,
+cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
 kv_indices (0.7% of a bf16 token's 1152 bytes, 1.4% of fp8's 576), and the
 drafts' rows: L x 576 cache elements read, 1152 (+1024 with v_scale)
 bytes written and read again per sequence.
