@@ -227,3 +227,173 @@ def check_close(out: torch.Tensor, ref: torch.Tensor, *, what: str = "output") -
         detail = f"; first mismatch at {where}: {out[where]} vs {ref[where]}" if where else ""
         raise AssertionError(f"{what}: relative error {err:.3g}{detail}")
     return err
+
+
+# --- paged batches (FlashMLA's convention) ------------------------------------
+
+
+@dataclass
+class PagedBatch:
+    """A paged verify call: sequence b holds ``prefix_lens[b]`` tokens and
+    then its L drafts in pages listed by ``block_table[b]``; every cache row
+    no sequence uses (unlisted blocks, the tail of each last page) is NaN,
+    and so is one spare block the unused block-table columns point to."""
+
+    q: torch.Tensor  # [bs, L, H, 576]
+    kv_cache: torch.Tensor  # [num_blocks, page, 1, 576]
+    block_table: torch.Tensor  # [bs, max_blocks] int32
+    cache_seqlens: torch.Tensor  # [bs] int32, drafts included
+    draft_len: int
+    prefix_lens: list[int]
+    sm_scale: float
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    @property
+    def page_size(self) -> int:
+        return self.kv_cache.shape[1]
+
+    @property
+    def num_heads(self) -> int:
+        return self.q.shape[2]
+
+    def new_output(self) -> torch.Tensor:
+        """An output poisoned with NaN, so unwritten elements show."""
+        shape = (*self.q.shape[:3], V_DIM)
+        return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
+
+    def run(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        from .paged import verify_mla_paged
+
+        return verify_mla_paged(
+            self.q,
+            self.kv_cache,
+            self.block_table,
+            self.cache_seqlens,
+            sm_scale=self.sm_scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            out=out,
+        )
+
+    def slots(self, b: int) -> torch.Tensor:
+        """Pool slots (block * page + offset) of sequence b's positions, on
+        the host."""
+        page = self.page_size
+        row_stride = self.kv_cache.stride(1) if page > 1 else self.kv_cache.stride(0)
+        per_block = self.kv_cache.stride(0) // row_stride
+        pos = torch.arange(self.prefix_lens[b] + self.draft_len)
+        blocks = self.block_table[b].cpu().long()[pos // page]
+        return blocks * per_block + pos % page
+
+    def reference(self) -> torch.Tensor:
+        """float32 [bs, L, H, 512], through the token-indexed reference:
+        the prefix from the pool, the drafts' rows gathered and scaled in
+        float32 (so scaled like the prefix, as the paged semantics say)."""
+        from .paged import token_pool
+
+        bs, L = len(self.prefix_lens), self.draft_len
+        pool = token_pool(self.kv_cache)
+        slots = [self.slots(b) for b in range(bs)]
+        prefix = [s[: self.prefix_lens[b]] for b, s in enumerate(slots)]
+        drafts = torch.cat([s[self.prefix_lens[b] :] for b, s in enumerate(slots)])
+        rows = _rows_as_float(pool, drafts.to(pool.device))  # [bs*L, 576]
+        lens = torch.tensor([0, *self.prefix_lens])
+        out = verify_mla_reference(
+            self.q.reshape(bs * L, self.num_heads, Q_DIM),
+            (rows * self.k_scale)[:, None],
+            (rows[:, :V_DIM] * self.v_scale)[:, None],
+            pool,
+            pool[..., :V_DIM],
+            (torch.arange(bs + 1) * L).to(torch.int32),
+            lens.cumsum(0).to(torch.int32),
+            torch.cat(prefix).to(torch.int32).to(pool.device),
+            sm_scale=self.sm_scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
+        return out.view(bs, L, self.num_heads, V_DIM)
+
+
+def make_paged_batch(
+    num_heads: int,
+    draft_len: int,
+    prefix_lens: list[int],
+    *,
+    page_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    kv_dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    extra_columns: int = 1,
+    max_blocks: int | None = None,
+    num_blocks: int | None = None,
+    row_stride: int = Q_DIM,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    sm_scale: float | None = None,
+    seed: int | None = None,
+) -> PagedBatch:
+    """A random paged batch: sequence b has ``prefix_lens[b] + draft_len``
+    tokens in shuffled blocks of ``page_size``. The block table has
+    ``extra_columns`` columns past the longest sequence's pages, or
+    ``max_blocks`` in all (the unused ones point at the spare NaN block);
+    the cache has two blocks more than used, or ``num_blocks`` (shapes fixed
+    for graph replays); ``row_stride`` > 576 pads each token row (a cache
+    view into wider rows)."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    kv_dtype = kv_dtype or dtype
+    bs = len(prefix_lens)
+    seqlens = [n + draft_len for n in prefix_lens]
+    pages = [-(-n // page_size) for n in seqlens]
+    max_blocks = max_blocks or max(pages) + extra_columns
+    num_blocks = num_blocks or sum(pages) + 2  # a spare block, and one no column names
+    if max_blocks < max(pages) or num_blocks < sum(pages) + 1:
+        raise ValueError(
+            f"max_blocks / num_blocks: expected >= {max(pages)} / {sum(pages) + 1}, "
+            f"got {max_blocks} / {num_blocks}"
+        )
+    perm = torch.randperm(num_blocks, generator=gen, device=device).cpu()
+    spare = int(perm[-1])
+    table = torch.full((bs, max_blocks), spare, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+
+    rows = _nan_pool(num_blocks * page_size, row_stride, kv_dtype, device)
+    kv_cache = rows[..., :Q_DIM].view(num_blocks, page_size, 1, Q_DIM)
+    batch = PagedBatch(
+        q=_signed_uniform(gen, (bs, draft_len, num_heads, Q_DIM), device).to(dtype),
+        kv_cache=kv_cache,
+        block_table=table.to(device),
+        cache_seqlens=torch.tensor(seqlens, dtype=torch.int32, device=device),
+        draft_len=draft_len,
+        prefix_lens=list(prefix_lens),
+        sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q_DIM),
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    pool = rows[:, 0, :Q_DIM]  # [slots, 576]
+    slots = torch.cat([batch.slots(b) for b in range(bs)]).to(device)
+    values = _signed_uniform(gen, (slots.numel(), Q_DIM), device).to(kv_dtype)
+    if kv_dtype.itemsize == 1:  # index_put has no fp8 kernel on every backend
+        pool.view(torch.uint8)[slots] = values.view(torch.uint8)
+    else:
+        pool[slots] = values
+    return batch
+
+
+def _signed_uniform(gen: torch.Generator, shape: tuple[int, ...], device) -> torch.Tensor:
+    """Values in +-[0.25, 2.25]: random, and never zero."""
+    x = torch.rand(*shape, generator=gen, device=device) * 2 + 0.25
+    sign = torch.randint(0, 2, shape, generator=gen, device=device) * 2 - 1
+    return x * sign
+
+
+def _rows_as_float(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """pool[slots, 0] as float32; fp8 rows move as bytes."""
+    if pool.element_size() == 1:
+        return pool[:, 0].view(torch.uint8)[slots].view(pool.dtype).float()
+    return pool[slots, 0].float()

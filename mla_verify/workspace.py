@@ -1,14 +1,16 @@
 """Partial-result workspace of the kernel, one per device, sized ahead.
 
 An engine calls ``prepare_workspace`` before graph capture with its largest
-batch; then no call allocates. Casual callers need not: the workspace grows
-on demand outside capture. Growth never frees a buffer a captured graph may
-still write into.
+batch (``prepare_paged_workspace`` for paged calls: it also sizes the
+buffers ``verify_mla_paged`` translates its block table into); then no call
+allocates. Casual callers need not: the workspace grows on demand outside
+capture. Growth never frees a buffer a captured graph may still write into.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -17,24 +19,28 @@ from .config import HOPPER_KERNELS
 from .device import arch_sm_count, current_arch, sm_count
 from .lookup import block_config
 from .plan import partial_slots, workspace_numel
-from .problem import D_NOPE, check_shape
+from .problem import D_NOPE, QK_HEAD_DIM, V_HEAD_DIM, check_range, check_shape
 
 logger = logging.getLogger(__name__)
 
 
 class Workspace:
-    """fp32 buffers for the per-split partial outputs and log-sum-exps."""
+    """fp32 buffers for the per-split partial outputs and log-sum-exps, and
+    the paged calls' translation buffers (``paged_views``)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.part_o = torch.empty(0, dtype=torch.float32, device=device)
         self.part_lse = torch.empty(0, dtype=torch.float32, device=device)
+        self.paged_index = torch.empty(0, dtype=torch.int32, device=device)
+        self.paged_drafts = torch.empty(0, dtype=torch.uint8, device=device)
         self._used_in_capture = False
         self._kept_for_graphs: list[torch.Tensor] = []
 
     @property
     def nbytes(self) -> int:
-        return (self.part_o.numel() + self.part_lse.numel()) * 4
+        partials = (self.part_o.numel() + self.part_lse.numel()) * 4
+        return partials + self.paged_index.numel() * 4 + self.paged_drafts.numel()
 
     def reserve(self, rows: int) -> None:
         """Make room for ``rows`` (slot, head, draft) partial rows."""
@@ -62,6 +68,86 @@ class Workspace:
         if capturing(self.device):
             self._used_in_capture = True
         return self.part_o[:n_o], self.part_lse[:n_lse]
+
+    def reserve_paged(self, index_numel: int, draft_bytes: int) -> None:
+        """Make room for a paged call's translation (``paged_numel``)."""
+        if index_numel <= self.paged_index.numel() and draft_bytes <= self.paged_drafts.numel():
+            return
+        if capturing(self.device):
+            raise RuntimeError(
+                f"mla_verify: the paged buffers on {self.device} hold "
+                f"{self.paged_index.numel()} indices and {self.paged_drafts.numel()} draft bytes "
+                f"but this call needs {index_numel} and {draft_bytes}; call "
+                "mla_verify.prepare_paged_workspace(max_batch_size, num_heads, draft_len, "
+                "max_blocks, page_size, ...) before graph capture"
+            )
+        if self._used_in_capture:
+            self._kept_for_graphs += [self.paged_index, self.paged_drafts]
+        index_numel = max(index_numel, self.paged_index.numel())
+        draft_bytes = max(draft_bytes, self.paged_drafts.numel())
+        self.paged_index = torch.empty(index_numel, dtype=torch.int32, device=self.device)
+        self.paged_drafts = torch.empty(draft_bytes, dtype=torch.uint8, device=self.device)
+        logger.debug("workspace on %s grown to %.1f MB", self.device, self.nbytes / 1e6)
+
+    def paged_views(
+        self,
+        batch_size: int,
+        draft_len: int,
+        max_tokens: int,
+        dtype: torch.dtype,
+        separate_v: bool,
+    ) -> PagedViews:
+        """The token-indexed form of one paged call, carved from the paged
+        buffers: kv_indices first, then the two indptrs (each 16-byte
+        aligned, so the kernels' pointer specialisation never changes); the
+        drafts' K rows, then (``separate_v``) their V rows, in ``dtype``."""
+        index_numel, draft_bytes = paged_numel(batch_size, draft_len, max_tokens)
+        self.reserve_paged(index_numel, draft_bytes)
+        if capturing(self.device):
+            self._used_in_capture = True
+        qo_start = _round_up(batch_size * max_tokens, 4)
+        kv_start = qo_start + _round_up(batch_size + 1, 4)
+        rows = batch_size * draft_len
+        k_bytes = rows * QK_HEAD_DIM * dtype.itemsize
+        k_extend = self.paged_drafts[:k_bytes].view(dtype).view(rows, 1, QK_HEAD_DIM)
+        if separate_v:
+            v_bytes = rows * V_HEAD_DIM * dtype.itemsize
+            v_extend = self.paged_drafts[k_bytes : k_bytes + v_bytes].view(dtype)
+            v_extend = v_extend.view(rows, 1, V_HEAD_DIM)
+        else:
+            v_extend = k_extend[..., :V_HEAD_DIM]
+        return PagedViews(
+            kv_indices=self.paged_index[: batch_size * max_tokens],
+            qo_indptr=self.paged_index[qo_start : qo_start + batch_size + 1],
+            kv_indptr=self.paged_index[kv_start : kv_start + batch_size + 1],
+            k_extend=k_extend,
+            v_extend=v_extend,
+        )
+
+
+@dataclass(frozen=True)
+class PagedViews:
+    """A paged call in the token-indexed form ``verify_mla_fwd`` takes."""
+
+    kv_indices: torch.Tensor  # [bs * max_tokens] int32, the first kv_indptr[-1] used
+    qo_indptr: torch.Tensor  # [bs+1] int32
+    kv_indptr: torch.Tensor  # [bs+1] int32
+    k_extend: torch.Tensor  # [bs*L, 1, 576] in q's dtype
+    v_extend: torch.Tensor  # [bs*L, 1, 512]: k_extend's view, or rows of their own
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def paged_numel(batch_size: int, draft_len: int, max_tokens: int) -> tuple[int, int]:
+    """(int32 indices, draft bytes) of a paged call's translation:
+    ``max_tokens`` = block-table columns x page size bounds each sequence,
+    so kv_indices takes batch x max_tokens; draft rows are sized for 16-bit
+    K and a V of their own whatever the call passes."""
+    index_numel = _round_up(batch_size * max_tokens, 4) + 2 * _round_up(batch_size + 1, 4)
+    draft_bytes = batch_size * draft_len * (QK_HEAD_DIM + V_HEAD_DIM) * 2
+    return index_numel, draft_bytes
 
 
 _workspaces: dict[torch.device, Workspace] = {}
@@ -116,6 +202,28 @@ def prepare_workspace(
     nbytes = workspace_bytes(max_batch_size, num_heads, draft_len, kv_dtype, arch, sms)
     get_workspace(device).reserve(nbytes // ((D_NOPE + 1) * 4))
     return nbytes
+
+
+def prepare_paged_workspace(
+    max_batch_size: int,
+    num_heads: int,
+    draft_len: int,
+    max_blocks: int,
+    page_size: int,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str | None = None,
+) -> int:
+    """``prepare_workspace`` for ``verify_mla_paged``: also sizes the
+    translation buffers for a block table of up to ``max_blocks`` columns of
+    ``page_size``-token pages; returns the workspace's bytes. Call it before
+    graph capture with the largest batch and block table the graphs use."""
+    max_blocks = check_range("max_blocks", max_blocks, 1, 2**31 - 1)
+    page_size = check_range("page_size", page_size, 1, 2**31 - 1)
+    nbytes = prepare_workspace(max_batch_size, num_heads, draft_len, kv_dtype, device)
+    device = torch.device(device) if device is not None else torch.device("cuda")
+    index_numel, draft_bytes = paged_numel(max_batch_size, draft_len, max_blocks * page_size)
+    get_workspace(device).reserve_paged(index_numel, draft_bytes)
+    return nbytes + index_numel * 4 + draft_bytes
 
 
 def capturing(device: torch.device) -> bool:

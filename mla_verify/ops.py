@@ -1,0 +1,215 @@
+"""torch.library custom ops: the entry points inside ``torch.compile`` graphs.
+
+    mla_verify::verify_mla_paged(Tensor q, Tensor kv_cache, Tensor block_table,
+        Tensor cache_seqlens, float? sm_scale=None, float k_scale=1., float v_scale=1.)
+        -> Tensor
+    mla_verify::verify_mla_paged_out(Tensor q, Tensor kv_cache, Tensor block_table,
+        Tensor cache_seqlens, Tensor(a!) out, float? sm_scale=None, float k_scale=1.,
+        float v_scale=1.) -> ()
+    mla_verify::verify_mla_fwd(Tensor q_extend, Tensor k_extend, Tensor v_extend,
+        Tensor(a!) o_extend, Tensor k_buffer, Tensor v_buffer, Tensor qo_indptr,
+        Tensor kv_indptr, Tensor kv_indices, Tensor? custom_mask, bool is_causal,
+        Tensor? mask_indptr, int max_len_extend, float k_scale=1., float v_scale=1.,
+        float? sm_scale=None) -> ()
+
+Registered when ``mla_verify`` is imported (no GPU work). The compiler sees
+each op as one opaque node with a fake implementation for shapes; the
+workspace the ops use for partials and translations is scratch, consumed
+within the call in stream order.
+
+``mla_verify.verify_mla_paged`` dispatches to the paged ops by itself while
+compiling. For SGLang's convention, ``verify_mla_fwd`` below is the twin of
+``mla_verify.verify_mla_fwd`` (same arguments, same bool): the gate runs on
+metadata at trace time, and only an accepted call becomes the op, which
+declares that it writes ``o_extend``; on False the caller falls back, as in
+eager mode.
+"""
+
+# No `from __future__ import annotations`: custom_op reads the annotations
+# as objects to infer the schemas.
+import torch
+
+from . import api
+from .paged import paged_forward
+from .problem import V_HEAD_DIM
+
+
+@torch.library.custom_op("mla_verify::verify_mla_paged", mutates_args=())
+def verify_mla_paged_op(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    return paged_forward(
+        q, kv_cache, block_table, cache_seqlens, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+    )
+
+
+@verify_mla_paged_op.register_fake
+def _(q, kv_cache, block_table, cache_seqlens, sm_scale=None, k_scale=1.0, v_scale=1.0):
+    return q.new_empty(*q.shape[:3], V_HEAD_DIM)
+
+
+@torch.library.custom_op("mla_verify::verify_mla_paged_out", mutates_args=("out",))
+def verify_mla_paged_out_op(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    paged_forward(
+        q,
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        sm_scale=sm_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+    )
+
+
+@verify_mla_paged_out_op.register_fake
+def _(q, kv_cache, block_table, cache_seqlens, out, sm_scale=None, k_scale=1.0, v_scale=1.0):
+    return None
+
+
+@torch.library.custom_op("mla_verify::verify_mla_fwd", mutates_args=("o_extend",))
+def verify_mla_fwd_op(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    is_causal: bool,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    sm_scale: float | None = None,
+) -> None:
+    wrote = api.verify_mla_fwd(
+        q_extend,
+        k_extend,
+        v_extend,
+        o_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        is_causal,
+        mask_indptr,
+        max_len_extend,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sm_scale=sm_scale,
+    )
+    if not wrote:
+        raise ValueError(
+            "mla_verify::verify_mla_fwd: expected a call can_handle accepts, got one it "
+            "refuses; gate with mla_verify.can_handle (or call mla_verify.ops.verify_mla_fwd)"
+        )
+
+
+@verify_mla_fwd_op.register_fake
+def _(
+    q_extend,
+    k_extend,
+    v_extend,
+    o_extend,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    custom_mask,
+    is_causal,
+    mask_indptr,
+    max_len_extend,
+    k_scale=1.0,
+    v_scale=1.0,
+    sm_scale=None,
+):
+    return None
+
+
+def verify_mla_fwd(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    is_causal: bool,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    sliding_window_size: int = -1,
+    sinks: torch.Tensor | None = None,
+    xai_temperature_len: int = -1,
+) -> bool:
+    """``mla_verify.verify_mla_fwd`` for compiled graphs: False, writing
+    nothing, where ``can_handle`` refuses (decided from metadata, at trace
+    time); else the op ``mla_verify::verify_mla_fwd`` writes ``o_extend``
+    and this returns True. Works in eager mode too (through the
+    dispatcher)."""
+    if not api.can_handle(
+        q_extend,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        is_causal,
+        mask_indptr,
+        max_len_extend,
+        sliding_window_size,
+        sinks,
+        logit_cap,
+        xai_temperature_len,
+    ):
+        return False
+    verify_mla_fwd_op(
+        q_extend,
+        k_extend,
+        v_extend,
+        o_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        is_causal,
+        mask_indptr,
+        max_len_extend,
+        k_scale,
+        v_scale,
+        sm_scale,
+    )
+    return True

@@ -1,0 +1,470 @@
+"""Paged caches in FlashMLA's / vLLM's convention, served by translation.
+
+    q             [bs, L, H, 576]                 bf16/fp16
+    kv_cache      [num_blocks, page, 1, 576]      like q, or fp8 e4m3 (with k_scale/v_scale);
+                                                  V is the first 512 columns
+    block_table   [bs, max_blocks] int32          page p of sequence b is block block_table[b, p]
+    cache_seqlens [bs] int32                      tokens of sequence b, its L drafts included:
+                                                  they are its last L positions
+    o             [bs, L, H, 512]
+
+Draft i of sequence b sees positions ``< cache_seqlens[b] - L + i + 1``
+(bottom-right causal). Every position's score is ``sm_scale * k_scale *
+q . c`` and its value ``v_scale * c[:512]``, drafts included: they live in
+the same cache.
+
+How: one small Triton kernel (``_translate_kernel``, grid chunks x bs)
+rewrites the call into the token-indexed form of ``verify_mla_fwd`` inside
+the per-device workspace, on the device (no host sync, graph-safe):
+
+    kv_indptr   [bs+1]            prefix-summed prefix lengths cache_seqlens - L
+    kv_indices  [<= bs*max_tokens] slot block_table[b, p // page] * page + p % page
+                                  of every prefix position p
+    k_extend    [bs*L, 1, 576]    the drafts' rows, gathered into q's dtype
+                                  (fp8 -> bf16/fp16 is exact)
+    v_extend    [bs*L, 1, 512]    k_extend's view; rows of their own times
+                                  v_scale where v_scale != 1
+
+then calls ``verify_mla_fwd`` with the cache viewed as a page-size-1 pool
+``[num_blocks * page, 1, 576]`` and V as its ``[..., :512]`` view, so the
+same tuned tables, balanced plan and (bf16 or fp8 on the H200) Hopper kernel
+serve paged calls. ``max_tokens`` is max_blocks x page, a host-known bound.
+
+Scales: the kernels scale the prefix only, so ``k_scale`` is folded into
+the score scale (sm_scale * k_scale, as the prefix gets it anyway: no
+loss), and ``v_scale`` multiplies the drafts' V rows in fp32, rounded once
+(to nearest even on the GPU) to q's dtype. That is exact where the product
+fits q's mantissa: a power-of-two v_scale, or with an fp8 cache (4
+significant bits) any v_scale of at most 4 significant bits for bf16 (1.25,
+0.75) or 7 for fp16. Otherwise each draft V element carries one rounding of
+relative error at most 2^-8 (bf16) / 2^-11 (fp16), the size of the
+output's own final rounding; the drafts are L of the cache_seqlens values
+each row averages. The alternative, scaling the output after the kernel,
+would round every output element twice. A v_scale that overflows fp16
+(|V| * v_scale > 65504) is the caller's.
+
+Cost over a native paged kernel: one more launch (bs x min(16,
+cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
+kv_indices (0.7% of a bf16 token's 1152 bytes, 1.4% of fp8's 576), and the
+drafts' rows: L x 576 cache elements read, 1152 (+1024 with v_scale)
+bytes written and read again per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import api
+from .api import _as_scale, _expect, verify_mla_fwd
+from .problem import (
+    KV_DTYPES,
+    MAX_BATCH_SIZE,
+    MAX_DRAFT_LEN,
+    MAX_HEADS,
+    MIN_BATCH_SIZE,
+    MIN_DRAFT_LEN,
+    MIN_HEADS,
+    Q_DTYPES,
+    QK_HEAD_DIM,
+    V_HEAD_DIM,
+    check_range,
+)
+from .workspace import capturing, get_workspace
+
+PAGE_SIZES = (1, 16, 32, 64, 128)
+# Prefix positions a translation program writes per step, and at most this
+# many programs per sequence (each strides over the sequence's prefix):
+# enough to spread a long prefix's indices over the GPU, few enough that a
+# short batch in a long block table launches little.
+BLOCK_P = 1024
+MAX_CHUNKS = 16
+BLOCK_B = 1024  # sequences the prefix sum reads per step
+MAX_SLOTS = 2**31 - 1  # int32 slots, as kv_indices holds them
+
+
+# --- the translation kernel ----------------------------------------------------
+
+
+@triton.jit
+def _prefix_len(seqlen, max_tokens, DRAFT_LEN: tl.constexpr):
+    # Clamped to 0 .. max_tokens - L: an out-of-range length (trusted; the
+    # debug mode checks it) never makes the kernels read outside the table.
+    return tl.minimum(tl.maximum(seqlen, DRAFT_LEN), max_tokens) - DRAFT_LEN
+
+
+@triton.jit(do_not_specialize=["stride_table", "max_tokens", "num_chunks"])
+def _translate_kernel(
+    KV_CACHE,
+    BLOCK_TABLE,
+    CACHE_SEQLENS,
+    QO_INDPTR,
+    KV_INDPTR,
+    KV_INDICES,
+    K_EXT,
+    V_EXT,
+    stride_cache_block,
+    stride_cache_tok,
+    slots_per_block,
+    stride_table,
+    max_tokens,
+    num_chunks,
+    v_scale,
+    DRAFT_LEN: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    SCALE_V: tl.constexpr,
+):
+    # Program (chunk, req): chunk-th of num_chunks strided shares of
+    # sequence req's prefix positions and drafts.
+    chunk = tl.program_id(0)
+    req = tl.program_id(1)
+
+    # Where this sequence's prefix starts in kv_indices: the lengths before it.
+    start = 0
+    for first in range(0, req, BLOCK_B):
+        offs_b = first + tl.arange(0, BLOCK_B)
+        seqlens = tl.load(CACHE_SEQLENS + offs_b, mask=offs_b < req, other=DRAFT_LEN)
+        start += tl.sum(_prefix_len(seqlens, max_tokens, DRAFT_LEN))
+    prefix = _prefix_len(tl.load(CACHE_SEQLENS + req), max_tokens, DRAFT_LEN)
+    if chunk == 0:
+        tl.store(KV_INDPTR + req + 1, start + prefix)
+        tl.store(QO_INDPTR + req + 1, (req + 1) * DRAFT_LEN)
+        if req == 0:
+            tl.store(KV_INDPTR, 0)
+            tl.store(QO_INDPTR, 0)
+
+    ptr_table = BLOCK_TABLE + req.to(tl.int64) * stride_table
+    for p0 in range(chunk * BLOCK_P, prefix, num_chunks * BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < prefix
+        block = tl.load(ptr_table + offs_p // PAGE_SIZE, mask=mask_p, other=0)
+        slot = block * slots_per_block + offs_p % PAGE_SIZE
+        tl.store(KV_INDICES + start + offs_p, slot, mask=mask_p)
+
+    # The drafts: positions prefix .. prefix + L - 1, copied into q's dtype.
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    for i in range(chunk, DRAFT_LEN, num_chunks):
+        pos = prefix + i
+        block = tl.load(ptr_table + pos // PAGE_SIZE).to(tl.int64)
+        ptr_row = KV_CACHE + block * stride_cache_block + (pos % PAGE_SIZE) * stride_cache_tok
+        kv_c = tl.load(ptr_row + offs_d).to(tl.float32)  # [512]
+        k_pe = tl.load(ptr_row + D_NOPE + offs_r).to(tl.float32)  # [64]
+        row = (req * DRAFT_LEN + i).to(tl.int64)
+        ptr_k = K_EXT + row * (D_NOPE + D_ROPE)
+        tl.store(ptr_k + offs_d, kv_c.to(K_EXT.dtype.element_ty))
+        tl.store(ptr_k + D_NOPE + offs_r, k_pe.to(K_EXT.dtype.element_ty))
+        if SCALE_V:
+            tl.store(V_EXT + row * D_NOPE + offs_d, (kv_c * v_scale).to(V_EXT.dtype.element_ty))
+
+
+# --- the entry point ---------------------------------------------------------------
+
+
+def verify_mla_paged(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """MLA target-verify attention over a paged cache, in FlashMLA's convention.
+
+    For every sequence b with ``n = cache_seqlens[b]`` tokens, the last L of
+    which are its drafts, draft i (query ``q[b, i]``, all H heads) attends
+    to positions ``0 .. n - L + i`` (bottom-right causal): position p is row
+    ``kv_cache[block_table[b, p // page], p % page, 0]``; scores are
+    ``sm_scale * k_scale * q . row`` (``sm_scale`` defaults to 1/sqrt(576)),
+    values ``v_scale * row[:512]``. Returns ``out`` [bs, L, H, 512] in q's
+    dtype (allocated unless given).
+
+    Shapes: q [bs, L, H, 576] bf16/fp16 (any head stride; the batch and
+    draft dims must merge into one, as in a contiguous q); kv_cache
+    [num_blocks, page, 1, 576] in q's dtype, or fp8 e4m3 with Python-float
+    scales; page 1, 16, 32, 64 or 128; block_table [bs, max_blocks] int32;
+    cache_seqlens [bs] int32. L is 1..16.
+
+    Graph-safe: no host sync; with ``out`` given and the workspace prepared
+    (``prepare_paged_workspace``) nothing allocates. Block-table entries and
+    lengths are trusted (``L <= cache_seqlens[b] <= max_blocks * page``,
+    entries of the used pages in 0..num_blocks-1); ``set_debug(True)``
+    checks them on every call outside capture. Raises ValueError, naming the
+    argument, for shapes, dtypes, devices or scales that disagree.
+
+    Inside ``torch.compile`` the call goes through the custom op
+    ``mla_verify::verify_mla_paged`` (``mla_verify.ops``).
+    """
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.mla_verify.verify_mla_paged(
+                q, kv_cache, block_table, cache_seqlens, sm_scale, k_scale, v_scale
+            )
+        torch.ops.mla_verify.verify_mla_paged_out(
+            q, kv_cache, block_table, cache_seqlens, out, sm_scale, k_scale, v_scale
+        )
+        return out
+    return paged_forward(
+        q,
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        sm_scale=sm_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+    )
+
+
+def paged_forward(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``verify_mla_paged`` without the compile dispatch: the custom ops'
+    implementation."""
+    validate_paged(q, kv_cache, block_table, cache_seqlens, out)
+    k_scale = _as_scale(k_scale, "k_scale", positive=True)
+    v_scale = _as_scale(v_scale, "v_scale")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(QK_HEAD_DIM)
+    sm_scale = _as_scale(sm_scale, "sm_scale", positive=True)
+    bs, draft_len, num_heads, _ = q.shape
+    page_size = kv_cache.shape[1]
+    max_tokens = block_table.shape[1] * page_size
+    if api._debug and not capturing(q.device):
+        check_paged_values(kv_cache, block_table, cache_seqlens, draft_len)
+
+    if out is None:
+        out = q.new_empty(bs, draft_len, num_heads, V_HEAD_DIM)
+    views = get_workspace(q.device).paged_views(
+        bs, draft_len, max_tokens, q.dtype, separate_v=v_scale != 1.0
+    )
+    num_chunks = max(1, min(triton.cdiv(max_tokens, BLOCK_P), MAX_CHUNKS))
+    slot_stride, slots_per_block, _ = pool_layout(kv_cache)
+    _translate_kernel[(num_chunks, bs)](
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        views.qo_indptr,
+        views.kv_indptr,
+        views.kv_indices,
+        views.k_extend,
+        views.v_extend,
+        slots_per_block * slot_stride,
+        slot_stride,
+        slots_per_block,
+        block_table.stride(0),
+        max_tokens,
+        num_chunks,
+        v_scale,
+        DRAFT_LEN=draft_len,
+        PAGE_SIZE=page_size,
+        BLOCK_P=BLOCK_P,
+        BLOCK_B=BLOCK_B,
+        D_NOPE=V_HEAD_DIM,
+        D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
+        SCALE_V=v_scale != 1.0,
+        num_warps=4,
+    )
+    k_buffer = token_pool(kv_cache)
+    wrote = verify_mla_fwd(
+        q.view(bs * draft_len, num_heads, QK_HEAD_DIM),
+        views.k_extend,
+        views.v_extend,
+        out.view(bs * draft_len, num_heads, V_HEAD_DIM),
+        k_buffer,
+        k_buffer[..., :V_HEAD_DIM],
+        views.qo_indptr,
+        views.kv_indptr,
+        views.kv_indices,
+        None,
+        True,
+        None,
+        draft_len,
+        k_scale=1.0,
+        v_scale=v_scale,
+        sm_scale=sm_scale * k_scale,
+    )
+    if not wrote:  # validate_paged admits only calls the gate accepts
+        raise RuntimeError("mla_verify: verify_mla_fwd refused a validated paged call")
+    return out
+
+
+def pool_layout(kv_cache: torch.Tensor) -> tuple[int, int, int]:
+    """(slot stride, slots per block, slots) of the cache seen as a
+    page-size-1 pool: token rows ``slot stride`` elements apart, block n's
+    page beginning at slot n * slots-per-block (n * page for a contiguous
+    cache). Strides of size-1 dims mean nothing, so page 1 takes the block
+    stride as the row stride."""
+    num_blocks, page_size = kv_cache.shape[0], kv_cache.shape[1]
+    if page_size == 1:
+        return kv_cache.stride(0), 1, num_blocks
+    slot_stride = kv_cache.stride(1)
+    slots_per_block = kv_cache.stride(0) // slot_stride if num_blocks > 1 else page_size
+    return slot_stride, slots_per_block, (num_blocks - 1) * slots_per_block + page_size
+
+
+def token_pool(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The cache as a page-size-1 pool [slots, 1, 576], a view (nothing is
+    copied): slot n * slots-per-block + t is token t of block n."""
+    slot_stride, _, slots = pool_layout(kv_cache)
+    return kv_cache.as_strided((slots, 1, QK_HEAD_DIM), (slot_stride, QK_HEAD_DIM, 1))
+
+
+def validate_paged(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    """Shapes, dtypes, strides and devices of a paged call (no value reads);
+    ValueError naming the argument, the expected and the actual value."""
+    tensors = {"q": q, "kv_cache": kv_cache, "block_table": block_table}
+    tensors["cache_seqlens"] = cache_seqlens
+    if out is not None:
+        tensors["out"] = out
+    for name, t in tensors.items():
+        _expect(isinstance(t, torch.Tensor), name, "a tensor", type(t).__name__)
+    _expect(q.dim() == 4, "q.shape", "[bs, L, H, 576]", tuple(q.shape))
+    bs, draft_len, num_heads, head_dim = q.shape
+    check_range("q.shape[0] (batch size)", bs, MIN_BATCH_SIZE, MAX_BATCH_SIZE)
+    check_range("q.shape[1] (draft length L)", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN)
+    check_range("q.shape[2] (heads)", num_heads, MIN_HEADS, MAX_HEADS)
+    _expect(head_dim == QK_HEAD_DIM, "q.shape[3]", QK_HEAD_DIM, head_dim)
+    _expect(q.dtype in Q_DTYPES, "q.dtype", "torch.bfloat16 or torch.float16", q.dtype)
+    _expect(q.stride(-1) == 1, "q.stride(-1)", "1", q.stride(-1))
+    _expect(
+        bs == 1 or draft_len == 1 or q.stride(0) == draft_len * q.stride(1),
+        "q.stride(0)",
+        f"{draft_len} * q.stride(1) = {draft_len * q.stride(1)} (batch and draft dims merged)",
+        q.stride(0),
+    )
+
+    _expect(
+        kv_cache.dim() == 4, "kv_cache.shape", "[num_blocks, page, 1, 576]", tuple(kv_cache.shape)
+    )
+    num_blocks, page_size, kv_heads, kv_dim = kv_cache.shape
+    _expect(num_blocks >= 1, "kv_cache.shape[0]", "at least one block", num_blocks)
+    _expect(page_size in PAGE_SIZES, "kv_cache.shape[1] (page size)", PAGE_SIZES, page_size)
+    _expect(kv_heads == 1, "kv_cache.shape[2] (KV heads)", 1, kv_heads)
+    _expect(kv_dim == QK_HEAD_DIM, "kv_cache.shape[3]", QK_HEAD_DIM, kv_dim)
+    _expect(kv_cache.dtype in KV_DTYPES, "kv_cache.dtype", f"one of {KV_DTYPES}", kv_cache.dtype)
+    _expect(
+        kv_cache.dtype not in Q_DTYPES or kv_cache.dtype == q.dtype,
+        "kv_cache.dtype",
+        f"{q.dtype} (q's) or an fp8 dtype",
+        kv_cache.dtype,
+    )
+    _expect(kv_cache.stride(-1) == 1, "kv_cache.stride(-1)", "1", kv_cache.stride(-1))
+    blk, tok = kv_cache.stride(0), kv_cache.stride(1)
+    if page_size == 1:
+        rows_ok = num_blocks == 1 or blk >= QK_HEAD_DIM
+    else:
+        rows_ok = tok >= QK_HEAD_DIM and (
+            num_blocks == 1 or (blk % tok == 0 and blk >= page_size * tok)
+        )
+    _expect(
+        rows_ok,
+        "kv_cache.stride()",
+        "token rows >= 576 elements apart, pages a whole number of rows apart, not overlapping",
+        kv_cache.stride(),
+    )
+    slots = pool_layout(kv_cache)[2]
+    _expect(slots <= MAX_SLOTS, "kv_cache", f"at most {MAX_SLOTS} token rows", slots)
+
+    _expect(
+        block_table.dim() == 2, "block_table.shape", "[bs, max_blocks]", tuple(block_table.shape)
+    )
+    _expect(
+        block_table.shape[0] == bs,
+        "block_table.shape[0]",
+        f"{bs} (q's batch)",
+        block_table.shape[0],
+    )
+    _expect(
+        block_table.shape[1] * page_size >= draft_len,
+        "block_table.shape[1]",
+        f"room for the {draft_len} drafts (>= {-(-draft_len // page_size)} pages)",
+        block_table.shape[1],
+    )
+    _expect(block_table.dtype == torch.int32, "block_table.dtype", torch.int32, block_table.dtype)
+    _expect(
+        block_table.stride(1) == 1 or block_table.shape[1] == 1,
+        "block_table.stride(1)",
+        "1",
+        block_table.stride(1),
+    )
+    _expect(
+        tuple(cache_seqlens.shape) == (bs,),
+        "cache_seqlens.shape",
+        (bs,),
+        tuple(cache_seqlens.shape),
+    )
+    _expect(
+        cache_seqlens.dtype == torch.int32, "cache_seqlens.dtype", torch.int32, cache_seqlens.dtype
+    )
+    _expect(
+        cache_seqlens.stride(0) == 1 or bs == 1,
+        "cache_seqlens.stride(0)",
+        "1",
+        cache_seqlens.stride(0),
+    )
+    if out is not None:
+        expected = (bs, draft_len, num_heads, V_HEAD_DIM)
+        _expect(tuple(out.shape) == expected, "out.shape", expected, tuple(out.shape))
+        _expect(out.dtype == q.dtype, "out.dtype", f"{q.dtype} (q's)", out.dtype)
+        _expect(out.stride(-1) == 1, "out.stride(-1)", "1", out.stride(-1))
+        _expect(
+            bs == 1 or draft_len == 1 or out.stride(0) == draft_len * out.stride(1),
+            "out.stride(0)",
+            f"{draft_len} * out.stride(1) = {draft_len * out.stride(1)} (batch and draft merged)",
+            out.stride(0),
+        )
+    for name, t in tensors.items():
+        _expect(t.device == q.device, f"{name}.device", f"{q.device} (q's)", t.device)
+
+
+def check_paged_values(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, draft_len: int
+) -> None:
+    """Debug mode: the trusted values (synchronises). Lengths in
+    L..max_blocks*page; the entries of every used page in 0..num_blocks-1."""
+    num_blocks, page_size = kv_cache.shape[0], kv_cache.shape[1]
+    max_tokens = block_table.shape[1] * page_size
+    lens = cache_seqlens.long()
+    lo, hi = int(lens.min()), int(lens.max())
+    _expect(
+        lo >= draft_len and hi <= max_tokens,
+        "cache_seqlens",
+        f"values in {draft_len}..{max_tokens} (L .. block_table.shape[1] * page size)",
+        f"[{lo}, {hi}]",
+    )
+    pages = -(-lens // page_size)  # [bs]
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    used = cols[None, :] < pages[:, None]
+    entries = block_table.long()[used]
+    lo, hi = int(entries.min()), int(entries.max())
+    _expect(
+        lo >= 0 and hi < num_blocks,
+        "block_table",
+        f"entries of the used pages in 0..{num_blocks - 1}",
+        f"[{lo}, {hi}]",
+    )

@@ -1,0 +1,395 @@
+"""verify_mla_paged (FlashMLA's paged convention) against the float
+reference: every page size, ragged lengths down to a sequence holding only
+its drafts, fp8 with scales, strided inputs; the translation's buffers
+themselves; the workspace under (simulated) capture; bad input and the
+debug mode. GPU-marked cases run realistic sizes and a graph replay after
+the lengths change."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import mla_verify
+from mla_verify import kernel_sm90, paged, plan, set_debug, verify_mla_paged, workspace
+from mla_verify.kernel import INTERPRETED
+from mla_verify.paged import PAGE_SIZES, token_pool
+from mla_verify.testing import _rows_as_float, check_close, make_paged_batch
+
+REPO = Path(__file__).resolve().parent.parent
+H, L = 4, 3
+# A sequence holding only its drafts, one inside a page, one past a page
+# of 128 (and past BLOCK_N), one of a single prefix token.
+LENS = [0, 37, 130, 1]
+FP8 = {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.3}
+
+
+def _check(batch, what=""):
+    out = batch.new_output()
+    result = batch.run(out)
+    assert result is out
+    check_close(out, batch.reference(), what=what or f"page {batch.page_size}")
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_matches_reference_on_every_page_size(page_size, device):
+    _check(make_paged_batch(H, L, LENS, page_size=page_size, seed=page_size, device=device))
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_fp8_with_scales(page_size, device):
+    _check(make_paged_batch(H, L, LENS, page_size=page_size, seed=1, device=device, **FP8))
+
+
+def test_fp16_with_scales(device):
+    """fp16 q and cache; v_scale != 1 takes the drafts' separate V rows."""
+    batch = make_paged_batch(
+        H,
+        2,
+        [17, 0, 64],
+        page_size=32,
+        dtype=torch.float16,
+        k_scale=1.5,
+        v_scale=0.6,
+        seed=2,
+        device=device,
+    )
+    _check(batch)
+
+
+@pytest.mark.parametrize(
+    "draft_len,page_size,lens",
+    [(1, 16, [0, 5, 40]), (16, 16, [0, 20]), (5, 1, [0, 0, 3])],
+    ids=["L1", "L16_one_page_of_drafts", "L5_page1_only_drafts"],
+)
+def test_draft_lengths(draft_len, page_size, lens, device):
+    _check(make_paged_batch(2, draft_len, lens, page_size=page_size, seed=3, device=device))
+
+
+def test_strided_inputs(device):
+    """Token rows padded to 640 elements, a block table that is a column
+    slice of a wider one, and q a view into wider head rows."""
+    batch = make_paged_batch(H, L, [50, 0, 9], page_size=16, row_stride=640, seed=4, device=device)
+    wide = torch.full((3, 40), -7, dtype=torch.int32, device=device)
+    wide[:, : batch.block_table.shape[1]] = batch.block_table
+    batch.block_table = wide[:, : batch.block_table.shape[1]]
+    q = torch.empty(*batch.q.shape[:3], 600, dtype=batch.q.dtype, device=device)
+    q[..., :576] = batch.q
+    batch.q = q[..., :576]
+    assert not batch.block_table.is_contiguous() and not batch.q.is_contiguous()
+    _check(batch, "strided")
+
+
+def test_out_given_and_not(device):
+    batch = make_paged_batch(H, L, LENS, page_size=16, seed=5, device=device)
+    fresh = batch.run()
+    assert fresh.shape == (len(LENS), L, H, 512) and fresh.dtype == batch.q.dtype
+    out = batch.new_output()
+    assert batch.run(out) is out
+    assert torch.equal(out, fresh)
+    check_close(fresh, batch.reference())
+
+
+def _poison_paged_buffers(device):
+    ws = workspace.get_workspace(torch.device(device))
+    ws.paged_index.fill_(-(2**30))
+    ws.paged_drafts.fill_(0xFF)  # NaN in bf16 / fp16
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_translation_matches_the_host(kv, device):
+    """The token-indexed form written into the workspace: indptrs, the
+    slots of every prefix position, and the drafts' rows (V scaled where
+    v_scale != 1), over poisoned buffers."""
+    over = FP8 if kv == "fp8" else {}
+    batch = make_paged_batch(H, L, LENS, page_size=16, seed=6, device=device, **over)
+    mla_verify.prepare_paged_workspace(
+        len(LENS), H, L, batch.block_table.shape[1], 16, device=device
+    )
+    _poison_paged_buffers(device)
+    batch.run()
+    views = workspace.get_workspace(torch.device(device)).paged_views(
+        len(LENS), L, batch.block_table.shape[1] * 16, batch.q.dtype, batch.v_scale != 1.0
+    )
+    bs = len(LENS)
+    assert views.qo_indptr.tolist() == [b * L for b in range(bs + 1)]
+    assert views.kv_indptr.tolist() == torch.tensor([0, *LENS]).cumsum(0).tolist()
+    slots = [batch.slots(b) for b in range(bs)]
+    expected = torch.cat([s[:n] for s, n in zip(slots, LENS)])
+    assert torch.equal(views.kv_indices[: sum(LENS)].long().cpu(), expected)
+    drafts = torch.cat([s[n:] for s, n in zip(slots, LENS)]).to(device)
+    rows = _rows_as_float(token_pool(batch.kv_cache), drafts)
+    assert torch.equal(views.k_extend[:, 0].float(), rows)  # exact, fp8 included
+    v_exact = rows[:, :512] * batch.v_scale
+    if INTERPRETED:  # the interpreter's fp32 -> bf16 truncates: within one ulp
+        assert torch.allclose(views.v_extend[:, 0].float(), v_exact, rtol=2**-7, atol=0)
+    else:  # one round-to-nearest-even, as torch's
+        assert torch.equal(views.v_extend[:, 0], v_exact.to(batch.q.dtype))
+
+
+def test_prepared_workspace_is_used_under_capture(monkeypatch, device):
+    """With the workspace prepared, a call under (simulated) capture grows
+    nothing; without room it raises, naming prepare_paged_workspace."""
+    batch = make_paged_batch(
+        H, L, [40, 0], page_size=16, extra_columns=3, seed=7, device=device, **FP8
+    )
+    max_blocks = batch.block_table.shape[1]
+    mla_verify.prepare_paged_workspace(2, H, L, max_blocks, 16, device=device)
+    ws = workspace.get_workspace(torch.device(device))
+    before = [t.data_ptr() for t in (ws.part_o, ws.part_lse, ws.paged_index, ws.paged_drafts)]
+    monkeypatch.setattr(ws, "_used_in_capture", ws._used_in_capture)  # restored afterwards
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    _check(batch, "under capture")
+    after = [t.data_ptr() for t in (ws.part_o, ws.part_lse, ws.paged_index, ws.paged_drafts)]
+    assert before == after
+    wider = torch.cat([batch.block_table] * 40, dim=1)  # more columns than prepared
+    needed = workspace.paged_numel(2, L, wider.shape[1] * 16)[0]
+    assert needed > ws.paged_index.numel()
+    batch.block_table = wider
+    with pytest.raises(RuntimeError, match="prepare_paged_workspace"):
+        batch.run()
+
+
+def test_v_scale_power_of_two_is_exact(device):
+    """A power-of-two v_scale scales the drafts' V rows exactly, so the
+    output is exactly that multiple of the unscaled one (the drafts then
+    run from rows of their own, not from the view of K's columns; checked
+    bit for bit under the interpreter, whose kernel sums alike both ways)."""
+    batch = make_paged_batch(H, L, [20, 0, 7], page_size=16, seed=8, device=device)
+    plain = batch.run()
+    batch.v_scale = 2.0
+    doubled = batch.run()
+    if INTERPRETED:
+        assert torch.equal(doubled, (plain.float() * 2).to(plain.dtype))
+    check_close(doubled, batch.reference())
+
+
+# --- bad input --------------------------------------------------------------
+
+
+def _bad(batch, **over):
+    args = dict(
+        q=batch.q,
+        kv_cache=batch.kv_cache,
+        block_table=batch.block_table,
+        cache_seqlens=batch.cache_seqlens,
+    )
+    args.update(over)
+    return args
+
+
+BF = torch.bfloat16
+BAD_INPUT = {
+    "q_rank": (lambda b: {"q": b.q[0]}, "q.shape"),
+    "q_head_dim": (lambda b: {"q": b.q[..., :512]}, r"q.shape\[3\]"),
+    "q_fp32": (lambda b: {"q": b.q.float()}, "q.dtype"),
+    "draft_len_17": (lambda b: {"q": torch.zeros(2, 17, H, 576, dtype=BF)}, "draft length"),
+    "q_batch_dims_unmerged": (
+        lambda b: {"q": b.q.transpose(0, 1).contiguous().transpose(0, 1)},
+        r"q.stride\(0\)",
+    ),
+    "page_size_8": (
+        lambda b: {"kv_cache": torch.zeros(4, 8, 1, 576, dtype=BF)},
+        r"kv_cache.shape\[1\] \(page size\)",
+    ),
+    "two_kv_heads": (
+        lambda b: {"kv_cache": torch.zeros(4, 16, 2, 576, dtype=BF)},
+        "KV heads",
+    ),
+    "kv_dim_512": (lambda b: {"kv_cache": b.kv_cache[..., :512]}, r"kv_cache.shape\[3\]"),
+    "fp16_cache_bf16_q": (lambda b: {"kv_cache": b.kv_cache.half()}, "kv_cache.dtype"),
+    "overlapping_pages": (
+        lambda b: {
+            "kv_cache": b.kv_cache.reshape(-1, 576)[:-8].as_strided(
+                (4, 16, 1, 576), (8 * 576, 576, 576, 1)
+            )
+        },
+        r"kv_cache.stride\(\)",
+    ),
+    "table_int64": (lambda b: {"block_table": b.block_table.long()}, "block_table.dtype"),
+    "table_rows": (lambda b: {"block_table": b.block_table[:1]}, r"block_table.shape\[0\]"),
+    "table_1d": (lambda b: {"block_table": b.block_table[0]}, "block_table.shape"),
+    "seqlens_int64": (lambda b: {"cache_seqlens": b.cache_seqlens.long()}, "cache_seqlens.dtype"),
+    "seqlens_shape": (lambda b: {"cache_seqlens": b.cache_seqlens[:1]}, "cache_seqlens.shape"),
+    "seqlens_2d": (lambda b: {"cache_seqlens": b.cache_seqlens[:, None]}, "cache_seqlens.shape"),
+    "seqlens_on_meta": (
+        lambda b: {"cache_seqlens": b.cache_seqlens.to("meta")},
+        "cache_seqlens.device",
+    ),
+    "out_shape": (lambda b: {"out": torch.empty(2, L, H, 576, dtype=BF)}, "out.shape"),
+    "out_dtype": (lambda b: {"out": torch.empty(2, L, H, 512, dtype=torch.half)}, "out.dtype"),
+    "k_scale_tensor": (lambda b: {"k_scale": torch.tensor(1.0)}, "k_scale"),
+    "k_scale_negative": (lambda b: {"k_scale": -1.0}, "k_scale"),
+    "sm_scale_nan": (lambda b: {"sm_scale": float("nan")}, "sm_scale"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_names_the_argument(case):
+    batch = make_paged_batch(H, L, [20, 0], page_size=16, seed=9)
+    over, match = BAD_INPUT[case]
+    with pytest.raises(ValueError, match=match) as info:
+        verify_mla_paged(**_bad(batch, **over(batch)))
+    assert "expected" in str(info.value) and "got" in str(info.value)
+
+
+def test_debug_mode_checks_lengths_and_table(device):
+    batch = make_paged_batch(H, L, [20, 0], page_size=16, extra_columns=2, seed=10, device=device)
+    set_debug(True)
+    try:
+        _check(batch, "debug mode, valid call")  # unused columns may hold anything
+        batch.block_table[1, -1] = -5
+        _check(batch, "debug mode, garbage past the used pages")
+        for lens, match in (([2, 20 + L], "cache_seqlens"), ([20 + L, 10**6], "cache_seqlens")):
+            with pytest.raises(ValueError, match=match):
+                lens = torch.tensor(lens, dtype=torch.int32, device=device)
+                verify_mla_paged(**_bad(batch, cache_seqlens=lens))
+        batch.block_table[0, 1] = batch.kv_cache.shape[0]  # a used page, one past the cache
+        with pytest.raises(ValueError, match="block_table"):
+            batch.run()
+    finally:
+        set_debug(False)
+
+
+# --- GPU ------------------------------------------------------------------------
+
+GPU_SHAPES = [
+    (16, 2, [4000, 0, 1, 700, 64 * 20 - 2]),
+    (128, 4, [2048] * 16),
+    (32, 3, [(b * 7919) % 5000 for b in range(40)]),
+    (8, 8, [130, 0, 64, 9000]),
+]
+ON_HOPPER = (
+    torch.cuda.is_available()
+    and torch.cuda.get_device_capability() == (9, 0)
+    and kernel_sm90.AVAILABLE
+)
+GPU_KV = {
+    "bf16": {},
+    "fp8": {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.3},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", list(GPU_KV))
+@pytest.mark.parametrize("page_size", [64, 1])
+@pytest.mark.parametrize(
+    "heads,draft_len,lens",
+    GPU_SHAPES,
+    ids=[f"H{h}_L{d}_bs{len(p)}_max{max(p)}" for h, d, p in GPU_SHAPES],
+)
+def test_gpu_matches_reference(heads, draft_len, lens, page_size, kv):
+    batch = make_paged_batch(
+        heads, draft_len, lens, page_size=page_size, device="cuda", seed=11, **GPU_KV[kv]
+    )
+    if ON_HOPPER:
+        # Paged bf16 and fp8 calls can take the Hopper kernel, as token-indexed ones do.
+        q = batch.q.view(-1, heads, 576)
+        assert plan.uses_gluon_sm90(q, token_pool(batch.kv_cache), draft_len, True)
+    _check(batch, f"page {page_size} {kv}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 32, 128])
+def test_gpu_other_page_sizes(page_size):
+    batch = make_paged_batch(64, 2, [3000, 0, 129, 64], page_size=page_size, device="cuda")
+    _check(batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", list(GPU_KV))
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_gpu_graph_replay_after_lengths_change(page_size, kv):
+    """Capture once with out= given; the engine then rewrites lengths, the
+    block table and the cache in place (same shapes); replay gives the new
+    answer, and nothing was allocated during capture."""
+    heads, draft_len, bs = 16, 4, 8
+    pages = -(-(9000 + draft_len) // page_size)
+    shapes = dict(max_blocks=pages + 2, num_blocks=pages * bs + 2, page_size=page_size)
+    first = make_paged_batch(
+        heads, draft_len, [4000] * bs, device="cuda", seed=12, **shapes, **GPU_KV[kv]
+    )
+    second = make_paged_batch(
+        heads,
+        draft_len,
+        [7000, 0, 1, 513, 64, 9000, 3, 2048],
+        device="cuda",
+        seed=13,
+        **shapes,
+        **GPU_KV[kv],
+    )
+    mla_verify.prepare_paged_workspace(
+        bs, heads, draft_len, shapes["max_blocks"], page_size, first.kv_cache.dtype
+    )
+    ws = workspace.get_workspace(torch.device("cuda"))
+    out = first.new_output()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        first.run(out)  # compile and warm up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    buffers = [t.data_ptr() for t in (ws.part_o, ws.part_lse, ws.paged_index, ws.paged_drafts)]
+    graph = torch.cuda.CUDAGraph()
+    allocated = torch.cuda.memory_allocated()
+    with torch.cuda.graph(graph):
+        first.run(out)
+    assert torch.cuda.memory_allocated() == allocated
+    assert buffers == [
+        t.data_ptr() for t in (ws.part_o, ws.part_lse, ws.paged_index, ws.paged_drafts)
+    ]
+    out.fill_(float("nan"))
+    graph.replay()
+    check_close(out, first.reference(), what="first replay")
+
+    for name in ("q", "kv_cache", "block_table", "cache_seqlens"):
+        getattr(first, name).copy_(getattr(second, name))
+    out.fill_(float("nan"))
+    graph.replay()
+    check_close(out, second.reference(), what="replay after lengths changed")
+
+
+def test_module_names():
+    """The public names this file relies on stay where the README points."""
+    assert mla_verify.verify_mla_paged is paged.verify_mla_paged
+    assert mla_verify.prepare_paged_workspace is workspace.prepare_paged_workspace
+
+
+# Runs without TRITON_INTERPRET: compiling needs the real kernel.
+AOT_SCRIPT = textwrap.dedent(
+    """
+    import triton
+    from mla_verify import paged
+    from mla_verify.aot import TARGETS, _signature
+    INDEX_POINTERS = ("BLOCK_TABLE", "CACHE_SEQLENS", "QO_INDPTR", "KV_INDPTR", "KV_INDICES")
+    for arch, fp8 in (("sm90", "fp8e4nv"), ("gfx942", "fp8e4b8")):
+        for kv, q in (("bf16", "bf16"), (fp8, "bf16"), (fp8, "fp16")):
+            for page, scale_v in ((1, False), (64, True), (128, False)):
+                pointers = {"KV_CACHE": "*" + kv, "K_EXT": "*" + q, "V_EXT": "*" + q}
+                pointers |= {name: "*i32" for name in INDEX_POINTERS}
+                constexprs = dict(
+                    DRAFT_LEN=3, PAGE_SIZE=page, BLOCK_P=paged.BLOCK_P, BLOCK_B=paged.BLOCK_B,
+                    D_NOPE=512, D_ROPE=64, SCALE_V=scale_v,
+                )
+                src = _signature(paged._translate_kernel, pointers, {"v_scale"}, constexprs)
+                triton.compile(src, target=TARGETS[arch][0], options={"num_warps": 4})
+                print(arch, kv, page)
+    """
+)
+
+
+def test_translation_kernel_compiles_for_gpus():
+    """The translation kernel compiles for sm90 and gfx942 (bf16, fp8 and
+    fp16 layouts), checked without the GPUs."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stdout.splitlines()) == 2 * 3 * 3
