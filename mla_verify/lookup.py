@@ -241,5 +241,10 @@ def describe_tables() -> str:
     return "\n".join(lines)
 
 
+def table_archs() -> set[str]:
+    """The archs the loaded tables cover."""
+    return set(_tables)
+
+
 def _count(n: int) -> str:
     return f"{n} entry" if n == 1 else f"{n} entries"
