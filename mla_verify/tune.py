@@ -507,6 +507,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="write (unmeasured) the table of publicly reported configs for ARCH "
         "over the grid, for hardware we cannot tune on",
     )
+    p.add_argument(
+        "--note",
+        default=None,
+        help="a line of provenance stored in the table's metadata (what changed, why)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     args.kv_dtypes = [d.strip() for d in args.kv_dtype.split(",")]
@@ -539,7 +544,7 @@ def table_metadata(arch: str, device_name: str, sm_count: int, args) -> dict:
             "top_k": args.top_k,
             "margin": args.margin,
         },
-    }
+    } | ({"note": args.note} if getattr(args, "note", None) else {})
 
 
 def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> Path:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -274,20 +275,43 @@ def test_shipped_tables_cover_the_default_grid():
             assert sorted(map(int, entry["buckets"])) == list(tune.DEFAULT_BATCH_SIZES), key
 
 
-def test_shipped_tables_load_from_a_wheel(tmp_path):
-    """Build the wheel, install it without -e into a folder of its own and
-    import from there, away from the checkout."""
-    wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+PIP = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The package's wheel, built once for this module."""
+    wheel_dir = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(REPO)],
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(REPO)],
         check=True,
         timeout=600,
         capture_output=True,
     )
-    wheel = next(wheel_dir.glob("mla_verify-*.whl"))
+    return next(wheel_dir.glob("mla_verify-*.whl"))
+
+
+def test_the_wheel_carries_the_license_and_needs_numpy(wheel):
+    """A plain install runs the first command: Triton's CPU interpreter
+    imports numpy, so numpy is a dependency without extras."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        [license_name] = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        license_text = zf.read(license_name).decode()
+    assert license_text == (REPO / "LICENSE").read_text()
+    assert "Apache License\n                           Version 2.0, January 2004" in license_text
+    assert "License-Expression: Apache-2.0" in metadata
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert "Requires-Dist: numpy" in requires
+
+
+def test_shipped_tables_load_from_a_wheel(wheel, tmp_path):
+    """Install the wheel without -e into a folder of its own and import
+    from there, away from the checkout."""
+    site = tmp_path / "site"
     subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+        [*PIP, "install", "--no-deps", "--target", str(site), str(wheel)],
         check=True,
         timeout=600,
         capture_output=True,
@@ -490,3 +514,14 @@ def test_show_shapes_without_a_gpu_asks_for_arch(capsys):
     assert (
         "--show: no GPU here to take the arch from; pass --arch (one of" in capsys.readouterr().err
     )
+
+
+def test_the_tuner_writes_every_metadata_key_of_the_shipped_tables():
+    """configs/ is written by the tuner: no hand-added metadata."""
+    args = tune.parse_args(["--note", "why this table"])
+    written = set(tune.table_metadata("sm90", "test", 132, args))
+    assert tune.table_metadata("sm90", "test", 132, args)["note"] == "why this table"
+    for path in sorted((REPO / "configs").glob("*.json")):
+        metadata = json.loads(path.read_text())["metadata"]
+        if metadata.get("measured", True):
+            assert set(metadata) <= written, (path.name, set(metadata) - written)
