@@ -1,5 +1,6 @@
 """``python -m mla_verify``: run the kernel end to end on a generated batch,
-check it against the float32 reference, and say which config it used.
+check it against the float32 reference, say which config it used, and end
+with a PASS or FAIL line (exit status 0 or 1).
 
 On a GPU the batch is real-size and the call is timed (CUDA-graph replays);
 without one, a tiny batch runs through Triton's CPU interpreter.
@@ -11,20 +12,73 @@ import argparse
 import logging
 import os
 import sys
+from typing import NoReturn
+
+# (GPU, CPU) defaults: the CPU interpreter runs one program at a time.
+DEFAULTS = {"heads": (16, 8), "draft_len": (4, 4), "batch_size": (32, 2), "context": (16384, 100)}
+# make_batch's kv_indices are int32.
+MAX_TOKENS = 2**31 - 1
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mla_verify", description=__doc__)
-    p.add_argument("--heads", type=int, default=None, help="per-rank query heads")
-    p.add_argument("--draft-len", type=int, default=None, help="drafts per request (L)")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--context", type=int, default=None, help="prefix tokens per request")
-    p.add_argument("--kv-dtype", choices=["bf16", "fp8_e4m3"], default="bf16")
-    return p.parse_args(argv)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not the usage.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m mla_verify", description=__doc__)
+
+    def option(name: str, what: str) -> None:
+        gpu, cpu = DEFAULTS[name.replace("-", "_")]
+        p.add_argument(
+            f"--{name}",
+            type=int,
+            default=None,
+            help=f"{what} (default {gpu} on a GPU, {cpu} on CPU)",
+        )
+
+    option("heads", "per-rank query heads H")
+    option("draft-len", "drafts per request L")
+    option("batch-size", "requests in the batch")
+    option("context", "prefix tokens per request, 0 included")
+    p.add_argument(
+        "--kv-dtype", choices=["bf16", "fp8_e4m3"], default="bf16", help="KV cache dtype"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random batch (default 0)")
+    return p
+
+
+def _sizes(p: argparse.ArgumentParser, args: argparse.Namespace, on_gpu: bool) -> list[int]:
+    """[heads, draft_len, batch_size, context]: the given ones checked
+    against the supported ranges, the others the defaults (and the seed
+    checked)."""
+    from mla_verify import problem
+
+    sizes = {
+        name: DEFAULTS[name][0 if on_gpu else 1] if value is None else value
+        for name, value in ((name, getattr(args, name)) for name in DEFAULTS)
+    }
+    ranges = {
+        "heads": (problem.MIN_HEADS, problem.MAX_HEADS),
+        "draft_len": (problem.MIN_DRAFT_LEN, problem.MAX_DRAFT_LEN),
+        "batch_size": (problem.MIN_BATCH_SIZE, problem.MAX_BATCH_SIZE),
+    }
+    try:
+        for name, (low, high) in ranges.items():
+            problem.check_range(f"--{name.replace('_', '-')}", sizes[name], low, high)
+        high = MAX_TOKENS // sizes["batch_size"]
+        problem.check_range("--context", sizes["context"], 0, high)
+        problem.check_range("--seed", args.seed, 0, 2**63 - 1)  # torch's seed range
+    except ValueError as exc:
+        p.error(str(exc))
+    return list(sizes.values())
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = _parser()
+    args = p.parse_args(argv)
     import torch
 
     on_gpu = torch.cuda.is_available()
@@ -32,20 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         # Triton picks the interpreter when it decorates the kernels, at
         # import: start again with it switched on.
         os.environ["TRITON_INTERPRET"] = "1"
-        os.execv(sys.executable, [sys.executable, "-m", "mla_verify", *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, "-m", "mla_verify", *argv])
+
+    heads, draft_len, bs, context = _sizes(p, args, on_gpu)
 
     import mla_verify
-    from mla_verify.testing import check_close, make_batch
+    from mla_verify.testing import ATOL, MAX_RELATIVE_ERROR, RTOL, check_close, make_batch
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    heads = args.heads or (16 if on_gpu else 8)
-    draft_len = args.draft_len or 4
-    bs = args.batch_size or (32 if on_gpu else 2)
-    context = args.context or (16384 if on_gpu else 100)
     kv_dtype = mla_verify.problem.kv_dtype_from_name(args.kv_dtype)
     device = "cuda" if on_gpu else "cpu"
 
-    batch = make_batch(heads, draft_len, [context] * bs, kv_dtype=kv_dtype, device=device)
+    batch = make_batch(
+        heads, draft_len, [context] * bs, kv_dtype=kv_dtype, device=device, seed=args.seed
+    )
     if on_gpu:
         arch = mla_verify.current_arch()
         config, source = mla_verify.resolve_config(heads, draft_len, bs, kv_dtype, arch)
@@ -53,18 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         arch = "cpu"
         config = mla_verify.default_config(heads, draft_len, bs, arch)
         source = "built-in default (CPU interpreter)"
-    out = batch.new_output()
-    if not batch.run(out):
-        print("verify_mla_fwd refused this shape (can_handle is False)")
-        return 1
-    err = check_close(out, batch.reference())
-
     where = torch.cuda.get_device_name() if on_gpu else "CPU (Triton interpreter)"
     print(f"device   {where}, arch {arch}")
     print(f"shape    H={heads} L={draft_len} batch={bs} context={context} kv={args.kv_dtype}")
     print(f"config   {config.to_dict()}")
     print(f"source   {source}")
-    print(f"error    {err:.2e} relative to the float32 reference (bf16 tolerance)")
+    out = batch.new_output()
+    if not batch.run(out):  # every size was checked above: a bug if it happens
+        print("FAIL     verify_mla_fwd refused the call (can_handle is False)")
+        return 1
+    tolerance = (
+        f"at most {MAX_RELATIVE_ERROR:.0e}; each element within {ATOL:.0e} + {RTOL:.0e} |ref|"
+    )
+    try:
+        err = check_close(out, batch.reference())
+    except AssertionError as exc:
+        print(f"FAIL     {exc} against the float32 reference ({tolerance}; seed {args.seed})")
+        return 1
     if on_gpu:
         import triton.testing
 
@@ -77,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             f"time     {ms * 1e3:.1f} us (CUDA-graph replays, median), "
             f"prefix KV read at {kv_bytes / ms / 1e6:.0f} GB/s"
         )
+    print(
+        f"PASS     relative error {err:.2e} against the float32 reference "
+        f"({tolerance}; seed {args.seed})"
+    )
     return 0
 
 

@@ -123,6 +123,8 @@ def _refusal(
     tensors = (q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return "non-tensor input"
+    if (device := _device_refusal(q)) is not None:
+        return device
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.dim() != 3:
         return "rank (expected [tokens, heads, dim] tensors)"
     if k_extend.dim() != 3 or v_extend.dim() != 3:
@@ -160,6 +162,18 @@ def _refusal(
         return f"{q.shape[1]} heads (at most {MAX_HEADS})"
     if q.shape[0] != bs * max_len_extend:
         return "ragged extend (q_extend rows != batch * max_len_extend)"
+    return None
+
+
+def _device_refusal(q: torch.Tensor) -> str | None:
+    """Why the call cannot run on q's device, or None. CPU tensors run only
+    in Triton's interpreter, chosen when the kernels were decorated (at
+    import). Meta tensors pass: engines ask the gate under fake-tensor
+    tracing, and ``verify_mla_fwd`` then names the device."""
+    if q.device.type == "cpu" and not kernel.INTERPRETED:
+        return "CPU tensors without Triton's interpreter (TRITON_INTERPRET=1 before the import)"
+    if q.device.type not in ("cuda", "cpu", "meta"):
+        return f"{q.device.type} tensors (CUDA/ROCm only)"
     return None
 
 
@@ -308,6 +322,12 @@ def verify_mla_fwd(
         return False
     _validate(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices
+    )
+    _expect(
+        q_extend.device.type != "meta",
+        "q_extend.device",
+        "a CUDA/ROCm device, or cpu in Triton's interpreter (meta tensors hold no data)",
+        q_extend.device,
     )
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")

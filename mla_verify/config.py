@@ -16,6 +16,7 @@ import triton
 
 from . import hopper
 from .device import arch_sm_count, is_amd_arch
+from .problem import check_shape, kv_dtype_name
 
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
 # 8 warps' registers (see PERF_NOTES); 128 rows spills.
@@ -184,6 +185,8 @@ def default_config(
     rows per program follow H*L (16 rows for small products, 64 for large);
     64-row tiles need 8 warps for their [64, 512] fp32 accumulator.
     """
+    num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
+    kv_dtype = kv_dtype_name(kv_dtype)
     if arch == "sm90" and draft_len <= MAX_ROWS:
         kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
         return hopper_config(num_heads, draft_len, batch_size, kernel)

@@ -7,6 +7,8 @@ driver call and are safe under graph capture.
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Collection
 
 import torch
 
@@ -23,6 +25,30 @@ SM_COUNT: dict[str, int] = {
     "gfx950": 256,
 }
 DEFAULT_SM_COUNT = 128
+# A bound for checking a given multiprocessor count (the largest GPU has 304).
+MAX_SM_COUNT = 4096
+
+# How the tables spell an arch: ``sm`` and the compute capability on NVIDIA
+# (sm90, sm100), the gcnArchName on AMD (gfx942, gfx90a, gfx1100).
+ARCH_PATTERN = re.compile(r"sm\d{2,3}|gfx[0-9a-f]{3,4}")
+# The arch configs are picked for under Triton's CPU interpreter: no GPU to
+# tune for, so always the built-in default.
+INTERPRETER_ARCH = "cpu"
+
+
+def check_arch(value: object, name: str = "arch", known: Collection[str] | None = None) -> str:
+    """``value`` if it is an arch name as the tables spell it (one of
+    ``known`` when given), else a ValueError naming the argument, the
+    allowed values and the value."""
+    if known is not None:
+        ok = value in known
+        allowed = f"one of {', '.join(sorted(known))}"
+    else:
+        ok = isinstance(value, str) and ARCH_PATTERN.fullmatch(value) is not None
+        allowed = f"an arch name like 'sm90' or 'gfx950' (known: {', '.join(SM_COUNT)})"
+    if not ok:
+        raise ValueError(f"{name}: expected {allowed}, got {value!r}")
+    return value
 
 
 def is_amd_arch(arch: str) -> bool:

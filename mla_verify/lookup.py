@@ -57,7 +57,7 @@ import torch
 
 from . import hopper, tables
 from .config import HOPPER_KERNELS, MAX_KV_SPLITS, VerifyConfig, default_config
-from .device import current_arch
+from .device import check_arch, current_arch
 from .kernel import KERNEL_HASH
 from .problem import check_shape, kv_dtype_name
 from .tables import LoadedEntry, entry_key
@@ -99,6 +99,8 @@ def resolve_config(
     dtype = kv_dtype_name(kv_dtype)
     if arch is None:
         arch = current_arch()
+    elif arch not in _tables:  # a loaded table's arch is one by definition
+        check_arch(arch)
     return _resolve(arch, num_heads, draft_len, batch_size, dtype)
 
 
@@ -140,7 +142,7 @@ def _resolve(
         arch,
         key,
         "mla_verify: no tuned config for %s %s; using the built-in default, which may "
-        "be slow. Tune it on this GPU with: %s",
+        "be slow. Tune it on a GPU of that arch with: %s",
         arch,
         key,
         command,
@@ -237,6 +239,11 @@ def describe_tables() -> str:
                 key = entry_key(e.num_heads, e.draft_len, e.kv_dtype)
                 lines.append(f"    {key}: buckets {', '.join(map(str, e.buckets))}")
     return "\n".join(lines)
+
+
+def table_archs() -> set[str]:
+    """The archs the loaded tables cover."""
+    return set(_tables)
 
 
 def _count(n: int) -> str:

@@ -73,11 +73,14 @@ def check_range(name: str, value: object, low: int, high: int) -> int:
     return number
 
 
-def check_shape(num_heads: object, draft_len: object, batch_size: object) -> tuple[int, int, int]:
+def check_shape(
+    num_heads: object, draft_len: object, batch_size: object, *, batch_name: str = "batch_size"
+) -> tuple[int, int, int]:
     """The three sizes every public entry point takes, checked against the
-    supported ranges."""
+    supported ranges (``batch_name``: how the caller spells its batch
+    argument, e.g. ``max_batch_size``)."""
     return (
         check_range("num_heads", num_heads, MIN_HEADS, MAX_HEADS),
         check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN),
-        check_range("batch_size", batch_size, MIN_BATCH_SIZE, MAX_BATCH_SIZE),
+        check_range(batch_name, batch_size, MIN_BATCH_SIZE, MAX_BATCH_SIZE),
     )

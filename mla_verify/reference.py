@@ -32,11 +32,20 @@ def verify_mla_reference(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """o[T, H, Dv] in float32 for q[T, H, D]; see DESIGN.md for the math.
+    """o[T, H, Dv] in float32 for q[T, H, D].
 
     Request b's rows qo_indptr[b]..qo_indptr[b+1] (L of them) attend to its
     whole prefix kv_indices[kv_indptr[b]:kv_indptr[b+1]] (scaled by k_scale /
     v_scale) and causally to its own drafts k_extend/v_extend (unscaled).
+    For draft row i of request b and head h, over the keys t it sees (the
+    prefix slots, then drafts 0..i)::
+
+        score(t) = sm_scale * s_t * (q[i, h, :] . k[t, :])   s_t: k_scale on the prefix, 1 on drafts
+        p(t)     = exp(score(t)) / sum_u exp(score(u))
+        o[i, h]  = sum_t p(t) * r_t * v[t, :]                r_t: v_scale on the prefix, 1 on drafts
+
+    with k rows of width D (576: 512 latent + 64 rope columns) and v rows of
+    width Dv (512).
     """
     num_tokens, num_heads, head_dim = q.shape
     dv = v_buffer.shape[-1]

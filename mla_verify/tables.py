@@ -194,16 +194,29 @@ def validate_table(data: Any, *, expected_arch: str | None = None) -> None:
 # --- reading and writing ------------------------------------------------------
 
 
+_warned: set[str] = set()  # config-dir warnings already given
+
+
+def _warn_once(msg: str, *args: object) -> None:
+    # Once per process: the import reads every table, and --check or the
+    # tuner reading the same bad file again must not repeat it.
+    text = msg % args
+    if text not in _warned:
+        _warned.add(text)
+        logger.warning(text)
+
+
 def read_table(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The validated table in ``path``, or None (with one warning naming the
-    file and the reason) when it is missing, unreadable, corrupt, of another
-    schema, of a foreign arch or otherwise invalid. Never raises for content."""
+    """The validated table in ``path``, or None (with a warning naming the
+    file and the reason, once per process) when it is missing, unreadable,
+    corrupt, of another schema, of a foreign arch or otherwise invalid.
+    Never raises for content."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         validate_table(data, expected_arch=path.stem)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TableError) as exc:
-        logger.warning("mla_verify: ignoring config table %s: %s", path, exc)
+        _warn_once("mla_verify: ignoring config table %s: %s", path, exc)
         return None
     return data
 
@@ -350,7 +363,9 @@ def load_tables(kernel_hash: str) -> dict[str, dict[str, LoadedEntry]]:
     Bad files are skipped with a warning; a table measured with other kernel
     code is still used, marked stale, with one warning. Never raises."""
     merged: dict[str, dict[str, LoadedEntry]] = {}
-    for _label, directory in reversed(config_dirs()):  # lowest first; higher overwrite
+    for label, directory in reversed(config_dirs()):  # lowest first; higher overwrite
+        if label == "env" and not directory.is_dir():
+            _warn_once("mla_verify: ignoring %s entry %s: no such directory", ENV_VAR, directory)
         for path in _table_files(directory):
             table = read_table(path)
             if table is None:

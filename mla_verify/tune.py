@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -55,9 +56,18 @@ from .config import (
     split_candidates,
     tile_candidates,
 )
-from .device import current_arch
+from .device import check_arch, current_arch
 from .kernel import KERNEL_HASH
-from .problem import kv_dtype_from_name, kv_dtype_name
+from .problem import (
+    MAX_BATCH_SIZE,
+    MAX_DRAFT_LEN,
+    MAX_HEADS,
+    MIN_BATCH_SIZE,
+    MIN_DRAFT_LEN,
+    MIN_HEADS,
+    check_range,
+    kv_dtype_from_name,
+)
 
 logger = logging.getLogger("mla_verify.tune")
 
@@ -372,13 +382,62 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     return values
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not the whole usage: the options are many.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The values argparse's types cannot check, against the supported
+    ranges; a one-line error naming the option."""
+    ranges = {
+        "heads": (MIN_HEADS, MAX_HEADS),
+        "draft_lens": (MIN_DRAFT_LEN, MAX_DRAFT_LEN),
+        "batch_sizes": (MIN_BATCH_SIZE, MAX_BATCH_SIZE),
+        "contexts": (1, MAX_PROBLEM_TOKENS),
+    }
+    try:
+        for name, (low, high) in ranges.items():
+            for value in getattr(args, name) or ():
+                check_range(f"--{name.replace('_', '-')}", value, low, high)
+    except ValueError as exc:
+        p.error(str(exc))
+    for option, value in (("--top-k", args.top_k), ("--jobs", args.jobs)):
+        if value is not None and value < 1:
+            p.error(f"{option}: expected a positive int, got {value}")
+    if not 0 <= args.margin < 1:
+        p.error(f"--margin: expected a fraction in [0, 1), got {args.margin}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        p.error(f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
+    for d in args.kv_dtypes:
+        if d not in TUNABLE_KV_DTYPES:
+            p.error(f"--kv-dtype: expected one of {', '.join(TUNABLE_KV_DTYPES)}, got {d!r}")
+    if args.arch is not None:
+        from .tune_report import known_archs
+
+        if not args.show:
+            p.error("--arch: only with --show (the tuner tunes the GPU it runs on)")
+        try:
+            check_arch(args.arch, "--arch", known=known_archs())
+        except ValueError as exc:
+            p.error(str(exc))
+    elif args.show and args.shapes_given and not torch.cuda.is_available():
+        from .tune_report import known_archs
+
+        p.error(
+            "--show: no GPU here to take the arch from; pass --arch "
+            f"(one of {', '.join(sorted(known_archs()))})"
+        )
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m mla_verify.tune",
         description="Tune mla_verify launch configs on this GPU and write its JSON table.",
     )
@@ -448,12 +507,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="write (unmeasured) the table of publicly reported configs for ARCH "
         "over the grid, for hardware we cannot tune on",
     )
+    p.add_argument(
+        "--note",
+        default=None,
+        help="a line of provenance stored in the table's metadata (what changed, why)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    args.kv_dtypes = [kv_dtype_name(d.strip()) for d in args.kv_dtype.split(",")]
-    for d in args.kv_dtypes:
-        if d not in TUNABLE_KV_DTYPES:
-            p.error(f"--kv-dtype: expected one of {TUNABLE_KV_DTYPES}, got {d!r}")
+    args.kv_dtypes = [d.strip() for d in args.kv_dtype.split(",")]
+    args.shapes_given = any(getattr(args, n) is not None for n in FULL_GRID if n != "contexts")
+    _check_args(p, args)
     grid = QUICK_GRID if args.quick else FULL_GRID
     for name, default in grid.items():
         if getattr(args, name) is None:
@@ -481,7 +544,7 @@ def table_metadata(arch: str, device_name: str, sm_count: int, args) -> dict:
             "top_k": args.top_k,
             "margin": args.margin,
         },
-    }
+    } | ({"note": args.note} if getattr(args, "note", None) else {})
 
 
 def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> Path:

@@ -12,7 +12,7 @@ import triton
 
 from . import lookup, tables
 from .config import VerifyConfig
-from .device import current_arch
+from .device import SM_COUNT, current_arch
 from .kernel import KERNEL_HASH
 from .problem import kv_dtype_from_name
 
@@ -20,12 +20,15 @@ logger = logging.getLogger("mla_verify.tune")
 
 
 def show(args: argparse.Namespace) -> int:
-    print(lookup.describe_tables())
-    arch = args.arch or (current_arch() if torch.cuda.is_available() else None)
-    if arch is None:
-        print("(no GPU: pass --arch to look shapes up)")
+    """Without shapes, what the loaded tables hold; with shapes (--heads,
+    --draft-lens, --batch-sizes), only the config each one gets and where
+    from."""
+    if not args.shapes_given:
+        print(lookup.describe_tables())
+        print("\n(add --heads, --draft-lens or --batch-sizes to see the config a shape gets)")
         return 0
-    print(f"\nconfigs for arch {arch}:")
+    arch = args.arch or current_arch()  # parse_args asks for --arch without a GPU
+    print(f"configs for arch {arch}:")
     for dtype_name in args.kv_dtypes:
         for heads in args.heads:
             for draft_len in args.draft_lens:
@@ -38,44 +41,64 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _metadata_mismatches(metadata: dict, device_name: str | None) -> list[str]:
-    found = []
-    if metadata.get("kernel_hash") != KERNEL_HASH and metadata.get("measured", True):
-        found.append(f"kernel hash {metadata.get('kernel_hash')} != {KERNEL_HASH} (stale)")
+def known_archs() -> set[str]:
+    """The archs --arch accepts: those the package knows the size of, and
+    those of the loaded tables."""
+    return set(SM_COUNT) | lookup.table_archs()
+
+
+def _metadata_fit(metadata: dict, device_name: str | None) -> tuple[list[str], list[str]]:
+    """(what was compared, what differs) between a table's metadata and
+    this machine and software."""
+    compared, differs = [], []
+    if metadata.get("measured", True):
+        compared.append("kernel")
+        if metadata.get("kernel_hash") != KERNEL_HASH:
+            differs.append(f"kernel hash {metadata.get('kernel_hash')} != {KERNEL_HASH} (stale)")
+    compared += ["triton", "torch"]
     if metadata.get("triton") != triton.__version__:
-        found.append(f"triton {metadata.get('triton')} != {triton.__version__}")
+        differs.append(f"triton {metadata.get('triton')} != {triton.__version__}")
     if metadata.get("torch") != torch.__version__:
-        found.append(f"torch {metadata.get('torch')} != {torch.__version__}")
-    if device_name and metadata.get("device") != device_name:
-        found.append(f"device {metadata.get('device')!r} != {device_name!r}")
-    return found
+        differs.append(f"torch {metadata.get('torch')} != {torch.__version__}")
+    if device_name:
+        compared.append("device")
+        if metadata.get("device") != device_name:
+            differs.append(f"device {metadata.get('device')!r} != {device_name!r}")
+    return compared, differs
 
 
 def check(args: argparse.Namespace) -> int:
-    """Report each table's fit; on a GPU, run every config of this arch's
-    tables against the reference. Exit status 1 on a wrong or failing one."""
+    """Report each table's fit, saying what was compared; on a GPU, run
+    every config of this arch's tables against the reference. Exit status
+    1 when a table is unreadable or a config fails."""
     from .testing import check_close, make_batch
 
     on_gpu = torch.cuda.is_available()
     arch = current_arch() if on_gpu else None
     device_name = torch.cuda.get_device_name() if on_gpu else None
-    failures = 0
+    not_run_reason = f"this GPU is {arch}" if on_gpu else "no GPU here"
+    read, unreadable, failures, ran = 0, 0, 0, 0
+    differ, not_run = [], []
     for label, directory in tables.config_dirs():
         for path in sorted(directory.glob("*.json")):
             table = tables.read_table(path)
             if table is None:
                 print(f"[{label}] {path}: UNREADABLE (see the warning above)")
-                failures += 1
+                unreadable += 1
                 continue
-            notes = _metadata_mismatches(
+            read += 1
+            compared, differs = _metadata_fit(
                 table["metadata"], device_name if table["arch"] == arch else None
             )
-            print(
-                f"[{label}] {path}: {len(table['entries'])} entries; "
-                + ("; ".join(notes) if notes else "matches this machine and software")
-            )
+            if differs:
+                differ.append(path.name)
+            fit = "; ".join(differs) if differs else f"{', '.join(compared)} as installed here"
+            print(f"[{label}] {path}: {len(table['entries'])} entries; {fit}")
             if table["arch"] != arch:
+                print(f"  configs not run ({not_run_reason})")
+                not_run.append(path.name)
                 continue
+            table_ran, table_failures = 0, 0
             for key, entry in table["entries"].items():
                 for bs_key, bucket in entry["buckets"].items():
                     config = VerifyConfig.from_dict(bucket["config"])
@@ -85,13 +108,26 @@ def check(args: argparse.Namespace) -> int:
                         [1500, 1, 0, 700][: min(int(bs_key), 4)],
                         kv_dtype=kv_dtype_from_name(entry["kv_dtype"]),
                         device="cuda",
+                        seed=0,
                     )
                     out = batch.new_output()
+                    table_ran += 1
                     try:
                         batch.run(out, config)
                         check_close(out, batch.reference(), what=f"{key} bucket {bs_key}")
                     except Exception as exc:
-                        failures += 1
+                        table_failures += 1
                         print(f"  FAILED {key} bucket {bs_key}: {exc}")
-    print("check: " + (f"{failures} problem(s)" if failures else "all good"))
-    return 1 if failures else 0
+            print(f"  {table_ran} configs run against the reference, {table_failures} failed")
+            ran += table_ran
+            failures += table_failures
+    summary = [
+        f"{read} table(s) read, {unreadable} unreadable",
+        f"{ran} config(s) run against the reference, {failures} failed",
+    ]
+    if not_run:
+        summary.append(f"configs not run ({not_run_reason}): {', '.join(not_run)}")
+    if differ:
+        summary.append(f"made with another kernel or software: {', '.join(differ)}")
+    print("check: " + "; ".join(summary))
+    return 1 if failures or unreadable else 0

@@ -15,11 +15,18 @@ from dataclasses import dataclass
 import torch
 
 from . import hopper
-from .config import HOPPER_KERNELS
-from .device import arch_sm_count, current_arch, sm_count
+from .config import HOPPER_KERNELS, VerifyConfig, default_config
+from .device import (
+    INTERPRETER_ARCH,
+    MAX_SM_COUNT,
+    arch_sm_count,
+    check_arch,
+    current_arch,
+    sm_count,
+)
 from .lookup import block_config
 from .plan import partial_slots, workspace_numel
-from .problem import D_NOPE, QK_HEAD_DIM, V_HEAD_DIM, check_range, check_shape
+from .problem import D_NOPE, QK_HEAD_DIM, V_HEAD_DIM, check_range, check_shape, kv_dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -171,13 +178,21 @@ def workspace_bytes(
     sms: int | None = None,
 ) -> int:
     """Workspace bytes the tuned configs need for any batch up to the max
-    (``sms``: the GPU's multiprocessors, by default the arch's count)."""
-    num_heads, draft_len, max_batch_size = check_shape(num_heads, draft_len, max_batch_size)
+    (``arch``: 'sm90', 'gfx950', ..., 'cpu' for Triton's CPU interpreter,
+    None for this GPU's; ``sms``: the GPU's multiprocessors, by default the
+    arch's count)."""
+    num_heads, draft_len, max_batch_size = check_shape(
+        num_heads, draft_len, max_batch_size, batch_name="max_batch_size"
+    )
+    kv_dtype_name(kv_dtype)  # names the choices before any lookup
+    if arch is not None and arch != INTERPRETER_ARCH:
+        check_arch(arch)
     if sms is None:
         sms = arch_sm_count(arch)
+    sms = check_range("sms", sms, 1, MAX_SM_COUNT)
     slots = 0
     for bs in range(1, max_batch_size + 1):
-        config = block_config(num_heads, draft_len, bs, kv_dtype, arch)
+        config = _launch_config(num_heads, draft_len, bs, kv_dtype, arch)
         # A Hopper config runs the Hopper kernel's shares where it can, and
         # the Triton kernel's units elsewhere: room for either.
         slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, 0))
@@ -185,6 +200,14 @@ def workspace_bytes(
             ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
             slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, ctas))
     return workspace_numel(slots, num_heads, draft_len)[1] * (D_NOPE + 1) * 4
+
+
+def _launch_config(num_heads, draft_len, batch_size, kv_dtype, arch) -> VerifyConfig:
+    # What verify_mla_fwd launches: in the interpreter the built-in default
+    # (no GPU to tune for, so no table and no warning), else the tables'.
+    if arch == INTERPRETER_ARCH:
+        return default_config(num_heads, draft_len, batch_size, INTERPRETER_ARCH)
+    return block_config(num_heads, draft_len, batch_size, kv_dtype, arch)
 
 
 def prepare_workspace(
@@ -195,9 +218,13 @@ def prepare_workspace(
     device: torch.device | str | None = None,
 ) -> int:
     """Allocate, before graph capture, the workspace every batch size up to
-    ``max_batch_size`` needs with the tuned configs; returns its bytes."""
-    device = torch.device(device) if device is not None else torch.device("cuda")
-    arch = current_arch(device) if device.type == "cuda" else "cpu"
+    ``max_batch_size`` needs with the tuned configs; returns its bytes.
+    ``device``: a CUDA/ROCm device (default: the current one), or 'cpu' for
+    calls run in Triton's CPU interpreter."""
+    check_shape(num_heads, draft_len, max_batch_size, batch_name="max_batch_size")
+    kv_dtype_name(kv_dtype)
+    device = _workspace_device(device)
+    arch = current_arch(device) if device.type == "cuda" else INTERPRETER_ARCH
     sms = sm_count(device) if device.type == "cuda" else None
     nbytes = workspace_bytes(max_batch_size, num_heads, draft_len, kv_dtype, arch, sms)
     get_workspace(device).reserve(nbytes // ((D_NOPE + 1) * 4))
@@ -224,6 +251,22 @@ def prepare_paged_workspace(
     index_numel, draft_bytes = paged_numel(max_batch_size, draft_len, max_blocks * page_size)
     get_workspace(device).reserve_paged(index_numel, draft_bytes)
     return nbytes + index_numel * 4 + draft_bytes
+
+
+def _workspace_device(device: torch.device | str | None) -> torch.device:
+    allowed = "a CUDA/ROCm device, or 'cpu' for Triton's CPU interpreter"
+    try:
+        parsed = torch.device("cuda" if device is None else device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected {allowed}, got {device!r}") from None
+    if parsed.type not in ("cuda", "cpu"):
+        raise ValueError(f"device: expected {allowed}, got {parsed}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        given = "the default, cuda" if device is None else repr(device)
+        raise ValueError(
+            f"device: expected {allowed} (no CUDA or ROCm GPU is visible here), got {given}"
+        )
+    return parsed
 
 
 def capturing(device: torch.device) -> bool:

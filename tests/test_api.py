@@ -3,6 +3,10 @@ refusals, and the errors for malformed input."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -196,3 +200,46 @@ def test_huge_batches_keep_the_grid_within_cuda_limits():
             kv_indptr=torch.empty(70001, dtype=torch.int32, device="meta"),
         )
     )
+
+
+# --- devices ----------------------------------------------------------------------
+
+
+def test_gate_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
+    """Without Triton's interpreter a CPU call cannot run: the gate says so
+    up front (the call would die inside Triton with '0 active drivers')."""
+    from mla_verify import kernel
+
+    monkeypatch.setattr(kernel, "INTERPRETED", False)
+    assert not can_handle(**gate_args(device="cpu"))
+    assert can_handle(**gate_args(device="meta"))  # fake-tensor tracing asks the gate
+    batch = make_batch(H, L, [10, 5])
+    out = batch.new_output()
+    assert _call(batch, out) is False
+    assert bool(out.isnan().all())
+
+
+def test_gate_refuses_cpu_tensors_in_a_fresh_process_without_the_interpreter():
+    script = """
+import os, torch
+from mla_verify import can_handle
+from mla_verify.testing import make_batch
+b = make_batch(4, 3, [10, 5])
+args = (b.q, b.k_extend, b.v_extend, b.k_buffer, b.v_buffer, b.qo_indptr, b.kv_indptr,
+        b.kv_indices, None, True, None, 3)
+print(can_handle(*args), b.run(b.new_output()))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False"]
+
+
+def test_call_on_meta_tensors_names_the_device():
+    args = gate_args(device="meta")
+    args["o_extend"] = torch.empty(BS * L, H, 512, dtype=torch.bfloat16, device="meta")
+    assert can_handle(**{k: v for k, v in args.items() if k != "o_extend"})
+    with pytest.raises(ValueError, match=r"q_extend.device: expected a CUDA/ROCm device.*got meta"):
+        verify_mla_fwd(**args)

@@ -438,6 +438,32 @@ def test_load_tables_skips_bad_files_with_one_warning_each(dirs, caplog):
     assert str(bad_env) in messages[1]
 
 
+def test_read_table_warns_once_per_file_and_reason(tmp_path, caplog):
+    """The import reads every table, and --check or the tuner read the
+    same file again: one warning, not one per read."""
+    path = tmp_path / "sm90.json"
+    path.write_text("{corrupt")
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        assert tables.read_table(path) is None
+        assert tables.read_table(path) is None
+        path.write_text(json.dumps({"schema_version": 2}))
+        assert tables.read_table(path) is None  # another reason: said again
+    assert len(warnings_from(caplog)) == 2
+
+
+def test_load_tables_warns_once_about_a_missing_env_dir(dirs, tmp_path, monkeypatch, caplog):
+    missing = tmp_path / "typo"
+    monkeypatch.setenv(tables.ENV_VAR, os.pathsep.join([str(dirs.env), str(missing)]))
+    write_json(dirs.env / "sm90.json", table())
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        assert set(tables.load_tables(HASH)) == {"sm90"}
+        tables.load_tables(HASH)
+    [record] = warnings_from(caplog)
+    assert record.getMessage() == (
+        f"mla_verify: ignoring {tables.ENV_VAR} entry {missing}: no such directory"
+    )
+
+
 def test_load_tables_tolerates_missing_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv(tables.ENV_VAR, str(tmp_path / "nope"))
     monkeypatch.setattr(tables, "user_table_dir", lambda: tmp_path / "also-nope")

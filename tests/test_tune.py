@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -274,20 +275,43 @@ def test_shipped_tables_cover_the_default_grid():
             assert sorted(map(int, entry["buckets"])) == list(tune.DEFAULT_BATCH_SIZES), key
 
 
-def test_shipped_tables_load_from_a_wheel(tmp_path):
-    """Build the wheel, install it without -e into a folder of its own and
-    import from there, away from the checkout."""
-    wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+PIP = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The package's wheel, built once for this module."""
+    wheel_dir = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(REPO)],
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(REPO)],
         check=True,
         timeout=600,
         capture_output=True,
     )
-    wheel = next(wheel_dir.glob("mla_verify-*.whl"))
+    return next(wheel_dir.glob("mla_verify-*.whl"))
+
+
+def test_the_wheel_carries_the_license_and_needs_numpy(wheel):
+    """A plain install runs the first command: Triton's CPU interpreter
+    imports numpy, so numpy is a dependency without extras."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        [license_name] = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        license_text = zf.read(license_name).decode()
+    assert license_text == (REPO / "LICENSE").read_text()
+    assert "Apache License\n                           Version 2.0, January 2004" in license_text
+    assert "License-Expression: Apache-2.0" in metadata
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert "Requires-Dist: numpy" in requires
+
+
+def test_shipped_tables_load_from_a_wheel(wheel, tmp_path):
+    """Install the wheel without -e into a folder of its own and import
+    from there, away from the checkout."""
+    site = tmp_path / "site"
     subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+        [*PIP, "install", "--no-deps", "--target", str(site), str(wheel)],
         check=True,
         timeout=600,
         capture_output=True,
@@ -384,10 +408,120 @@ def test_show_names_the_table_a_shape_comes_from(capsys):
     assert "H16 L9 bs32 bf16" in out and "nearest: sm90.json entry H16_L8_bf16" in out
 
 
-def test_check_reports_each_shipped_table(capsys):
+def test_show_with_shapes_lists_only_those_shapes(capsys):
+    argv = [
+        "--show",
+        "--arch",
+        "sm90",
+        "--heads",
+        "16",
+        "--draft-lens",
+        "4",
+        "--batch-sizes",
+        "1,32",
+    ]
+    assert tune.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "configs for arch sm90:"
+    assert [line.split(":")[0] for line in lines[1:]] == ["  H16 L4 bs1 bf16", "  H16 L4 bs32 bf16"]
+
+
+def test_show_without_shapes_describes_the_tables(capsys):
+    assert tune.main(["--show"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("config dirs, highest precedence first:")
+    assert "configs for arch" not in out
+    assert "--heads, --draft-lens or --batch-sizes" in out.splitlines()[-1]
+
+
+def test_check_says_what_it_checked(capsys):
     assert tune.main(["--check"]) == 0
     out = capsys.readouterr().out
     for arch in ("sm90", "gfx950"):
         entries = json.loads((REPO / "configs" / f"{arch}.json").read_text())["entries"]
         assert f"{arch}.json: {len(entries)} entries" in out
-    assert "check: all good" in out
+    summary = out.splitlines()[-1]
+    assert "all good" not in out
+    if not torch.cuda.is_available():
+        assert out.count("  configs not run (no GPU here)") == 2
+        assert "0 config(s) run against the reference, 0 failed" in summary
+        assert "configs not run (no GPU here): gfx950.json, sm90.json" in summary
+    sm90 = json.loads((REPO / "configs" / "sm90.json").read_text())["metadata"]
+    if sm90["torch"] != torch.__version__:
+        assert f"torch {sm90['torch']} != {torch.__version__}" in out
+        assert "made with another kernel or software: " in summary and "sm90.json" in summary
+
+
+def test_check_warns_once_about_a_corrupt_table_and_a_missing_dir(tmp_path):
+    """In a fresh process, as a user runs it: the import reads the bad file
+    and --check reads it again; one warning each."""
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    (env_dir / "sm90.json").write_text('{"schema_version": 1, "ar')
+    missing = tmp_path / "missing"
+    env = os.environ | {
+        tables.ENV_VAR: os.pathsep.join([str(env_dir), str(missing)]),
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "PYTHONPATH": _pythonpath(REPO),
+        "TRITON_INTERPRET": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "mla_verify.tune", "--check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1
+    assert f"[env] {env_dir / 'sm90.json'}: UNREADABLE" in proc.stdout
+    assert proc.stderr.count(f"ignoring config table {env_dir / 'sm90.json'}") == 1
+    assert proc.stderr.count(f"{tables.ENV_VAR} entry {missing}: no such directory") == 1
+
+
+BAD_ARGS = {
+    "kv_dtype_int8": (["--kv-dtype", "int8"], "--kv-dtype: expected one of bf16, fp8_e4m3, got"),
+    "kv_dtype_fp16": (["--kv-dtype", "fp16"], "--kv-dtype: expected one of bf16, fp8_e4m3, got"),
+    "heads_0": (["--heads", "0"], "--heads: expected an int in 1..1024, got 0"),
+    "draft_lens_17": (["--draft-lens", "4,17"], "--draft-lens: expected an int in 1..16, got 17"),
+    "batch_sizes": (["--batch-sizes", "100000"], "--batch-sizes: expected an int in 1..65535"),
+    "contexts_0": (["--contexts", "0"], "--contexts: expected an int in 1.."),
+    "heads_not_ints": (["--heads", "x"], "argument --heads: expected comma-separated integers"),
+    "arch_bogus": (["--show", "--arch", "bogus"], "--arch: expected one of gfx942, gfx950, "),
+    "arch_without_show": (["--arch", "sm90"], "--arch: only with --show"),
+    "top_k_0": (["--top-k", "0"], "--top-k: expected a positive int, got 0"),
+    "jobs_0": (["--jobs", "0"], "--jobs: expected a positive int, got 0"),
+    "margin": (["--margin", "1.5"], "--margin: expected a fraction in [0, 1), got 1.5"),
+    "time_limit": (["--time-limit", "0"], "--time-limit: expected a positive number"),
+}
+
+
+@pytest.mark.parametrize("argv, message", BAD_ARGS.values(), ids=BAD_ARGS.keys())
+def test_bad_arguments_are_one_line_and_exit_status_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        tune.main(argv)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1, captured.err
+    assert captured.err.startswith(f"python -m mla_verify.tune: error: {message}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_show_shapes_without_a_gpu_asks_for_arch(capsys):
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--show", "--heads", "16"])
+    assert info.value.code == 2
+    assert (
+        "--show: no GPU here to take the arch from; pass --arch (one of" in capsys.readouterr().err
+    )
+
+
+def test_the_tuner_writes_every_metadata_key_of_the_shipped_tables():
+    """configs/ is written by the tuner: no hand-added metadata."""
+    args = tune.parse_args(["--note", "why this table"])
+    written = set(tune.table_metadata("sm90", "test", 132, args))
+    assert tune.table_metadata("sm90", "test", 132, args)["note"] == "why this table"
+    for path in sorted((REPO / "configs").glob("*.json")):
+        metadata = json.loads(path.read_text())["metadata"]
+        if metadata.get("measured", True):
+            assert set(metadata) <= written, (path.name, set(metadata) - written)
