@@ -27,6 +27,7 @@ from .device import current_arch
 from .lookup import block_config
 from .plan import plan_call
 from .problem import (
+    HEAD_DIMS,
     INDEX_DTYPES,
     KV_DTYPES,
     MAX_BATCH_SIZE,
@@ -35,8 +36,6 @@ from .problem import (
     MAX_POOL_SLOTS,
     MIN_DRAFT_LEN,
     Q_DTYPES,
-    QK_HEAD_DIM,
-    V_HEAD_DIM,
 )
 from .workspace import capturing, get_workspace
 
@@ -127,11 +126,12 @@ def _refusal(
         return "rank (expected [tokens, heads, dim] tensors)"
     if k_extend.dim() != 3 or v_extend.dim() != 3:
         return "rank of k_extend / v_extend"
-    if q.shape[-1] != QK_HEAD_DIM or v_buffer.shape[-1] != V_HEAD_DIM:
-        return f"head dims (q {q.shape[-1]}, v {v_buffer.shape[-1]}; needs 576 / 512)"
-    if k_buffer.shape[-1] != QK_HEAD_DIM or k_extend.shape[-1] != QK_HEAD_DIM:
+    head_dims = (q.shape[-1], v_buffer.shape[-1])
+    if head_dims not in HEAD_DIMS:
+        return f"head dims (q {head_dims[0]}, v {head_dims[1]}; supported: {HEAD_DIMS})"
+    if k_buffer.shape[-1] != head_dims[0] or k_extend.shape[-1] != head_dims[0]:
         return "k head dim"
-    if v_extend.shape[-1] != V_HEAD_DIM:
+    if v_extend.shape[-1] != head_dims[1]:
         return "v_extend head dim"
     if k_buffer.shape[1] != 1 or v_buffer.shape[1] != 1 or k_extend.shape[1] != 1:
         return "more than one KV head"
@@ -191,7 +191,7 @@ def _validate(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr
         _expect(t.dtype in INDEX_DTYPES, f"{name}.dtype", "torch.int32 or torch.int64", t.dtype)
         _expect(t.stride(0) == 1 or t.numel() <= 1, f"{name}", "a contiguous tensor", t.stride())
     _expect(isinstance(o, torch.Tensor), "o_extend", "a tensor", type(o).__name__)
-    expected_o = (tokens, heads, V_HEAD_DIM)
+    expected_o = (tokens, heads, v_buffer.shape[-1])
     _expect(tuple(o.shape) == expected_o, "o_extend.shape", expected_o, tuple(o.shape))
     _expect(o.dtype == q.dtype, "o_extend.dtype", q.dtype, o.dtype)
     _expect(o.stride(-1) == 1, "o_extend.stride(-1)", "1", o.stride(-1))
@@ -263,21 +263,25 @@ def verify_mla_fwd(
     *,
     config: VerifyConfig | None = None,
 ) -> bool:
-    """MLA target-verify attention; a drop-in for SGLang's extend attention.
+    """Target-verify attention with one shared KV head; a drop-in for
+    SGLang's extend attention.
 
     Computes, for every request b with L = ``max_len_extend`` drafts, head h
     and draft i, attention of ``q_extend[b*L + i, h]`` over the request's
-    whole prefix (latent rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
+    whole prefix (rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
     scores scaled by ``sm_scale * k_scale``, both positive, values by
     ``v_scale``) and over drafts 0..i of the request (``k_extend`` /
     ``v_extend``, unscaled), and writes the result into ``o_extend``
-    [bs*L, H, 512].
+    [bs*L, H, Dv].
 
-    Shapes: q_extend [bs*L, H, 576] (bf16/fp16, any head/token strides),
-    k_extend [bs*L, 1, 576], v_extend [bs*L, 1, 512], k_buffer [slots, 1, 576]
-    (bf16/fp16 like q, or fp8 e4m3), v_buffer [slots, 1, 512] (in MLA the
-    view ``k_buffer[..., :512]``, which is then read only once), indptrs
-    [bs+1] and kv_indices int32/int64. ``sm_scale`` defaults to 1/sqrt(576).
+    Head dims (q/k, v): absorbed MLA's (576, 512), where V is K's first 512
+    latent columns and the other 64 are the rope part, or ordinary
+    attention's (256, 256) and (128, 128). Shapes: q_extend [bs*L, H, Dqk]
+    (bf16/fp16, any head/token strides), k_extend [bs*L, 1, Dqk], v_extend
+    [bs*L, 1, Dv], k_buffer [slots, 1, Dqk] (bf16/fp16 like q, or fp8
+    e4m3), v_buffer [slots, 1, Dv] (a pool of its own, or the view
+    ``k_buffer[..., :Dv]``, which is then read only once), indptrs [bs+1]
+    and kv_indices int32/int64. ``sm_scale`` defaults to 1/sqrt(Dqk).
 
     Returns False, writing nothing, where ``can_handle`` refuses (sinks,
     sliding window, logit cap, non-causal, ragged extend, ...); the caller
@@ -312,12 +316,15 @@ def verify_mla_fwd(
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(QK_HEAD_DIM)
+        sm_scale = 1.0 / math.sqrt(q_extend.shape[-1])
     sm_scale = _as_scale(sm_scale, "sm_scale", positive=True)
 
     bs = qo_indptr.shape[0] - 1
+    head_dims = (q_extend.shape[-1], v_buffer.shape[-1])
     if config is None:
-        config = _tuned_config(q_extend, q_extend.shape[1], max_len_extend, bs, k_buffer.dtype)
+        config = _tuned_config(
+            q_extend, q_extend.shape[1], max_len_extend, bs, k_buffer.dtype, head_dims
+        )
     plan = plan_call(
         q_extend,
         k_extend,
@@ -331,7 +338,7 @@ def verify_mla_fwd(
     if _debug and not capturing(q_extend.device):
         _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, max_len_extend)
     part_o, part_lse = get_workspace(q_extend.device).views(
-        plan.partial_slots, plan.num_heads, max_len_extend
+        plan.partial_slots, plan.num_heads, max_len_extend, head_dims[1]
     )
     kernel.launch(
         plan,
@@ -353,7 +360,8 @@ def verify_mla_fwd(
     return True
 
 
-def _tuned_config(q, num_heads, draft_len, batch_size, kv_dtype) -> VerifyConfig:
+def _tuned_config(q, num_heads, draft_len, batch_size, kv_dtype, head_dims) -> VerifyConfig:
     if q.device.type != "cuda":  # Triton's CPU interpreter: no GPU to tune for
-        return default_config(num_heads, draft_len, batch_size, "cpu")
-    return block_config(num_heads, draft_len, batch_size, kv_dtype, current_arch(q.device))
+        return default_config(num_heads, draft_len, batch_size, "cpu", head_dims=head_dims)
+    arch = current_arch(q.device)
+    return block_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims=head_dims)

@@ -1,14 +1,16 @@
-"""Triton kernels for MLA target-verify attention (absorbed MLA, one latent head).
+"""Triton kernels for target-verify attention with one KV head shared by
+every query head: absorbed MLA (q/k 576 = 512 latent + 64 rope, V the first
+512 latent columns) and ordinary attention (q/k = v = 256 or 128, no rope).
 
-Tensors (T = bs * L query rows, H heads, D = 576 = 512 latent + 64 rope,
-U = bs * NUM_KV_SPLITS work units):
-    q        [T, H, D]        query rows, request b owns rows qo_indptr[b] .. + L
-    k_buffer [slots, 1, D]    paged latent pool, page size 1
-    v_buffer [slots, 1, 512]  usually the view k_buffer[..., :512]
-    k_ext    [T, 1, D]        the drafts' own latent
-    v_ext    [T, 1, 512]
-    o        [T, H, 512]
-    part_o   [U, H, L, 512]   fp32 workspace: normalised output of each unit
+Tensors (T = bs * L query rows, H heads, Dqk = Dv + Drope, U = bs *
+NUM_KV_SPLITS work units):
+    q        [T, H, Dqk]      query rows, request b owns rows qo_indptr[b] .. + L
+    k_buffer [slots, 1, Dqk]  paged KV pool, page size 1
+    v_buffer [slots, 1, Dv]   a pool of its own, or the view k_buffer[..., :Dv]
+    k_ext    [T, 1, Dqk]      the drafts' own K
+    v_ext    [T, 1, Dv]
+    o        [T, H, Dv]
+    part_o   [U, H, L, Dv]    fp32 workspace: normalised output of each unit
     part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each unit
              (the Hopper kernel: U = 2 slots per share, see partial_slots)
 
@@ -37,7 +39,8 @@ partial.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
-Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
+Limits: one KV head; page size 1; uniform draft length; the Hopper kernel
+takes MLA calls (plan.py), this one every head-dims pair of problem.py.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from triton.runtime.jit import ConstexprFunction
 
 from . import hopper
 from .config import rows_per_program
-from .problem import D_NOPE, D_ROPE
+from .problem import D_NOPE
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -210,7 +213,7 @@ def _prefix_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
     V_FROM_K: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -234,55 +237,54 @@ def _prefix_kernel(
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
     mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
-    offs_d = tl.arange(0, D_NOPE)
-    offs_r = tl.arange(0, D_ROPE)
+    offs_d = tl.arange(0, D_V)
 
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
     ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
-    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, 512]
-    q_pe = tl.load(ptr_q + D_NOPE + offs_r[None, :], mask=mask_m[:, None], other=0.0)  # [M, 64]
+    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
     if DOT_FP32:
         q_nope = q_nope.to(tl.float32)
-        q_pe = q_pe.to(tl.float32)
+    if D_ROPE > 0:
+        offs_r = tl.arange(0, D_ROPE)
+        q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
+        q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
 
     for start in tl.range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
         slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
         ptr_k = K_BUF + slot[:, None] * stride_k_slot
-        kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, 512]
-        k_pe = tl.load(ptr_k + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+        kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
         kv_c = kv_c.to(q_nope.dtype)
-        k_pe = k_pe.to(q_nope.dtype)
-
         qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
-        qk += tl.dot(q_pe, tl.trans(k_pe))
+        if D_ROPE > 0:
+            k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+            qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
         qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-
         if V_FROM_K:
-            v = kv_c  # MLA: V is the first 512 latent columns, already loaded
+            v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
         else:
             v = tl.load(
                 V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
                 mask=mask_n[:, None],
                 other=0.0,
             ).to(q_nope.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, 512]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
         m_i = m_new
 
     part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)  # [M]
     # The KV cache's value scale applies to the prefix alone.
     tl.store(
-        PART_O + part_row[:, None] * D_NOPE + offs_d[None, :],
+        PART_O + part_row[:, None] * D_V + offs_d[None, :],
         acc * (v_scale / l_i[:, None]),
         mask=mask_m[:, None],
     )
@@ -304,7 +306,7 @@ def _merge_pieces(
     L_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     D_BLOCK: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
 ):
     # Merges a request's partials ("pieces"; log2-sum-exp2 weights) for one
     # head, columns col0 .. col0 + D_BLOCK - 1: piece 0 is at partial slot
@@ -328,7 +330,7 @@ def _merge_pieces(
         part_row = ((part * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
         lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
         part = tl.load(
-            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=valid[:, None], other=0.0
+            PART_O + part_row[:, None] * D_V + offs_d[None, :], mask=valid[:, None], other=0.0
         )
         m_new = tl.maximum(m_r, lse)
         # A slot with no piece yet keeps m = -inf: shift by 0 there, not NaN.
@@ -371,7 +373,7 @@ def _merge_extend_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
@@ -399,15 +401,15 @@ def _merge_extend_kernel(
         DRAFT_LEN,
         L_PAD,
         BLOCK_L,
-        D_NOPE,
-        D_NOPE,
+        D_V,
+        D_V,
     )
     # Back to BLOCK_L rows, row r holding draft r % L_PAD (rows >= DRAFT_LEN
     # are padding): the shape the draft block's dots need.
     SLOTS: tl.constexpr = BLOCK_L // L_PAD
     m_i = tl.reshape(tl.broadcast_to(m_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     l_i = tl.reshape(tl.broadcast_to(l_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
-    acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_NOPE]), [BLOCK_L, D_NOPE])
+    acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_V]), [BLOCK_L, D_V])
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < DRAFT_LEN
     q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
@@ -427,11 +429,11 @@ def _merge_extend_kernel(
         l_i,
         DRAFT_LEN,
         BLOCK_L,
-        D_NOPE,
+        D_V,
         D_ROPE,
         DOT_FP32,
     )
-    offs_d = tl.arange(0, D_NOPE)
+    offs_d = tl.arange(0, D_V)
     ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
     tl.store(ptr_o, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_i[:, None])
 
@@ -525,31 +527,31 @@ def _add_drafts(
     l_i,
     DRAFT_LEN: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     # Row i attends to drafts 0..i of its own request; returns (acc, l).
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < DRAFT_LEN
-    offs_d = tl.arange(0, D_NOPE)
-    offs_r = tl.arange(0, D_ROPE)
+    offs_d = tl.arange(0, D_V)
     ptr_q = Q + q_row[:, None] * stride_q_tok + head * stride_q_head
-    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_i[:, None], other=0.0)  # [L, 512]
-    q_pe = tl.load(ptr_q + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
     ptr_ke = K_EXT + q_row[:, None] * stride_ke_tok
+    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_i[:, None], other=0.0)  # [L, Dv]
     k_nope = tl.load(ptr_ke + offs_d[None, :], mask=mask_i[:, None], other=0.0)
-    k_pe = tl.load(ptr_ke + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
     v_ext = tl.load(
         V_EXT + q_row[:, None] * stride_ve_tok + offs_d[None, :], mask=mask_i[:, None], other=0.0
     )
     if DOT_FP32:
         q_nope = q_nope.to(tl.float32)
-        q_pe = q_pe.to(tl.float32)
         k_nope = k_nope.to(tl.float32)
-        k_pe = k_pe.to(tl.float32)
         v_ext = v_ext.to(tl.float32)
-    qk = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_pe, tl.trans(k_pe))  # [L, L]
+    qk = tl.dot(q_nope, tl.trans(k_nope))  # [L, L]
+    if D_ROPE > 0:
+        offs_r = tl.arange(0, D_ROPE)
+        q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
+        k_pe = tl.load(ptr_ke + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
+        qk += tl.dot(q_pe.to(q_nope.dtype), tl.trans(k_pe.to(q_nope.dtype)))
     # Padding rows (i >= L) keep every j < L so their max stays finite.
     causal = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
     qk = tl.where(causal, qk * ext_scale, float("-inf"))
@@ -678,6 +680,7 @@ def launch(
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
     grid = (triton.cdiv(num_heads, config.BLOCK_H), plan.batch_size * splits)
+    d_qk, d_v = plan.head_dims
     _prefix_kernel[grid](
         q,
         k_buffer,
@@ -701,8 +704,8 @@ def launch(
         BLOCK_M=rows_per_program(config.BLOCK_H, plan.draft_len),
         BLOCK_N=config.BLOCK_N,
         BLOCK_B=PLAN_BLOCK,
-        D_NOPE=D_NOPE,
-        D_ROPE=D_ROPE,
+        D_V=d_v,
+        D_ROPE=d_qk - d_v,
         V_FROM_K=plan.v_from_k,
         DOT_FP32=INTERPRETED,
         **config.launch_options(),
@@ -747,6 +750,7 @@ def launch_merge(
     drafts. ``dependent``: a programmatic dependent launch
     (``plan.dependent_launch``)."""
     num_heads = q.shape[1]
+    d_v = v_ext.shape[-1]
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
         k_ext,
@@ -771,8 +775,8 @@ def launch_merge(
         BLOCK_L=max(16, triton.next_power_of_2(draft_len)),
         BLOCK_N=block_n,
         BLOCK_B=PLAN_BLOCK,
-        D_NOPE=D_NOPE,
-        D_ROPE=D_ROPE,
+        D_V=d_v,
+        D_ROPE=q.shape[-1] - d_v,
         DOT_FP32=INTERPRETED,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,

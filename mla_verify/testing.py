@@ -27,11 +27,11 @@ ATOL = RTOL = 1e-2
 
 @dataclass
 class VerifyBatch:
-    q: torch.Tensor  # [bs*L, H, 576]
-    k_extend: torch.Tensor  # [bs*L, 1, 576]
-    v_extend: torch.Tensor  # [bs*L, 1, 512]
-    k_buffer: torch.Tensor  # [slots, 1, 576]
-    v_buffer: torch.Tensor  # [slots, 1, 512]
+    q: torch.Tensor  # [bs*L, H, Dqk]
+    k_extend: torch.Tensor  # [bs*L, 1, Dqk]
+    v_extend: torch.Tensor  # [bs*L, 1, Dv]
+    k_buffer: torch.Tensor  # [slots, 1, Dqk]
+    v_buffer: torch.Tensor  # [slots, 1, Dv]
     qo_indptr: torch.Tensor  # [bs+1] int32
     kv_indptr: torch.Tensor  # [bs+1] int32
     kv_indices: torch.Tensor  # [sum(prefix)] int32
@@ -51,7 +51,7 @@ class VerifyBatch:
 
     def new_output(self) -> torch.Tensor:
         """An output poisoned with NaN, so unwritten elements show."""
-        shape = (self.q.shape[0], self.num_heads, V_DIM)
+        shape = (self.q.shape[0], self.num_heads, self.v_buffer.shape[-1])
         return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
 
     def run(self, o: torch.Tensor, config: VerifyConfig | None = None) -> bool:
@@ -109,20 +109,24 @@ def make_batch(
     sm_scale: float | None = None,
     seed: int | None = None,
     kv_slots: torch.Tensor | None = None,
+    head_dims: tuple[int, int] = (Q_DIM, V_DIM),
 ) -> VerifyBatch:
     """A random batch: request b has ``prefix_lens[b]`` prefix tokens at
     scattered slots of a pool of ``pool_slots`` (default: used + 64), or of
-    the given ``pool`` [slots, 1, 576] (shared by many batches, left as is).
-    ``separate_v``: a V pool of its own instead of the view of K's first 512
-    columns. ``v_extend_from_k``: v_extend is the view k_extend[..., :512]
-    (by default it is a tensor of its own, as SGLang passes it).
-    ``kv_slots``: the prefix slots to use, request after request (default:
-    distinct random slots), so callers can keep several batches' slots
-    apart in one pool."""
+    the given ``pool`` [slots, 1, width] (shared by many batches, left as
+    is; K is its first Dqk columns). ``head_dims``: (q/k, v), MLA's by
+    default. ``separate_v``: a V pool of its own instead of the view of K's
+    first Dv columns (from a given pool: its columns Dqk .. Dqk + Dv, where
+    it is that wide). ``v_extend_from_k``: v_extend is the view
+    k_extend[..., :Dv] (by default it is a tensor of its own, as SGLang
+    passes it). ``kv_slots``: the prefix slots to use, request after
+    request (default: distinct random slots), so callers can keep several
+    batches' slots apart in one pool."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
     kv_dtype = kv_dtype or dtype
+    qk_dim, v_dim = head_dims
     bs, used = len(prefix_lens), sum(prefix_lens)
     slots = max(pool_slots or used + 64, used)
     rows = bs * draft_len
@@ -147,26 +151,28 @@ def make_batch(
     else:
         perm = kv_slots.to(device=device, dtype=torch.int64)
     if pool is not None:
-        k_buffer = pool
+        k_buffer = pool[..., :qk_dim]
     else:
-        k_buffer = _nan_pool(slots, Q_DIM, kv_dtype, device)
+        k_buffer = _nan_pool(slots, qk_dim, kv_dtype, device)
         for start in range(0, used, 1 << 16):
             idx = perm[start : start + (1 << 16)]
-            k_buffer[idx] = randn(idx.numel(), 1, Q_DIM).to(kv_dtype)
-    if separate_v:
-        v_buffer = _nan_pool(slots, V_DIM, kv_dtype, device)
-        v_buffer[perm] = randn(used, 1, V_DIM).to(kv_dtype)
+            k_buffer[idx] = randn(idx.numel(), 1, qk_dim).to(kv_dtype)
+    if separate_v and pool is not None and pool.shape[-1] >= qk_dim + v_dim:
+        v_buffer = pool[..., qk_dim : qk_dim + v_dim]
+    elif separate_v:
+        v_buffer = _nan_pool(slots, v_dim, kv_dtype, device)
+        v_buffer[perm] = randn(used, 1, v_dim).to(kv_dtype)
     else:
-        v_buffer = k_buffer[..., :V_DIM]
+        v_buffer = k_buffer[..., :v_dim]
 
     if strided_q:
-        # Heads and tokens out of order in memory: [H, T, 576] transposed.
-        q = randn(num_heads, rows, Q_DIM).to(dtype).transpose(0, 1)
+        # Heads and tokens out of order in memory: [H, T, Dqk] transposed.
+        q = randn(num_heads, rows, qk_dim).to(dtype).transpose(0, 1)
     else:
-        q = randn(rows, num_heads, Q_DIM).to(dtype)
+        q = randn(rows, num_heads, qk_dim).to(dtype)
     lens = torch.tensor([0, *prefix_lens])
-    k_extend = randn(rows, 1, Q_DIM).to(dtype)
-    v_extend = k_extend[..., :V_DIM] if v_extend_from_k else randn(rows, 1, V_DIM).to(dtype)
+    k_extend = randn(rows, 1, qk_dim).to(dtype)
+    v_extend = k_extend[..., :v_dim] if v_extend_from_k else randn(rows, 1, v_dim).to(dtype)
     return VerifyBatch(
         q=q,
         k_extend=k_extend,
@@ -178,7 +184,7 @@ def make_batch(
         kv_indices=perm.to(torch.int32),
         draft_len=draft_len,
         prefix_lens=list(prefix_lens),
-        sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q_DIM),
+        sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(qk_dim),
         k_scale=k_scale,
         v_scale=v_scale,
     )

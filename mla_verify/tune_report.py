@@ -14,7 +14,7 @@ from . import lookup, tables
 from .config import VerifyConfig
 from .device import current_arch
 from .kernel import KERNEL_HASH
-from .problem import kv_dtype_from_name
+from .problem import MLA_HEAD_DIMS, kv_dtype_from_name
 
 logger = logging.getLogger("mla_verify.tune")
 
@@ -85,6 +85,8 @@ def check(args: argparse.Namespace) -> int:
                         [1500, 1, 0, 700][: min(int(bs_key), 4)],
                         kv_dtype=kv_dtype_from_name(entry["kv_dtype"]),
                         device="cuda",
+                        head_dims=tuple(entry.get("head_dims", MLA_HEAD_DIMS)),
+                        separate_v="head_dims" in entry,
                     )
                     out = batch.new_output()
                     try:

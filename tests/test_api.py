@@ -12,16 +12,24 @@ from mla_verify.testing import make_batch
 BS, L, H = 2, 3, 4
 
 
-def gate_args(device="meta", **over):
-    """can_handle's arguments for a valid call, built on ``device``."""
+def gate_args(
+    device="meta",
+    head_dims=(576, 512),
+    separate_v=False,
+    kv_dtype=torch.bfloat16,
+    **over,
+):
+    """can_handle's arguments for a valid call, built on ``device``: V a
+    view of K unless ``separate_v``."""
     t = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
-    k_buffer = t(100, 1, 576)
+    qk, v = head_dims
+    k_buffer = t(100, 1, qk, dtype=kv_dtype)
     args = dict(
-        q_extend=t(BS * L, H, 576),
-        k_extend=t(BS * L, 1, 576),
-        v_extend=t(BS * L, 1, 512),
+        q_extend=t(BS * L, H, qk),
+        k_extend=t(BS * L, 1, qk),
+        v_extend=t(BS * L, 1, v),
         k_buffer=k_buffer,
-        v_buffer=k_buffer[..., :512],
+        v_buffer=t(100, 1, v, dtype=kv_dtype) if separate_v else k_buffer[..., :v],
         qo_indptr=t(BS + 1, dtype=torch.int32),
         kv_indptr=t(BS + 1, dtype=torch.int32),
         kv_indices=t(50, dtype=torch.int32),
@@ -39,6 +47,27 @@ def test_gate_accepts_mla_on_meta_tensors():
 
 
 @pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"head_dims": (256, 256)},
+        {"head_dims": (256, 256), "separate_v": True},
+        {"head_dims": (128, 128), "separate_v": True},
+        {"head_dims": (128, 128)},
+        {"head_dims": (256, 256), "separate_v": True, "kv_dtype": torch.float8_e4m3fn},
+    ],
+    ids=[
+        "256_v_view",
+        "256_v_separate",
+        "128_v_separate",
+        "128_v_view",
+        "256_fp8",
+    ],
+)
+def test_gate_accepts_on_meta_tensors(kwargs):
+    assert can_handle(**gate_args(**kwargs))
+
+
+@pytest.mark.parametrize(
     "over",
     [
         {"sinks": torch.empty(H, device="meta")},
@@ -50,6 +79,7 @@ def test_gate_accepts_mla_on_meta_tensors():
         {"max_len_extend": L + 1},  # ragged extend: rows != bs * max_len_extend
         {"max_len_extend": 0},
         {"q_extend": torch.empty(BS * L, H, 192, dtype=torch.bfloat16, device="meta")},
+        {"head_dims": (256, 128), "separate_v": True},
         {"k_buffer": torch.empty(100, 2, 576, dtype=torch.bfloat16, device="meta")},
         {"q_extend": torch.empty(BS * L, H, 576, dtype=torch.float32, device="meta")},
         {"k_buffer": torch.empty(100, 1, 576, dtype=torch.float16, device="meta")},
@@ -65,6 +95,7 @@ def test_gate_accepts_mla_on_meta_tensors():
         "ragged_extend",
         "draft_len_0",
         "q_head_dim_192",
+        "qk_256_v_128",
         "two_kv_heads",
         "fp32_q",
         "fp16_kv_with_bf16_q",
@@ -89,7 +120,10 @@ def test_gate_reads_no_values(monkeypatch):
     """No .item() / .tolist() / .cpu() on any argument."""
     for name in ("item", "tolist", "cpu", "numpy", "__bool__"):
         monkeypatch.setattr(
-            torch.Tensor, name, lambda *a, **k: pytest.fail("gate read a value"), raising=True
+            torch.Tensor,
+            name,
+            lambda *a, **k: pytest.fail("gate read a value"),
+            raising=True,
         )
     assert can_handle(**gate_args(device="cpu"))
 
@@ -124,7 +158,10 @@ def test_refusal_writes_nothing(device):
 @pytest.mark.parametrize(
     "over,match",
     [
-        (lambda b: {"o_extend": torch.empty(BS * L, H, 576, dtype=b.q.dtype)}, "o_extend.shape"),
+        (
+            lambda b: {"o_extend": torch.empty(BS * L, H, 576, dtype=b.q.dtype)},
+            "o_extend.shape",
+        ),
         (
             lambda b: {"o_extend": torch.empty(BS * L, H, 512, dtype=torch.float16)},
             "o_extend.dtype",

@@ -89,6 +89,47 @@ CPU_CASES = [
     ),
     ("sm_scale_custom", 4, 2, [30], {"sm_scale": 0.11}, SMALL),
     ("lookup_config", 4, 2, [30, 5], {}, None),
+    # Ordinary attention: one KV head, q/k = v = 256 or 128, no rope part.
+    ("d256_v_view", 4, 2, [30, 12], {"head_dims": (256, 256)}, SMALL),
+    (
+        "d256_v_separate",
+        4,
+        2,
+        [30, 12],
+        {"head_dims": (256, 256), "separate_v": True},
+        SMALL,
+    ),
+    ("d128_v_view", 3, 3, [25, 0], {"head_dims": (128, 128)}, SMALL),
+    (
+        "d128_v_separate",
+        3,
+        3,
+        [25, 0],
+        {"head_dims": (128, 128), "separate_v": True},
+        SMALL,
+    ),
+    (
+        "d256_fp8_scaled_v_separate",
+        4,
+        2,
+        [30, 12],
+        {
+            "head_dims": (256, 256),
+            "separate_v": True,
+            "kv_dtype": torch.float8_e4m3fn,
+            "k_scale": 0.5,
+            "v_scale": 1.5,
+        },
+        SMALL,
+    ),
+    (
+        "d128_lookup_config",
+        4,
+        2,
+        [30, 5],
+        {"head_dims": (128, 128), "separate_v": True},
+        None,
+    ),
 ]
 
 
@@ -100,6 +141,17 @@ CPU_CASES = [
 def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device):
     batch = make_batch(heads, draft_len, prefix_lens, device=device, **kwargs)
     _run_and_check(batch, config, device)
+
+
+def test_hopper_kernel_is_mla_only(monkeypatch):
+    monkeypatch.setattr(plan, "INTERPRETED", False)
+    monkeypatch.setattr(plan, "is_cuda_sm90", lambda device: True)
+    meta = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    for qk, v in [(256, 256), (128, 128)]:
+        assert not hopper.supports(4, "bf16", True, (qk, v))
+        assert not plan.uses_gluon_sm90(meta(8, 16, qk), meta(100, 1, qk), 4, True, v)
+    if hopper.available():
+        assert plan.uses_gluon_sm90(meta(8, 16, 576), meta(100, 1, 576), 4, True, 512)
 
 
 def test_int64_index_tensors(device):
@@ -147,7 +199,14 @@ def test_int64_index_tensors(device):
     ],
 )
 def test_merge_after_shares(
-    draft_len, ctas, min_share, prefix_lens, expected_pieces, column_blocks, device, monkeypatch
+    draft_len,
+    ctas,
+    min_share,
+    prefix_lens,
+    expected_pieces,
+    column_blocks,
+    device,
+    monkeypatch,
 ):
     """Stage 2 after the Hopper kernel's balanced shares: it merges the
     partials of each request that several shares hold (drafts included, so
@@ -238,7 +297,12 @@ def test_kernel_hash_covers_constexpr_functions():
     # A table's kernel hash must change with anything that shapes the
     # kernel, the producer's copy layout (a constexpr function) included.
     hashed = {fn.fn.__name__ for fn in kernel._jitted(vars(hopper.gluon_kernel()))}
-    assert {"_copy_layout", "_produce", "_consume_values", "_prefix_kernel_sm90"} <= hashed
+    assert {
+        "_copy_layout",
+        "_produce",
+        "_consume_values",
+        "_prefix_kernel_sm90",
+    } <= hashed
 
 
 def test_stale_workspace_never_leaks(device):
@@ -472,7 +536,13 @@ def test_gpu_fp8_to_bf16_is_exact_on_every_finite_code():
 @pytest.mark.gpu
 def test_gpu_strided_separate_v_fp16():
     batch = make_batch(
-        16, 4, [5000, 33, 64], dtype=torch.float16, strided_q=True, separate_v=True, device="cuda"
+        16,
+        4,
+        [5000, 33, 64],
+        dtype=torch.float16,
+        strided_q=True,
+        separate_v=True,
+        device="cuda",
     )
     _run_and_check(batch, None, "cuda")
 
@@ -556,3 +626,34 @@ def test_gpu_graph_replay_after_lengths_change():
     graph.replay()
     second.kv_indices = kv_indices[: second.kv_indices.numel()]
     check_close(out, second.reference(), what="replay after lengths changed")
+
+
+# Ordinary attention's head dims, one KV head shared by every query head.
+GPU_VERIFY_CASES = [
+    # id, heads, draft_len, prefix_lens, make_batch kwargs
+    ("d256_H4", 4, 4, [16384] * 8, {"head_dims": (256, 256), "separate_v": True}),
+    ("d256_H8_v_view", 8, 4, [8192] * 16, {"head_dims": (256, 256)}),
+    ("d128_H16", 16, 4, [8192] * 8, {"head_dims": (128, 128), "separate_v": True}),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "heads,draft_len,prefix_lens,kwargs",
+    [c[1:] for c in GPU_VERIFY_CASES],
+    ids=[c[0] for c in GPU_VERIFY_CASES],
+)
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_gpu_verify_cases_match_reference(heads, draft_len, prefix_lens, kwargs, kv_dtype):
+    scales = {} if kv_dtype == torch.bfloat16 else {"k_scale": 0.75, "v_scale": 1.25}
+    batch = make_batch(
+        heads,
+        draft_len,
+        prefix_lens,
+        kv_dtype=kv_dtype,
+        device="cuda",
+        pool_slots=sum(prefix_lens) * 2 + 64,
+        **scales,
+        **kwargs,
+    )
+    _run_and_check(batch, None, "cuda")
