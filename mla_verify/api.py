@@ -36,8 +36,9 @@ from .problem import (
     MAX_POOL_SLOTS,
     MIN_DRAFT_LEN,
     Q_DTYPES,
+    check_range,
 )
-from .workspace import capturing, get_workspace
+from .workspace import capturing, get_workspace, prepare_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -107,12 +108,15 @@ def _refusal(
     sinks,
     logit_cap,
     xai_temperature_len,
+    window_kv_offsets=None,
 ) -> str | None:
     """Why the gate refuses, or None. Shapes, dtypes and scalars only."""
     if sinks is not None:
         return "attention sinks"
     if sliding_window_size is not None and sliding_window_size >= 0:
         return "sliding window"
+    if window_kv_offsets is not None:
+        return "sliding-window offsets"
     if logit_cap:
         return "logit cap"
     if xai_temperature_len is not None and xai_temperature_len > 0:
@@ -257,14 +261,17 @@ def verify_mla_fwd(
     v_scale: float = 1.0,
     sm_scale: float | None = None,
     logit_cap: float = 0.0,
+    skip_prefix_custom_mask: bool = True,
     sliding_window_size: int = -1,
     sinks: torch.Tensor | None = None,
+    window_kv_offsets: torch.Tensor | None = None,
     xai_temperature_len: int = -1,
+    max_bs: int | None = None,
     *,
     config: VerifyConfig | None = None,
 ) -> bool:
     """Target-verify attention with one shared KV head; a drop-in for
-    SGLang's extend attention.
+    SGLang's extend attention (and its verify launcher's newer signature).
 
     Computes, for every request b with L = ``max_len_extend`` drafts, head h
     and draft i, attention of ``q_extend[b*L + i, h]`` over the request's
@@ -282,6 +289,14 @@ def verify_mla_fwd(
     e4m3), v_buffer [slots, 1, Dv] (a pool of its own, or the view
     ``k_buffer[..., :Dv]``, which is then read only once), indptrs [bs+1]
     and kv_indices int32/int64. ``sm_scale`` defaults to 1/sqrt(Dqk).
+
+    ``max_bs``: the largest batch the caller will run (SGLang's verify
+    launcher passes it). Outside graph capture the first call with a new
+    value sizes the workspace for every batch up to it, as
+    ``prepare_workspace`` does, so later calls (captured ones included)
+    allocate nothing; during capture it is not acted on.
+    ``skip_prefix_custom_mask`` and ``window_kv_offsets`` complete SGLang's
+    signature: a custom mask or window offsets are refused (False).
 
     Returns False, writing nothing, where ``can_handle`` refuses (sinks,
     sliding window, logit cap, non-causal, ragged extend, ...); the caller
@@ -306,6 +321,7 @@ def verify_mla_fwd(
         sinks,
         logit_cap,
         xai_temperature_len,
+        window_kv_offsets,
     )
     if reason is not None:
         logger.debug("verify_mla_fwd refuses: %s", reason)
@@ -321,6 +337,17 @@ def verify_mla_fwd(
 
     bs = qo_indptr.shape[0] - 1
     head_dims = (q_extend.shape[-1], v_buffer.shape[-1])
+    if max_bs is not None:
+        max_bs = max(bs, check_range("max_bs", max_bs, 1, MAX_BATCH_SIZE))
+        if not capturing(q_extend.device):
+            _reserve_for(
+                max_bs,
+                q_extend.shape[1],
+                max_len_extend,
+                k_buffer.dtype,
+                q_extend.device,
+                head_dims,
+            )
     if config is None:
         config = _tuned_config(
             q_extend, q_extend.shape[1], max_len_extend, bs, k_buffer.dtype, head_dims
@@ -358,6 +385,18 @@ def verify_mla_fwd(
         v_scale=v_scale,
     )
     return True
+
+
+# (device, heads, draft length, kv dtype, head dims, max_bs) the workspace holds.
+_reserved: set[tuple] = set()
+
+
+def _reserve_for(max_bs, num_heads, draft_len, kv_dtype, device, head_dims) -> None:
+    """The workspace for every batch up to ``max_bs``, sized once per shape."""
+    key = (device, num_heads, draft_len, kv_dtype, head_dims, max_bs)
+    if key not in _reserved:
+        prepare_workspace(max_bs, num_heads, draft_len, kv_dtype, device, head_dims)
+        _reserved.add(key)
 
 
 def _tuned_config(q, num_heads, draft_len, batch_size, kv_dtype, head_dims) -> VerifyConfig:

@@ -3,10 +3,12 @@ refusals, and the errors for malformed input."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
-from mla_verify import can_handle, set_debug, verify_mla_fwd
+from mla_verify import api, can_handle, set_debug, verify_mla_fwd, workspace
 from mla_verify.testing import make_batch
 
 BS, L, H = 2, 3, 4
@@ -148,11 +150,58 @@ def _call(batch, out, **over):
     return verify_mla_fwd(**args)
 
 
-def test_refusal_writes_nothing(device):
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"sliding_window_size": 64},
+        {"window_kv_offsets": torch.zeros(BS, dtype=torch.int32)},
+    ],
+)
+def test_refusal_writes_nothing(device, over):
     batch = make_batch(H, L, [10, 5], device=device)
     out = batch.new_output()
-    assert _call(batch, out, sliding_window_size=64) is False
+    assert _call(batch, out, **over) is False
     assert bool(out.isnan().all())
+
+
+def test_signature_follows_sglangs_verify_launcher():
+    """Positional order past max_len_extend as SGLang's newer launcher
+    passes it (extend_attention_fwd's, then max_bs)."""
+    names = list(inspect.signature(verify_mla_fwd).parameters)
+    start = names.index("max_len_extend") + 1
+    assert names[start : names.index("config")] == [
+        "k_scale",
+        "v_scale",
+        "sm_scale",
+        "logit_cap",
+        "skip_prefix_custom_mask",
+        "sliding_window_size",
+        "sinks",
+        "window_kv_offsets",
+        "xai_temperature_len",
+        "max_bs",
+    ]
+
+
+def test_max_bs_sizes_the_workspace_once(monkeypatch):
+    """max_bs= sizes the workspace for every batch up to it, on the first
+    call with that value; later calls do not size it again."""
+    prepared = []
+
+    def spy(*args, **kwargs):
+        prepared.append(args)
+        return workspace.prepare_workspace(*args, **kwargs)
+
+    monkeypatch.setattr(api, "prepare_workspace", spy)
+    monkeypatch.setattr(api, "_reserved", set())
+    batch = make_batch(H, L, [10, 5])
+    for _ in range(2):
+        assert _call(batch, batch.new_output(), max_bs=48) is True
+    assert len(prepared) == 1
+    needed = workspace.workspace_bytes(48, H, L, torch.bfloat16, "cpu")
+    assert workspace.get_workspace(torch.device("cpu")).nbytes >= needed
+    with pytest.raises(ValueError, match="max_bs"):
+        _call(batch, batch.new_output(), max_bs=0)
 
 
 @pytest.mark.parametrize(
