@@ -8,9 +8,12 @@ back to its baseline; otherwise it validates the arguments' consistency
 
 Values that would need a GPU sync to check are trusted: every slot in
 ``kv_indices[kv_indptr[0]:kv_indptr[-1]]`` must be a valid row of
-``k_buffer``, ``kv_indptr`` must be non-decreasing, and
-``qo_indptr[b] == b * max_len_extend``. Set ``MLA_VERIFY_DEBUG=1`` (or call
-``set_debug(True)``) to have them checked on every call outside graph capture.
+``k_buffer``, ``kv_indptr`` must be non-decreasing, and every draft count
+``qo_indptr[b+1] - qo_indptr[b]`` must be in 1..max_len_extend with
+``qo_indptr[-1]`` at most q_extend's rows (and each count max_len_extend
+where q_extend holds batch x max_len_extend rows). Set
+``MLA_VERIFY_DEBUG=1`` (or call ``set_debug(True)``) to have them checked on
+every call outside graph capture.
 """
 
 from __future__ import annotations
@@ -162,8 +165,9 @@ def _refusal(
         return f"draft length {max_len_extend} outside {MIN_DRAFT_LEN}..{MAX_DRAFT_LEN}"
     if q.shape[1] > MAX_HEADS:
         return f"{q.shape[1]} heads (at most {MAX_HEADS})"
-    if q.shape[0] != bs * max_len_extend:
-        return "ragged extend (q_extend rows != batch * max_len_extend)"
+    # Ragged draft counts are read on the device; only their bound is a shape.
+    if q.shape[0] > bs * max_len_extend:
+        return "more q_extend rows than batch * max_len_extend"
     return None
 
 
@@ -213,12 +217,22 @@ def _validate(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr
         _expect(t.device == device, f"{name}.device", f"{device} (q_extend's)", t.device)
 
 
-def _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, draft_len):
+def _check_values(k_buffer, rows, qo_indptr, kv_indptr, kv_indices, draft_len):
     """Debug mode: the checks that need the values (synchronises)."""
     bs = qo_indptr.shape[0] - 1
-    expected_qo = torch.arange(bs + 1, device=qo_indptr.device) * draft_len
-    if not torch.equal(qo_indptr.long(), expected_qo):
-        raise ValueError(f"qo_indptr: expected b * {draft_len} for b in 0..{bs}, got {qo_indptr}")
+    qo = qo_indptr.long()
+    counts = qo[1:] - qo[:-1]
+    if int(qo[0]) < 0 or bool((counts < 1).any()) or bool((counts > draft_len).any()):
+        raise ValueError(
+            f"qo_indptr: expected draft counts qo_indptr[b+1] - qo_indptr[b] in "
+            f"1..{draft_len} from qo_indptr[0] >= 0, got {qo_indptr}"
+        )
+    _expect(int(qo[-1]) <= rows, "qo_indptr[-1]", f"<= {rows} (q_extend rows)", int(qo[-1]))
+    if rows == bs * draft_len and not bool((counts == draft_len).all()):
+        raise ValueError(
+            f"qo_indptr: expected b * {draft_len} for b in 0..{bs} (q_extend holds batch x "
+            f"max_len_extend rows, a uniform call), got {qo_indptr}"
+        )
     if bool((kv_indptr[1:] < kv_indptr[:-1]).any()) or int(kv_indptr[0]) < 0:
         raise ValueError(f"kv_indptr: expected non-decreasing and >= 0, got {kv_indptr}")
     end = int(kv_indptr[-1])
@@ -273,22 +287,24 @@ def verify_mla_fwd(
     """Target-verify attention with one shared KV head; a drop-in for
     SGLang's extend attention (and its verify launcher's newer signature).
 
-    Computes, for every request b with L = ``max_len_extend`` drafts, head h
-    and draft i, attention of ``q_extend[b*L + i, h]`` over the request's
-    whole prefix (rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
-    scores scaled by ``sm_scale * k_scale``, both positive, values by
-    ``v_scale``) and over drafts 0..i of the request (``k_extend`` /
-    ``v_extend``, unscaled), and writes the result into ``o_extend``
-    [bs*L, H, Dv].
+    Computes, for every request b (its E_b draft rows ``qo_indptr[b] ..
+    qo_indptr[b+1] - 1``, 1 <= E_b <= L = ``max_len_extend``), head h and
+    draft i, attention of ``q_extend[qo_indptr[b] + i, h]`` over the
+    request's whole prefix (rows
+    ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``, scores scaled by
+    ``sm_scale * k_scale``, both positive, values by ``v_scale``) and over
+    drafts 0..i of the request (``k_extend`` / ``v_extend`` at the same
+    rows, unscaled), and writes the result into ``o_extend`` [T, H, Dv].
 
     Head dims (q/k, v): absorbed MLA's (576, 512), where V is K's first 512
     latent columns and the other 64 are the rope part, or ordinary
-    attention's (256, 256) and (128, 128). Shapes: q_extend [bs*L, H, Dqk]
-    (bf16/fp16, any head/token strides), k_extend [bs*L, 1, Dqk], v_extend
-    [bs*L, 1, Dv], k_buffer [slots, 1, Dqk] (bf16/fp16 like q, or fp8
-    e4m3), v_buffer [slots, 1, Dv] (a pool of its own, or the view
-    ``k_buffer[..., :Dv]``, which is then read only once), indptrs [bs+1]
-    and kv_indices int32/int64. ``sm_scale`` defaults to 1/sqrt(Dqk).
+    attention's (256, 256) and (128, 128). Shapes: q_extend [T, H, Dqk]
+    (bf16/fp16, any head/token strides), T <= bs * L rows (T = bs * L:
+    every request has L drafts), k_extend [T, 1, Dqk], v_extend [T, 1, Dv],
+    k_buffer [slots, 1, Dqk] (bf16/fp16 like q, or fp8 e4m3), v_buffer
+    [slots, 1, Dv] (a pool of its own, or the view ``k_buffer[..., :Dv]``,
+    which is then read only once), indptrs [bs+1] and kv_indices
+    int32/int64. ``sm_scale`` defaults to 1/sqrt(Dqk).
 
     ``max_bs``: the largest batch the caller will run (SGLang's verify
     launcher passes it). Outside graph capture the first call with a new
@@ -299,11 +315,12 @@ def verify_mla_fwd(
     signature: a custom mask or window offsets are refused (False).
 
     Returns False, writing nothing, where ``can_handle`` refuses (sinks,
-    sliding window, logit cap, non-causal, ragged extend, ...); the caller
-    then runs its own kernel. Returns True after writing ``o_extend``.
-    Raises ValueError for inconsistent arguments. ``config`` overrides the
-    tuned table (for tuning and tests). Graph-capture safe once the workspace
-    is prepared (see ``prepare_workspace``).
+    sliding window, logit cap, non-causal, ...); the caller then runs its
+    own kernel. Returns True after writing ``o_extend``. Raises ValueError
+    for inconsistent arguments. ``config`` overrides the tuned table (for
+    tuning and tests). Graph-capture safe once the workspace is prepared
+    (see ``prepare_workspace``): draft counts, lengths and slots may change
+    between replays.
     """
     reason = _refusal(
         q_extend,
@@ -363,7 +380,7 @@ def verify_mla_fwd(
         config=config,
     )
     if _debug and not capturing(q_extend.device):
-        _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, max_len_extend)
+        _check_values(k_buffer, q_extend.shape[0], qo_indptr, kv_indptr, kv_indices, max_len_extend)
     part_o, part_lse = get_workspace(q_extend.device).views(
         plan.partial_slots, plan.num_heads, max_len_extend, head_dims[1]
     )

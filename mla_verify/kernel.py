@@ -2,9 +2,10 @@
 every query head: absorbed MLA (q/k 576 = 512 latent + 64 rope, V the first
 512 latent columns) and ordinary attention (q/k = v = 256 or 128, no rope).
 
-Tensors (T = bs * L query rows, H heads, Dqk = Dv + Drope, U = bs *
-NUM_KV_SPLITS work units):
-    q        [T, H, Dqk]      query rows, request b owns rows qo_indptr[b] .. + L
+Tensors (T query rows, bs requests, request b owning E_b = qo_indptr[b+1] -
+qo_indptr[b] of them, 1 <= E_b <= L; H heads; Dqk = Dv + Drope; P_b prefix
+tokens; U = bs * NUM_KV_SPLITS work units):
+    q        [T, H, Dqk]      query rows, request b owns rows qo_indptr[b] .. + E_b
     k_buffer [slots, 1, Dqk]  paged KV pool, page size 1
     v_buffer [slots, 1, Dv]   a pool of its own, or the view k_buffer[..., :Dv]
     k_ext    [T, 1, Dqk]      the drafts' own K
@@ -17,11 +18,12 @@ NUM_KV_SPLITS work units):
 Algorithm: the batch's prefix tokens are cut into chunks of one size, sized
 from the total so that every request's chunks fit in U units; stage 1 runs
 one program per (head block, unit) and streams its chunk once for BLOCK_H
-heads x L drafts, with an online softmax; stage 2 runs one program per
-(request, head), merges the request's units and adds the causal L x L
-draft-draft block. A long request among short ones thus gets many units
-(as FlashMLA plans on the GPU), with no host sync: both stages derive the
-plan from kv_indptr on the device.
+heads x L drafts (rows past the request's E_b masked), with an online
+softmax; stage 2 runs one program per (request, head), merges the
+request's units and adds the causal E_b x E_b draft-draft block. A long
+request among short ones thus gets many units (as FlashMLA plans on the
+GPU), with no host sync: both stages derive the plan and the draft counts
+from the indptrs on the device.
 
 On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
 as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
@@ -39,8 +41,8 @@ partial.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
-Limits: one KV head; page size 1; uniform draft length; the Hopper kernel
-takes MLA calls (plan.py), this one every head-dims pair of problem.py.
+Limits: one KV head; page size 1; the Hopper kernel takes MLA calls with
+E_b = L for every request (plan.py), this one every call.
 """
 
 from __future__ import annotations
@@ -231,15 +233,18 @@ def _prefix_kernel(
     kv_len = (tl.load(KV_INDPTR + req + 1) - kv_start).to(tl.int32)
     lo = (work - first) * chunk
     hi = tl.minimum(lo + chunk, kv_len)
+    q_start = tl.load(QO_INDPTR + req)
+    num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)  # the request's drafts
 
-    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i;
+    # drafts past the request's own count are padding.
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
+    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
     offs_d = tl.arange(0, D_V)
 
-    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+    q_row = (q_start + offs_i).to(tl.int64)
     ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
     q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
     if DOT_FP32:
@@ -301,6 +306,7 @@ def _merge_pieces(
     later,
     step,
     num_pieces,
+    num_rows,
     col0,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
@@ -309,8 +315,9 @@ def _merge_pieces(
     D_V: tl.constexpr,
 ):
     # Merges a request's partials ("pieces"; log2-sum-exp2 weights) for one
-    # head, columns col0 .. col0 + D_BLOCK - 1: piece 0 is at partial slot
-    # `first`, piece j > 0 at later + step * j. Row r of the tile is draft
+    # head, drafts 0 .. num_rows - 1, columns col0 .. col0 + D_BLOCK - 1:
+    # piece 0 is at partial slot `first`, piece j > 0 at later + step * j.
+    # Row r of the tile is draft
     # r % L_PAD of slot r // L_PAD; each slot merges every SLOTS-th piece, so
     # one load fetches SLOTS pieces and the loop (a chain of L2 round trips
     # on a long request) is SLOTS times shorter. Returns the running max,
@@ -325,7 +332,7 @@ def _merge_pieces(
     acc = tl.zeros([ROWS, D_BLOCK], dtype=tl.float32)
     for piece0 in range(0, num_pieces, SLOTS):
         piece = piece0 + slot
-        valid = (draft < DRAFT_LEN) & (piece < num_pieces)
+        valid = (draft < num_rows) & (piece < num_pieces)
         part = tl.where(piece == 0, first, later + step * piece)
         part_row = ((part * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
         lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
@@ -383,6 +390,8 @@ def _merge_extend_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
+    q_start = tl.load(QO_INDPTR + req)
+    num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)
     chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     num_pieces = tl.cdiv(kv_len, chunk)
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
@@ -397,6 +406,7 @@ def _merge_extend_kernel(
         first,
         1,
         num_pieces,
+        num_rows,
         0,
         DRAFT_LEN,
         L_PAD,
@@ -404,21 +414,22 @@ def _merge_extend_kernel(
         D_V,
         D_V,
     )
-    # Back to BLOCK_L rows, row r holding draft r % L_PAD (rows >= DRAFT_LEN
-    # are padding): the shape the draft block's dots need.
+    # Back to BLOCK_L rows, row r holding draft r % L_PAD (rows >= the
+    # request's count are padding): the shape the draft block's dots need.
     SLOTS: tl.constexpr = BLOCK_L // L_PAD
     m_i = tl.reshape(tl.broadcast_to(m_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     l_i = tl.reshape(tl.broadcast_to(l_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_V]), [BLOCK_L, D_V])
     offs_i = tl.arange(0, BLOCK_L)
-    mask_i = offs_i < DRAFT_LEN
-    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+    mask_i = offs_i < num_rows
+    q_row = (q_start + offs_i).to(tl.int64)
     acc, l_i = _add_drafts(
         Q,
         K_EXT,
         V_EXT,
         q_row,
         head,
+        num_rows,
         stride_q_tok,
         stride_q_head,
         stride_ke_tok,
@@ -427,7 +438,6 @@ def _merge_extend_kernel(
         acc,
         m_i,
         l_i,
-        DRAFT_LEN,
         BLOCK_L,
         D_V,
         D_ROPE,
@@ -495,6 +505,7 @@ def _merge_shares_kernel(
             2 * c0,
             2,
             c1 - c0 + 1,
+            DRAFT_LEN,
             col0,
             DRAFT_LEN,
             L_PAD,
@@ -517,6 +528,7 @@ def _add_drafts(
     V_EXT,
     q_row,
     head,
+    num_rows,
     stride_q_tok,
     stride_q_head,
     stride_ke_tok,
@@ -525,15 +537,16 @@ def _add_drafts(
     acc,
     m_i,
     l_i,
-    DRAFT_LEN: tl.constexpr,
     BLOCK_L: tl.constexpr,
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    # Row i attends to drafts 0..i of its own request; returns (acc, l).
+    # Adds the request's own drafts (rows q_row, num_rows of them) to the
+    # online softmax (acc, m_i, l_i); returns (acc, l). Row i sees drafts
+    # 0..i.
     offs_i = tl.arange(0, BLOCK_L)
-    mask_i = offs_i < DRAFT_LEN
+    mask_i = offs_i < num_rows
     offs_d = tl.arange(0, D_V)
     ptr_q = Q + q_row[:, None] * stride_q_tok + head * stride_q_head
     ptr_ke = K_EXT + q_row[:, None] * stride_ke_tok
@@ -552,7 +565,7 @@ def _add_drafts(
         q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
         k_pe = tl.load(ptr_ke + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
         qk += tl.dot(q_pe.to(q_nope.dtype), tl.trans(k_pe.to(q_nope.dtype)))
-    # Padding rows (i >= L) keep every j < L so their max stays finite.
+    # Padding rows (i >= num_rows) keep every real j so their max stays finite.
     causal = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
     qk = tl.where(causal, qk * ext_scale, float("-inf"))
 

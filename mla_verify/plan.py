@@ -4,10 +4,10 @@ shapes, dtypes, strides and the config, never from tensor values.
 ``plan_call`` picks stage 1's kernel (the Hopper kernel where it can run
 the call, else the Triton kernel with the same tile), the grid, the
 workspace slots and whether V is a view of K; ``kernel.launch`` only reads
-the plan. The Hopper kernel runs MLA's head dims; other head dims take the
-Triton kernel. ``share_plan`` is the host-side model of the Hopper kernel's
-share rule, which both kernels compute on the device and the tests hold
-them to.
+the plan. The Hopper kernel runs MLA calls with every request's full draft
+count; ragged drafts and other head dims take the Triton kernel. ``share_plan`` is
+the host-side model of the Hopper kernel's share rule, which both kernels
+compute on the device and the tests hold them to.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def uses_gluon_sm90(
     """Whether a Hopper config runs the Hopper kernel for this call's
     tensors (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, MLA head
     dims, V a view of K); otherwise the Triton kernel runs the same tile.
-    Metadata only."""
+    Metadata only; ``plan_call`` adds what the Hopper kernel needs of the
+    draft counts."""
     return (
         hopper.available()
         and not INTERPRETED
@@ -154,6 +155,8 @@ class Plan:
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
+    uniform          every request has draft_len rows (q holds
+                     batch_size x draft_len): the Hopper kernel may run
     """
 
     config: VerifyConfig
@@ -167,6 +170,7 @@ class Plan:
     dependent: bool
     merge_blocks: int
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
+    uniform: bool = True
 
     @property
     def hopper(self) -> bool:
@@ -192,16 +196,24 @@ def plan_call(
     draft_len: int,
     config: VerifyConfig,
 ) -> Plan:
-    """The plan of one call with ``config`` (tuned or forced)."""
+    """The plan of one call with ``config`` (tuned or forced).
+
+    A call whose q holds batch_size x draft_len rows is uniform: the draft
+    counts are at most draft_len and sum to q's rows, so each is draft_len.
+    Only uniform calls may take the Hopper kernel, which reads no counts;
+    the Triton kernel reads them on the device."""
     num_heads = q.shape[1]
     head_dims = (q.shape[-1], v_buffer.shape[-1])
     v_from_k = v_is_k_view(k_buffer, v_buffer)
     if not v_from_k:
         config = for_separate_v(config, head_dims)
     config = fit_grid(config, batch_size)
+    uniform = q.shape[0] == batch_size * draft_len
     share_ctas = 0
-    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
-        q, k_buffer, draft_len, v_from_k, head_dims[1]
+    if (
+        config.kernel in HOPPER_KERNELS
+        and uniform
+        and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k, head_dims[1])
     ):
         share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
     return Plan(
@@ -218,6 +230,7 @@ def plan_call(
             merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1
         ),
         head_dims=head_dims,
+        uniform=uniform,
     )
 
 

@@ -1,9 +1,10 @@
-"""Float32 PyTorch reference of MLA target-verify attention: the truth for the
-tests, the tuner and the benchmarks.
+"""Float32 PyTorch reference of target-verify attention with one shared KV
+head: the truth for the tests, the tuner and the benchmarks.
 
-Vectorised over requests (padded to the longest prefix, in chunks that bound
-memory), so it also serves as a GPU baseline. It reads ``qo_indptr`` and
-``kv_indptr`` on the host: it synchronises, unlike the kernel.
+Vectorised over requests (padded to the longest prefix and the most drafts,
+in chunks that bound memory), so it also serves as a GPU baseline. It reads
+``qo_indptr`` and ``kv_indptr`` on the host: it synchronises, unlike the
+kernel.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-D_NOPE = 512
 
 # fp32 bytes the padded score/KV blocks of one chunk may take.
 _CHUNK_BYTES = 2 << 30
@@ -32,11 +31,12 @@ def verify_mla_reference(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """o[T, H, Dv] in float32 for q[T, H, D]; see DESIGN.md for the math.
+    """o[T, H, Dv] in float32 for q[T, H, Dqk]; see DESIGN.md for the math.
 
-    Request b's rows qo_indptr[b]..qo_indptr[b+1] (L of them) attend to its
-    whole prefix kv_indices[kv_indptr[b]:kv_indptr[b+1]] (scaled by k_scale /
-    v_scale) and causally to its own drafts k_extend/v_extend (unscaled).
+    Request b's rows qo_indptr[b]..qo_indptr[b+1] (E_b of them) attend to its
+    prefix kv_indices[kv_indptr[b]:kv_indptr[b+1]] (P_b keys, scaled by
+    k_scale / v_scale) and causally to its own drafts k_extend/v_extend
+    (unscaled). Rows past qo_indptr[-1] get 0.
     """
     num_tokens, num_heads, head_dim = q.shape
     dv = v_buffer.shape[-1]
@@ -45,26 +45,25 @@ def verify_mla_reference(
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
     bs = len(qo) - 1
-    draft_len = qo[1] - qo[0] if bs else 0
-    if any(qo[b + 1] - qo[b] != draft_len for b in range(bs)):
-        raise ValueError("qo_indptr: the reference expects one draft length for all requests")
+    counts = [qo[b + 1] - qo[b] for b in range(bs)]
+    lens = [kv[b + 1] - kv[b] for b in range(bs)]
 
-    out = torch.empty(num_tokens, num_heads, dv, dtype=torch.float32, device=q.device)
-    max_prefix = max([kv[b + 1] - kv[b] for b in range(bs)] + [0])
-    per_request = (max_prefix + draft_len) * (head_dim + dv + num_heads * draft_len * 2) * 4
+    out = torch.zeros(num_tokens, num_heads, dv, dtype=torch.float32, device=q.device)
+    max_prefix, max_drafts = max(lens + [0]), max(counts + [1])
+    per_request = (max_prefix + max_drafts) * (head_dim + dv + num_heads * max_drafts * 2) * 4
     chunk = max(1, _CHUNK_BYTES // max(per_request, 1))
     for first in range(0, bs, chunk):
         reqs = range(first, min(bs, first + chunk))
-        rows = slice(qo[reqs[0]], qo[reqs[-1] + 1])
-        out[rows] = _attend_chunk(
-            q[rows].float(),
-            k_extend[rows, 0].float(),
-            v_extend[rows, 0].float(),
+        _attend_chunk(
+            out,
+            q,
+            k_extend,
+            v_extend,
             k_buffer,
             v_buffer,
             kv_indices,
+            [(qo[b], qo[b + 1]) for b in reqs],
             [(kv[b], kv[b + 1]) for b in reqs],
-            draft_len,
             sm_scale,
             k_scale,
             v_scale,
@@ -73,23 +72,34 @@ def verify_mla_reference(
 
 
 def _attend_chunk(
-    q: torch.Tensor,  # [n*L, H, D]
-    k_ext: torch.Tensor,  # [n*L, D]
-    v_ext: torch.Tensor,  # [n*L, Dv]
+    out: torch.Tensor,  # [T, H, Dv], written at the chunk's rows
+    q: torch.Tensor,  # [T, H, D]
+    k_extend: torch.Tensor,  # [T, 1, D]
+    v_extend: torch.Tensor,  # [T, 1, Dv]
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     kv_indices: torch.Tensor,
+    rows: list[tuple[int, int]],
     spans: list[tuple[int, int]],
-    draft_len: int,
     sm_scale: float,
     k_scale: float,
     v_scale: float,
-) -> torch.Tensor:
+) -> None:
     n = len(spans)
-    num_heads, head_dim = q.shape[1], q.shape[2]
     device = q.device
     lens = torch.tensor([e - s for s, e in spans], device=device)
+    counts = torch.tensor([e - s for s, e in rows], device=device)
     max_len = int(lens.max().item()) if n else 0
+    max_rows = max(1, int(counts.max().item()) if n else 0)
+
+    # Padded drafts [n, E]: request k's rows rows[k][0] + i for i < E_k.
+    offs_e = torch.arange(max_rows, device=device)
+    own = offs_e[None, :] < counts[:, None]  # [n, E]
+    q_first = torch.tensor([s for s, _ in rows], device=device)
+    row = (q_first[:, None] + offs_e[None, :]).clamp(max=max(q.shape[0] - 1, 0))
+    qr = q[row].float()  # [n, E, H, D]
+    ke = k_extend[row, 0].float()  # [n, E, D]
+    ve = v_extend[row, 0].float()  # [n, E, Dv]
 
     # Padded prefix [n, P] gathered once per request; padding is masked out.
     pos = torch.arange(max_len, device=device)
@@ -102,19 +112,19 @@ def _attend_chunk(
     k_pre = torch.where(valid[..., None], k_pre, 0.0)
     v_pre = torch.where(valid[..., None], v_pre, 0.0)
 
-    qr = q.view(n, draft_len, num_heads, head_dim)
-    ke = k_ext.view(n, draft_len, head_dim)
-    ve = v_ext.view(n, draft_len, -1)
+    # Which drafts each row sees: [n, E, E].
+    causal = torch.ones(max_rows, max_rows, dtype=torch.bool, device=device).tril()
+    sees_ext = causal[None] & own[:, None, :]
+
     s_pre = torch.einsum("nlhd,npd->nhlp", qr, k_pre) * sm_scale
     s_pre = s_pre.masked_fill(~valid[:, None, None, :], float("-inf"))
     s_ext = torch.einsum("nlhd,njd->nhlj", qr, ke) * sm_scale
-    causal = torch.ones(draft_len, draft_len, dtype=torch.bool, device=device).tril()
-    s_ext = s_ext.masked_fill(~causal, float("-inf"))
+    s_ext = s_ext.masked_fill(~sees_ext[:, None], float("-inf"))
 
     probs = torch.softmax(torch.cat([s_pre, s_ext], dim=-1), dim=-1)
     o = torch.einsum("nhlp,npd->nlhd", probs[..., :max_len], v_pre)
     o += torch.einsum("nhlj,njd->nlhd", probs[..., max_len:], ve)
-    return o.reshape(n * draft_len, num_heads, -1)
+    out[row[own]] = o[own]
 
 
 def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

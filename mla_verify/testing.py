@@ -27,19 +27,20 @@ ATOL = RTOL = 1e-2
 
 @dataclass
 class VerifyBatch:
-    q: torch.Tensor  # [bs*L, H, Dqk]
-    k_extend: torch.Tensor  # [bs*L, 1, Dqk]
-    v_extend: torch.Tensor  # [bs*L, 1, Dv]
+    q: torch.Tensor  # [T, H, Dqk], T = sum of the draft counts
+    k_extend: torch.Tensor  # [T, 1, Dqk]
+    v_extend: torch.Tensor  # [T, 1, Dv]
     k_buffer: torch.Tensor  # [slots, 1, Dqk]
     v_buffer: torch.Tensor  # [slots, 1, Dv]
     qo_indptr: torch.Tensor  # [bs+1] int32
     kv_indptr: torch.Tensor  # [bs+1] int32
     kv_indices: torch.Tensor  # [sum(prefix)] int32
-    draft_len: int
+    draft_len: int  # max_len_extend
     prefix_lens: list[int]
     sm_scale: float
     k_scale: float = 1.0
     v_scale: float = 1.0
+    draft_counts: list[int] | None = None  # per request; None: draft_len each
 
     @property
     def batch_size(self) -> int:
@@ -110,6 +111,7 @@ def make_batch(
     seed: int | None = None,
     kv_slots: torch.Tensor | None = None,
     head_dims: tuple[int, int] = (Q_DIM, V_DIM),
+    draft_counts: list[int] | None = None,
 ) -> VerifyBatch:
     """A random batch: request b has ``prefix_lens[b]`` prefix tokens at
     scattered slots of a pool of ``pool_slots`` (default: used + 64), or of
@@ -121,7 +123,10 @@ def make_batch(
     k_extend[..., :Dv] (by default it is a tensor of its own, as SGLang
     passes it). ``kv_slots``: the prefix slots to use, request after
     request (default: distinct random slots), so callers can keep several
-    batches' slots apart in one pool."""
+    batches' slots apart in one pool.
+
+    ``draft_counts``: request b's drafts (ragged; default ``draft_len``
+    each, which stays max_len_extend)."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
@@ -129,7 +134,10 @@ def make_batch(
     qk_dim, v_dim = head_dims
     bs, used = len(prefix_lens), sum(prefix_lens)
     slots = max(pool_slots or used + 64, used)
-    rows = bs * draft_len
+    counts = list(draft_counts) if draft_counts is not None else [draft_len] * bs
+    if len(counts) != bs or not all(1 <= e <= draft_len for e in counts):
+        raise ValueError(f"draft_counts: expected {bs} counts in 1..{draft_len}, got {counts}")
+    rows = sum(counts)
 
     def randn(*shape: int) -> torch.Tensor:
         # Values in +-[0.25, 2.25]: random, and never zero.
@@ -179,7 +187,7 @@ def make_batch(
         v_extend=v_extend,
         k_buffer=k_buffer,
         v_buffer=v_buffer,
-        qo_indptr=(torch.arange(bs + 1) * draft_len).to(torch.int32).to(device),
+        qo_indptr=torch.tensor([0, *counts]).cumsum(0).to(torch.int32).to(device),
         kv_indptr=lens.cumsum(0).to(torch.int32).to(device),
         kv_indices=perm.to(torch.int32),
         draft_len=draft_len,
@@ -187,6 +195,7 @@ def make_batch(
         sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(qk_dim),
         k_scale=k_scale,
         v_scale=v_scale,
+        draft_counts=counts,
     )
 
 

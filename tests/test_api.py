@@ -17,19 +17,20 @@ BS, L, H = 2, 3, 4
 def gate_args(
     device="meta",
     head_dims=(576, 512),
+    rows=BS * L,
     separate_v=False,
     kv_dtype=torch.bfloat16,
     **over,
 ):
-    """can_handle's arguments for a valid call, built on ``device``: V a
-    view of K unless ``separate_v``."""
+    """can_handle's arguments for a valid call, built on ``device``: ``rows``
+    query rows (ragged below BS * L), V a view of K unless ``separate_v``."""
     t = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
     qk, v = head_dims
     k_buffer = t(100, 1, qk, dtype=kv_dtype)
     args = dict(
-        q_extend=t(BS * L, H, qk),
-        k_extend=t(BS * L, 1, qk),
-        v_extend=t(BS * L, 1, v),
+        q_extend=t(rows, H, qk),
+        k_extend=t(rows, 1, qk),
+        v_extend=t(rows, 1, v),
         k_buffer=k_buffer,
         v_buffer=t(100, 1, v, dtype=kv_dtype) if separate_v else k_buffer[..., :v],
         qo_indptr=t(BS + 1, dtype=torch.int32),
@@ -56,6 +57,8 @@ def test_gate_accepts_mla_on_meta_tensors():
         {"head_dims": (128, 128), "separate_v": True},
         {"head_dims": (128, 128)},
         {"head_dims": (256, 256), "separate_v": True, "kv_dtype": torch.float8_e4m3fn},
+        {"rows": BS * L - 2},  # ragged: fewer drafts than max_len_extend in some requests
+        {"rows": BS},
     ],
     ids=[
         "256_v_view",
@@ -63,6 +66,8 @@ def test_gate_accepts_mla_on_meta_tensors():
         "128_v_separate",
         "128_v_view",
         "256_fp8",
+        "ragged",
+        "one_draft_each",
     ],
 )
 def test_gate_accepts_on_meta_tensors(kwargs):
@@ -78,7 +83,7 @@ def test_gate_accepts_on_meta_tensors(kwargs):
         {"xai_temperature_len": 4},
         {"is_causal": False},
         {"custom_mask": torch.empty(10, dtype=torch.bool, device="meta")},
-        {"max_len_extend": L + 1},  # ragged extend: rows != bs * max_len_extend
+        {"max_len_extend": L - 1},  # more rows than bs * max_len_extend
         {"max_len_extend": 0},
         {"q_extend": torch.empty(BS * L, H, 192, dtype=torch.bfloat16, device="meta")},
         {"head_dims": (256, 128), "separate_v": True},
@@ -94,7 +99,7 @@ def test_gate_accepts_on_meta_tensors(kwargs):
         "xai_temperature",
         "non_causal",
         "custom_mask",
-        "ragged_extend",
+        "rows_past_batch_x_max_len",
         "draft_len_0",
         "q_head_dim_192",
         "qk_256_v_128",
@@ -246,6 +251,27 @@ def test_malformed_input_names_the_argument(over, match):
     with pytest.raises(ValueError, match=match) as info:
         _call(batch, batch.new_output(), **over(batch))
     assert "expected" in str(info.value) and "got" in str(info.value)
+
+
+def test_debug_mode_checks_draft_counts():
+    batch = make_batch(H, L, [10, 5], draft_counts=[2, 3])  # 5 rows < BS * L
+    set_debug(True)
+    try:
+        assert _call(batch, batch.new_output()) is True
+        qo = lambda *v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+        for bad, match in [
+            (qo(0, L + 1, 5), "qo_indptr"),  # a count over max_len_extend
+            (qo(0, 0, 5), "qo_indptr"),  # a request without drafts
+            (qo(0, 3, 6), r"qo_indptr\[-1\]"),  # past q_extend's rows
+        ]:
+            with pytest.raises(ValueError, match=match):
+                _call(batch, batch.new_output(), qo_indptr=bad)
+        # q holds BS * L rows: a uniform call, every count L.
+        uniform = make_batch(H, L, [10, 5])
+        with pytest.raises(ValueError, match="uniform"):
+            _call(uniform, uniform.new_output(), qo_indptr=qo(0, 2, 5))
+    finally:
+        set_debug(False)
 
 
 def test_debug_mode_checks_values():

@@ -130,6 +130,16 @@ CPU_CASES = [
         {"head_dims": (128, 128), "separate_v": True},
         None,
     ),
+    # Ragged drafts: request b has draft_counts[b] rows, 1..L.
+    (
+        "ragged_counts_empty_prefixes",
+        3,
+        4,
+        [0, 17, 0, 5, 40],
+        {"draft_counts": [1, 4, 3, 2, 1]},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=6),
+    ),
+    ("ragged_one_draft_each", 5, 3, [9, 33], {"draft_counts": [1, 1]}, SMALL),
 ]
 
 
@@ -141,6 +151,31 @@ CPU_CASES = [
 def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device):
     batch = make_batch(heads, draft_len, prefix_lens, device=device, **kwargs)
     _run_and_check(batch, config, device)
+
+
+def test_hopper_kernel_takes_only_uniform_calls(monkeypatch):
+    """The Hopper kernel reads no draft counts: a ragged call (q rows below
+    batch x L) plans the Triton kernel."""
+    monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
+    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
+    config = hopper_config(8, 4, 2)
+
+    def planned(**kwargs):
+        b = make_batch(8, 4, [70, 5], **kwargs)
+        return plan.plan_call(
+            b.q,
+            b.k_extend,
+            b.v_extend,
+            b.k_buffer,
+            b.v_buffer,
+            batch_size=2,
+            draft_len=4,
+            config=config,
+        )
+
+    assert planned().hopper
+    ragged = planned(draft_counts=[4, 3])
+    assert not ragged.hopper and not ragged.uniform
 
 
 def test_hopper_kernel_is_mla_only(monkeypatch):
@@ -628,12 +663,34 @@ def test_gpu_graph_replay_after_lengths_change():
     check_close(out, second.reference(), what="replay after lengths changed")
 
 
-# Ordinary attention's head dims, one KV head shared by every query head.
+# Every call an engine makes besides the uniform MLA one: ordinary
+# attention's head dims, ragged draft counts.
 GPU_VERIFY_CASES = [
     # id, heads, draft_len, prefix_lens, make_batch kwargs
     ("d256_H4", 4, 4, [16384] * 8, {"head_dims": (256, 256), "separate_v": True}),
     ("d256_H8_v_view", 8, 4, [8192] * 16, {"head_dims": (256, 256)}),
     ("d128_H16", 16, 4, [8192] * 8, {"head_dims": (128, 128), "separate_v": True}),
+    (
+        "ragged_empty_prefixes_H16_L4",
+        16,
+        4,
+        [0 if b % 3 == 0 else (b * 7919) % 5000 for b in range(64)],
+        {"draft_counts": [1 + b % 4 for b in range(64)]},
+    ),
+    (
+        "ragged_past_plan_block_H8_L3",
+        8,
+        3,
+        [(b * 7919) % 5000 for b in range(300)],
+        {"draft_counts": [1 + b % 3 for b in range(300)]},
+    ),
+    (
+        "d128_H8_v_view_ragged",
+        8,
+        3,
+        [100, 0, 20000],
+        {"head_dims": (128, 128), "draft_counts": [2, 3, 1]},
+    ),
 ]
 
 
@@ -657,3 +714,102 @@ def test_gpu_verify_cases_match_reference(heads, draft_len, prefix_lens, kwargs,
         **kwargs,
     )
     _run_and_check(batch, None, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"draft_counts": [4, 2, 1]}, {"head_dims": (256, 256)}],
+    ids=["ragged", "d256"],
+)
+def test_gpu_hopper_config_runs_other_calls_on_the_triton_kernel(kwargs):
+    """Under a Hopper config, ragged and non-MLA calls plan the Triton
+    kernel (the Hopper kernel reads no draft counts) and compute the same
+    function."""
+    batch = make_batch(16, 4, [3000, 64, 1], device="cuda", **kwargs)
+    config = hopper_config(16, 4, 3)
+    planned = plan.plan_call(
+        batch.q,
+        batch.k_extend,
+        batch.v_extend,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch_size=3,
+        draft_len=4,
+        config=config,
+    )
+    assert not planned.hopper
+    _run_and_check(batch, config, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_with_new_draft_counts():
+    """One captured graph replays a ragged batch after the engine rewrites
+    the draft counts, prefix lengths and slots in place: the kernels read
+    them all on the device."""
+    import mla_verify
+
+    heads, draft_len, bs, slots = 16, 4, 8, 80_000
+    first = make_batch(
+        heads,
+        draft_len,
+        [4000] * bs,
+        draft_counts=[4, 1, 3, 2, 4, 1, 2, 3],
+        device="cuda",
+        pool_slots=slots,
+        seed=1,
+    )
+    second = make_batch(
+        heads,
+        draft_len,
+        [7000, 1, 0, 513, 64, 9000, 3, 2048],
+        draft_counts=[1, 4, 2, 3, 2, 3, 4, 1],  # as many rows in all: q keeps its shape
+        device="cuda",
+        pool_slots=slots,
+        seed=2,
+    )
+    mla_verify.prepare_workspace(bs, heads, draft_len)
+    # A static buffer the graph reads, sized for the larger index list.
+    kv_indices = torch.zeros(slots, dtype=torch.int32, device="cuda")
+    kv_indices[: first.kv_indices.numel()] = first.kv_indices
+    out = first.new_output()
+
+    def call():
+        verify_mla_fwd(
+            first.q,
+            first.k_extend,
+            first.v_extend,
+            out,
+            first.k_buffer,
+            first.v_buffer,
+            first.qo_indptr,
+            first.kv_indptr,
+            kv_indices,
+            None,
+            True,
+            None,
+            draft_len,
+            sm_scale=first.sm_scale,
+        )
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compile and warm up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    out.fill_(float("nan"))
+    graph.replay()
+    first.kv_indices = kv_indices[: first.kv_indices.numel()]
+    check_close(out, first.reference(), what="first replay")
+
+    for name in ["q", "k_extend", "v_extend", "k_buffer", "qo_indptr", "kv_indptr"]:
+        getattr(first, name).copy_(getattr(second, name))
+    kv_indices[: second.kv_indices.numel()] = second.kv_indices
+    out.fill_(float("nan"))
+    graph.replay()
+    second.kv_indices = kv_indices[: second.kv_indices.numel()]
+    check_close(out, second.reference(), what="replay after counts changed")
