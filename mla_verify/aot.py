@@ -57,16 +57,21 @@ def compile_prefix_kernel(
     kv_dtype: str,
     arch: str,
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    *,
+    prefix_mask: bool = False,
 ) -> int:
     """Compile stage 1 for ``arch``; returns its shared memory in bytes.
     Raises on a compile error. MLA takes V as a view of K; other head dims
-    a V cache of its own, as engines pass them."""
+    a V cache of its own, as engines pass them. ``prefix_mask``: the
+    variant that reads a custom mask's prefix bits."""
     target, _ = TARGETS[arch]
     qk, v = check_head_dims(head_dims)
     mla = (qk, v) == MLA_HEAD_DIMS
     kv = "*" + _TRITON_DTYPES[kv_dtype]
     pointers = {"Q": "*bf16", "K_BUF": kv, "V_BUF": kv, "PART_O": "*fp32", "PART_LSE": "*fp32"}
     pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES")}
+    # Without a mask the launch passes kv_indptr in the mask's place.
+    pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
     constexprs = dict(
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,
@@ -76,10 +81,11 @@ def compile_prefix_kernel(
         D_V=v,
         D_ROPE=qk - v,
         V_FROM_K=mla,
+        PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
     )
     on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
-    if on_hopper and mla and kv_dtype in hopper.KV_DTYPES:
+    if on_hopper and mla and not prefix_mask and kv_dtype in hopper.KV_DTYPES:
         score_value = runs_score_value(config.kernel, kv_dtype)
         return _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
     src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)

@@ -33,6 +33,7 @@ from .problem import (
     HEAD_DIMS,
     INDEX_DTYPES,
     KV_DTYPES,
+    MASK_DTYPES,
     MAX_BATCH_SIZE,
     MAX_DRAFT_LEN,
     MAX_HEADS,
@@ -72,7 +73,16 @@ def can_handle(
     logit_cap: float = 0.0,
     xai_temperature_len: int = -1,
 ) -> bool:
-    """True when this kernel computes the call exactly. Reads no tensor value."""
+    """True when this kernel computes the call exactly. Reads no tensor value.
+
+    Accepts one KV head shared by every query head with head dims (q/k, v)
+    among ``problem.HEAD_DIMS`` (absorbed MLA 576/512, 256/256, 128/128),
+    V a view of K or a cache of its own, bf16/fp16 q, bf16/fp16/fp8 KV;
+    causal drafts, or a bool/uint8 ``custom_mask`` (which then decides,
+    whatever ``is_causal`` says); up to ``bs * max_len_extend`` query rows
+    (fewer: ragged draft counts, read on the device). Refuses sinks, sliding
+    windows, logit caps, xai temperature, non-causal calls without a mask,
+    several KV heads, and everything else it cannot compute exactly."""
     return (
         _refusal(
             q_extend,
@@ -124,8 +134,13 @@ def _refusal(
         return "logit cap"
     if xai_temperature_len is not None and xai_temperature_len > 0:
         return "xai temperature"
-    if not is_causal or custom_mask is not None:
-        return "non-causal or custom mask"
+    if custom_mask is None and not is_causal:
+        return "non-causal without a custom mask"
+    if custom_mask is not None:  # the mask decides; is_causal adds nothing
+        if not isinstance(custom_mask, torch.Tensor):
+            return "non-tensor custom_mask"
+        if custom_mask.dtype not in MASK_DTYPES:
+            return f"custom_mask dtype {custom_mask.dtype} (needs bool or uint8)"
     tensors = (q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return "non-tensor input"
@@ -290,17 +305,25 @@ def verify_mla_fwd(
     Computes, for every request b (its E_b draft rows ``qo_indptr[b] ..
     qo_indptr[b+1] - 1``, 1 <= E_b <= L = ``max_len_extend``), head h and
     draft i, attention of ``q_extend[qo_indptr[b] + i, h]`` over the
-    request's whole prefix (rows
-    ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``, scores scaled by
-    ``sm_scale * k_scale``, both positive, values by ``v_scale``) and over
-    drafts 0..i of the request (``k_extend`` / ``v_extend`` at the same
-    rows, unscaled), and writes the result into ``o_extend`` [T, H, Dv].
+    request's prefix (rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
+    P_b of them, scores scaled by ``sm_scale * k_scale``, both positive,
+    values by ``v_scale``) and over its own drafts (``k_extend`` /
+    ``v_extend`` at the same rows, unscaled), and writes the result into
+    ``o_extend`` [T, H, Dv]. Without a mask, row i sees the whole prefix and
+    drafts 0..i. With ``custom_mask`` (flat, bool or uint8, SGLang's layout)
+    and ``mask_indptr`` [bs+1], row i sees key j (the prefix keys first,
+    then the drafts) where ``custom_mask[mask_indptr[b] + i * (P_b + E_b) +
+    j]`` is set; ``is_causal`` then adds nothing. With
+    ``skip_prefix_custom_mask=True`` (SGLang's default) the prefix is
+    visible to every row and only the E_b x E_b draft bits are read; pass
+    False to have the prefix bits honoured too. A row that sees no key at
+    all gets 0.
 
     Head dims (q/k, v): absorbed MLA's (576, 512), where V is K's first 512
     latent columns and the other 64 are the rope part, or ordinary
     attention's (256, 256) and (128, 128). Shapes: q_extend [T, H, Dqk]
-    (bf16/fp16, any head/token strides), T <= bs * L rows (T = bs * L:
-    every request has L drafts), k_extend [T, 1, Dqk], v_extend [T, 1, Dv],
+    (bf16/fp16, any head/token strides), T <= bs * L rows (T = bs * L: every
+    request has L drafts), k_extend [T, 1, Dqk], v_extend [T, 1, Dv],
     k_buffer [slots, 1, Dqk] (bf16/fp16 like q, or fp8 e4m3), v_buffer
     [slots, 1, Dv] (a pool of its own, or the view ``k_buffer[..., :Dv]``,
     which is then read only once), indptrs [bs+1] and kv_indices
@@ -311,16 +334,14 @@ def verify_mla_fwd(
     value sizes the workspace for every batch up to it, as
     ``prepare_workspace`` does, so later calls (captured ones included)
     allocate nothing; during capture it is not acted on.
-    ``skip_prefix_custom_mask`` and ``window_kv_offsets`` complete SGLang's
-    signature: a custom mask or window offsets are refused (False).
 
     Returns False, writing nothing, where ``can_handle`` refuses (sinks,
-    sliding window, logit cap, non-causal, ...); the caller then runs its
-    own kernel. Returns True after writing ``o_extend``. Raises ValueError
-    for inconsistent arguments. ``config`` overrides the tuned table (for
-    tuning and tests). Graph-capture safe once the workspace is prepared
-    (see ``prepare_workspace``): draft counts, lengths and slots may change
-    between replays.
+    sliding window, logit cap, non-causal without a mask, ...); the caller
+    then runs its own kernel. Returns True after writing ``o_extend``.
+    Raises ValueError for inconsistent arguments. ``config`` overrides the
+    tuned table (for tuning and tests). Graph-capture safe once the workspace
+    is prepared (see ``prepare_workspace``): draft counts, lengths, slots
+    and mask bits may change between replays.
     """
     reason = _refusal(
         q_extend,
@@ -354,16 +375,12 @@ def verify_mla_fwd(
 
     bs = qo_indptr.shape[0] - 1
     head_dims = (q_extend.shape[-1], v_buffer.shape[-1])
+    device = q_extend.device
     if max_bs is not None:
         max_bs = max(bs, check_range("max_bs", max_bs, 1, MAX_BATCH_SIZE))
-        if not capturing(q_extend.device):
+        if not capturing(device):
             _reserve_for(
-                max_bs,
-                q_extend.shape[1],
-                max_len_extend,
-                k_buffer.dtype,
-                q_extend.device,
-                head_dims,
+                max_bs, q_extend.shape[1], max_len_extend, k_buffer.dtype, device, head_dims
             )
     if config is None:
         config = _tuned_config(
@@ -378,10 +395,12 @@ def verify_mla_fwd(
         batch_size=bs,
         draft_len=max_len_extend,
         config=config,
+        masked=custom_mask is not None,
+        skip_prefix_mask=bool(skip_prefix_custom_mask),
     )
-    if _debug and not capturing(q_extend.device):
+    if _debug and not capturing(device):
         _check_values(k_buffer, q_extend.shape[0], qo_indptr, kv_indptr, kv_indices, max_len_extend)
-    part_o, part_lse = get_workspace(q_extend.device).views(
+    part_o, part_lse = get_workspace(device).views(
         plan.partial_slots, plan.num_heads, max_len_extend, head_dims[1]
     )
     kernel.launch(
@@ -400,6 +419,9 @@ def verify_mla_fwd(
         sm_scale=sm_scale,
         k_scale=k_scale,
         v_scale=v_scale,
+        # The kernels read mask bytes; a bool mask is the same bytes.
+        custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
+        mask_indptr=mask_indptr,
     )
     return True
 

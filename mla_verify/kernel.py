@@ -10,6 +10,9 @@ tokens; U = bs * NUM_KV_SPLITS work units):
     v_buffer [slots, 1, Dv]   a pool of its own, or the view k_buffer[..., :Dv]
     k_ext    [T, 1, Dqk]      the drafts' own K
     v_ext    [T, 1, Dv]
+    mask     flat uint8, optional: request b's row i sees key j (its P_b
+             prefix keys, then its E_b drafts) where
+             mask[mask_indptr[b] + i * (P_b + E_b) + j] != 0
     o        [T, H, Dv]
     part_o   [U, H, L, Dv]    fp32 workspace: normalised output of each unit
     part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each unit
@@ -20,10 +23,12 @@ from the total so that every request's chunks fit in U units; stage 1 runs
 one program per (head block, unit) and streams its chunk once for BLOCK_H
 heads x L drafts (rows past the request's E_b masked), with an online
 softmax; stage 2 runs one program per (request, head), merges the
-request's units and adds the causal E_b x E_b draft-draft block. A long
-request among short ones thus gets many units (as FlashMLA plans on the
-GPU), with no host sync: both stages derive the plan and the draft counts
-from the indptrs on the device.
+request's units and adds the E_b x E_b draft-draft block: causal, or as the
+mask says. With a mask, stage 1 also reads its tile's prefix bits (E_b
+bytes a token), unless the caller takes the prefix as visible to every row.
+A long request among short ones thus gets many units (as FlashMLA plans on
+the GPU), with no host sync: both stages derive the plan and the draft
+counts from the indptrs on the device.
 
 On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
 as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
@@ -41,8 +46,10 @@ partial.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
+A row the mask hides every key of a chunk from holds weight 0 there; a row
+that sees no key at all gets output 0.
 Limits: one KV head; page size 1; the Hopper kernel takes MLA calls with
-E_b = L for every request (plan.py), this one every call.
+E_b = L for every request and no mask (plan.py), this one every call.
 """
 
 from __future__ import annotations
@@ -191,6 +198,18 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     return ctas
 
 
+@triton.jit
+def _softmax_step(qk, m_i):
+    # One online-softmax step over scores qk [R, N] (log2 domain, -inf where
+    # a key is hidden): the rows' new maxima, the rescale factor of what they
+    # hold and the new weights. A row that has seen no key yet keeps
+    # m = -inf: shifted by 0 there, alpha and p are 0, not
+    # exp2(-inf - -inf) = NaN.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, tl.exp2(m_i - shift), tl.exp2(qk - shift[:, None])
+
+
 @triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
 def _prefix_kernel(
     Q,
@@ -199,6 +218,8 @@ def _prefix_kernel(
     QO_INDPTR,
     KV_INDPTR,
     KV_INDICES,
+    MASK,
+    MASK_INDPTR,
     PART_O,
     PART_LSE,
     stride_q_tok,
@@ -218,6 +239,7 @@ def _prefix_kernel(
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
     V_FROM_K: tl.constexpr,
+    PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     # Head blocks of one unit are neighbours in launch order: the later
@@ -253,6 +275,11 @@ def _prefix_kernel(
         offs_r = tl.arange(0, D_ROPE)
         q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
         q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
+    if PREFIX_MASK:
+        # Row i's mask bits: its request's prefix keys, then its drafts.
+        mask_row = tl.load(MASK_INDPTR + req).to(tl.int64) + offs_i.to(tl.int64) * (
+            kv_len + num_rows
+        )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -270,10 +297,15 @@ def _prefix_kernel(
             k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
             qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
         qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
+        if PREFIX_MASK:
+            bits = tl.load(
+                MASK + mask_row[:, None] + offs_n[None, :],
+                mask=mask_m[:, None] & mask_n[None, :],
+                other=0,
+            )  # [M, N], E_b bytes a token
+            qk = tl.where(bits != 0, qk, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        m_new, alpha, p = _softmax_step(qk, m_i)
         l_i = l_i * alpha + tl.sum(p, 1)
         if V_FROM_K:
             v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
@@ -287,13 +319,17 @@ def _prefix_kernel(
         m_i = m_new
 
     part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)  # [M]
-    # The KV cache's value scale applies to the prefix alone.
+    # The KV cache's value scale applies to the prefix alone. A row the mask
+    # hid the whole chunk from holds weight 0 (lse -inf, values 0: merged
+    # as nothing, never as NaN * 0).
+    seen = l_i > 0
+    l_i = tl.where(seen, l_i, 1.0)
     tl.store(
         PART_O + part_row[:, None] * D_V + offs_d[None, :],
-        acc * (v_scale / l_i[:, None]),
+        tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
         mask=mask_m[:, None],
     )
-    tl.store(PART_LSE + part_row, m_i + tl.log2(l_i), mask=mask_m)
+    tl.store(PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m)
 
 
 @triton.jit
@@ -317,7 +353,7 @@ def _merge_pieces(
     # Merges a request's partials ("pieces"; log2-sum-exp2 weights) for one
     # head, drafts 0 .. num_rows - 1, columns col0 .. col0 + D_BLOCK - 1:
     # piece 0 is at partial slot `first`, piece j > 0 at later + step * j.
-    # Row r of the tile is draft
+    # A piece of weight 0 (lse -inf, values 0) adds nothing. Row r of the tile is draft
     # r % L_PAD of slot r // L_PAD; each slot merges every SLOTS-th piece, so
     # one load fetches SLOTS pieces and the loop (a chain of L2 round trips
     # on a long request) is SLOTS times shorter. Returns the running max,
@@ -363,6 +399,8 @@ def _merge_extend_kernel(
     O,
     QO_INDPTR,
     KV_INDPTR,
+    MASK,
+    MASK_INDPTR,
     PART_O,
     PART_LSE,
     stride_q_tok,
@@ -382,6 +420,7 @@ def _merge_extend_kernel(
     BLOCK_B: tl.constexpr,
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
+    DRAFT_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
@@ -423,13 +462,20 @@ def _merge_extend_kernel(
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < num_rows
     q_row = (q_start + offs_i).to(tl.int64)
+    # The draft block's mask bits follow the row's prefix bits.
+    mask_first = kv_len.to(tl.int64)
+    if DRAFT_MASK:
+        mask_first += tl.load(MASK_INDPTR + req).to(tl.int64)
     acc, l_i = _add_drafts(
         Q,
         K_EXT,
         V_EXT,
+        MASK,
         q_row,
         head,
         num_rows,
+        mask_first,
+        kv_len + num_rows,
         stride_q_tok,
         stride_q_head,
         stride_ke_tok,
@@ -441,11 +487,15 @@ def _merge_extend_kernel(
         BLOCK_L,
         D_V,
         D_ROPE,
+        DRAFT_MASK,
         DOT_FP32,
     )
+    # A row that sees no key at all (its mask bits all off) gets 0.
+    seen = l_i > 0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
     offs_d = tl.arange(0, D_V)
     ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
-    tl.store(ptr_o, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_i[:, None])
+    tl.store(ptr_o, out.to(O.dtype.element_ty), mask=mask_i[:, None])
 
 
 @triton.jit(do_not_specialize=["batch_size", "share_ctas", "min_share"])
@@ -526,9 +576,12 @@ def _add_drafts(
     Q,
     K_EXT,
     V_EXT,
+    MASK,
     q_row,
     head,
     num_rows,
+    mask_first,
+    mask_stride,
     stride_q_tok,
     stride_q_head,
     stride_ke_tok,
@@ -540,11 +593,13 @@ def _add_drafts(
     BLOCK_L: tl.constexpr,
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
+    DRAFT_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     # Adds the request's own drafts (rows q_row, num_rows of them) to the
-    # online softmax (acc, m_i, l_i); returns (acc, l). Row i sees drafts
-    # 0..i.
+    # online softmax (acc, m_i, l_i); returns (acc, l). Row i sees draft j
+    # where its mask bit MASK[mask_first + i * mask_stride + j] is set, or,
+    # without a mask, where j <= i.
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < num_rows
     offs_d = tl.arange(0, D_V)
@@ -565,13 +620,18 @@ def _add_drafts(
         q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
         k_pe = tl.load(ptr_ke + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
         qk += tl.dot(q_pe.to(q_nope.dtype), tl.trans(k_pe.to(q_nope.dtype)))
-    # Padding rows (i >= num_rows) keep every real j so their max stays finite.
-    causal = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
-    qk = tl.where(causal, qk * ext_scale, float("-inf"))
+    if DRAFT_MASK:
+        bits = tl.load(
+            MASK + mask_first + offs_i.to(tl.int64)[:, None] * mask_stride + offs_i[None, :],
+            mask=mask_i[:, None] & mask_i[None, :],
+            other=0,
+        )
+        seen = bits != 0
+    else:
+        seen = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
+    qk = tl.where(seen, qk * ext_scale, float("-inf"))
 
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    m_new, alpha, p = _softmax_step(qk, m_i)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext)
     return acc, l_i
@@ -645,11 +705,15 @@ def launch(
     sm_scale: float,
     k_scale: float,
     v_scale: float,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
 ) -> None:
     """Launch both stages as ``plan`` (a ``plan.Plan`` of this call) says.
     Inputs are trusted (the API validates them); ``part_o`` / ``part_lse``
-    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements.
-    Looks nothing up, allocates nothing, never synchronises."""
+    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements;
+    ``custom_mask`` (uint8, SGLang's layout) and ``mask_indptr`` where the
+    plan reads a mask. Looks nothing up, allocates nothing, never
+    synchronises."""
     config = plan.config
     if plan.hopper:
         kernel_sm90.launch_prefix(
@@ -693,6 +757,9 @@ def launch(
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
     grid = (triton.cdiv(num_heads, config.BLOCK_H), plan.batch_size * splits)
+    # Without a mask the kernels take kv_indptr in its place and never read it.
+    mask = custom_mask if custom_mask is not None else kv_indptr
+    mask_indptr = mask_indptr if mask_indptr is not None else kv_indptr
     d_qk, d_v = plan.head_dims
     _prefix_kernel[grid](
         q,
@@ -701,6 +768,8 @@ def launch(
         qo_indptr,
         kv_indptr,
         kv_indices,
+        mask,
+        mask_indptr,
         part_o,
         part_lse,
         q.stride(0),
@@ -720,6 +789,7 @@ def launch(
         D_V=d_v,
         D_ROPE=d_qk - d_v,
         V_FROM_K=plan.v_from_k,
+        PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,
         **config.launch_options(),
     )
@@ -738,6 +808,8 @@ def launch(
         num_kv_splits=splits,
         sm_scale=sm_scale,
         dependent=plan.dependent,
+        custom_mask=custom_mask if plan.draft_mask else None,
+        mask_indptr=mask_indptr if plan.draft_mask else None,
     )
 
 
@@ -757,13 +829,17 @@ def launch_merge(
     num_kv_splits: int,
     sm_scale: float,
     dependent: bool,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
 ) -> None:
     """Stage 2 after the Triton kernel, writes ``o``: merges each request's
     unit partials (the plan of stage 1 with ``block_n``) and adds the
-    drafts. ``dependent``: a programmatic dependent launch
+    drafts, causally or as ``custom_mask`` says (its draft block; uint8,
+    with ``mask_indptr``). ``dependent``: a programmatic dependent launch
     (``plan.dependent_launch``)."""
     num_heads = q.shape[1]
     d_v = v_ext.shape[-1]
+    draft_mask = custom_mask is not None
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
         k_ext,
@@ -771,6 +847,8 @@ def launch_merge(
         o,
         qo_indptr,
         kv_indptr,
+        custom_mask if draft_mask else kv_indptr,
+        mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
         q.stride(0),
@@ -790,6 +868,7 @@ def launch_merge(
         BLOCK_B=PLAN_BLOCK,
         D_V=d_v,
         D_ROPE=q.shape[-1] - d_v,
+        DRAFT_MASK=draft_mask,
         DOT_FP32=INTERPRETED,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,

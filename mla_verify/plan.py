@@ -3,9 +3,10 @@ shapes, dtypes, strides and the config, never from tensor values.
 
 ``plan_call`` picks stage 1's kernel (the Hopper kernel where it can run
 the call, else the Triton kernel with the same tile), the grid, the
-workspace slots and whether V is a view of K; ``kernel.launch`` only reads
-the plan. The Hopper kernel runs MLA calls with every request's full draft
-count; ragged drafts and other head dims take the Triton kernel. ``share_plan`` is
+workspace slots, whether V is a view of K and which mask bits the kernels
+read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA
+calls with every request's full draft count and no mask; ragged drafts,
+tree masks and other head dims take the Triton kernel. ``share_plan`` is
 the host-side model of the Hopper kernel's share rule, which both kernels
 compute on the device and the tests hold them to.
 """
@@ -49,7 +50,7 @@ def uses_gluon_sm90(
     tensors (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, MLA head
     dims, V a view of K); otherwise the Triton kernel runs the same tile.
     Metadata only; ``plan_call`` adds what the Hopper kernel needs of the
-    draft counts."""
+    draft counts and the mask."""
     return (
         hopper.available()
         and not INTERPRETED
@@ -157,6 +158,8 @@ class Plan:
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
     uniform          every request has draft_len rows (q holds
                      batch_size x draft_len): the Hopper kernel may run
+    prefix_mask      stage 1 reads the mask's prefix bits
+    draft_mask       stage 2 reads the mask's draft block (else causal)
     """
 
     config: VerifyConfig
@@ -171,6 +174,8 @@ class Plan:
     merge_blocks: int
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
     uniform: bool = True
+    prefix_mask: bool = False
+    draft_mask: bool = False
 
     @property
     def hopper(self) -> bool:
@@ -195,13 +200,17 @@ def plan_call(
     batch_size: int,
     draft_len: int,
     config: VerifyConfig,
+    masked: bool = False,
+    skip_prefix_mask: bool = True,
 ) -> Plan:
-    """The plan of one call with ``config`` (tuned or forced).
+    """The plan of one call with ``config`` (tuned or forced). ``masked``:
+    the call has a custom mask; ``skip_prefix_mask``: its prefix bits are
+    not read (every row sees the whole prefix).
 
     A call whose q holds batch_size x draft_len rows is uniform: the draft
     counts are at most draft_len and sum to q's rows, so each is draft_len.
-    Only uniform calls may take the Hopper kernel, which reads no counts;
-    the Triton kernel reads them on the device."""
+    Only uniform, unmasked calls may take the Hopper kernel, which reads
+    neither counts nor mask; the Triton kernel reads both on the device."""
     num_heads = q.shape[1]
     head_dims = (q.shape[-1], v_buffer.shape[-1])
     v_from_k = v_is_k_view(k_buffer, v_buffer)
@@ -213,6 +222,7 @@ def plan_call(
     if (
         config.kernel in HOPPER_KERNELS
         and uniform
+        and not masked
         and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k, head_dims[1])
     ):
         share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
@@ -231,6 +241,8 @@ def plan_call(
         ),
         head_dims=head_dims,
         uniform=uniform,
+        prefix_mask=masked and not skip_prefix_mask,
+        draft_mask=masked,
     )
 
 

@@ -34,6 +34,7 @@ MAX_POOL_SLOTS = 2**31 - 1
 
 Q_DTYPES = (torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+MASK_DTYPES = (torch.bool, torch.uint8)  # SGLang's custom_mask: one byte a bit
 
 # Key names of the KV dtypes the tables distinguish.
 KV_DTYPE_NAMES: dict[torch.dtype, str] = {

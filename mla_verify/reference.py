@@ -3,8 +3,8 @@ head: the truth for the tests, the tuner and the benchmarks.
 
 Vectorised over requests (padded to the longest prefix and the most drafts,
 in chunks that bound memory), so it also serves as a GPU baseline. It reads
-``qo_indptr`` and ``kv_indptr`` on the host: it synchronises, unlike the
-kernel.
+``qo_indptr``, ``kv_indptr`` and ``mask_indptr`` on the host: it
+synchronises, unlike the kernel.
 """
 
 from __future__ import annotations
@@ -30,13 +30,19 @@ def verify_mla_reference(
     sm_scale: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    skip_prefix_custom_mask: bool = True,
 ) -> torch.Tensor:
     """o[T, H, Dv] in float32 for q[T, H, Dqk]; see DESIGN.md for the math.
 
     Request b's rows qo_indptr[b]..qo_indptr[b+1] (E_b of them) attend to its
     prefix kv_indices[kv_indptr[b]:kv_indptr[b+1]] (P_b keys, scaled by
-    k_scale / v_scale) and causally to its own drafts k_extend/v_extend
-    (unscaled). Rows past qo_indptr[-1] get 0.
+    k_scale / v_scale) and to its own drafts k_extend/v_extend (unscaled):
+    causally, or where ``custom_mask[mask_indptr[b] + i * (P_b + E_b) + j]``
+    is set (prefix keys first; with ``skip_prefix_custom_mask`` the prefix
+    is visible to every row). A row that sees no key gets 0, as do rows past
+    qo_indptr[-1].
     """
     num_tokens, num_heads, head_dim = q.shape
     dv = v_buffer.shape[-1]
@@ -47,6 +53,12 @@ def verify_mla_reference(
     bs = len(qo) - 1
     counts = [qo[b + 1] - qo[b] for b in range(bs)]
     lens = [kv[b + 1] - kv[b] for b in range(bs)]
+    if custom_mask is not None:  # request b's bits: E_b rows of P_b + E_b
+        starts = mask_indptr.tolist()
+        grids = [
+            custom_mask[starts[b] : starts[b] + counts[b] * (lens[b] + counts[b])]
+            for b in range(bs)
+        ]
 
     out = torch.zeros(num_tokens, num_heads, dv, dtype=torch.float32, device=q.device)
     max_prefix, max_drafts = max(lens + [0]), max(counts + [1])
@@ -54,6 +66,7 @@ def verify_mla_reference(
     chunk = max(1, _CHUNK_BYTES // max(per_request, 1))
     for first in range(0, bs, chunk):
         reqs = range(first, min(bs, first + chunk))
+        bits = None if custom_mask is None else [grids[b] for b in reqs]
         _attend_chunk(
             out,
             q,
@@ -64,6 +77,8 @@ def verify_mla_reference(
             kv_indices,
             [(qo[b], qo[b + 1]) for b in reqs],
             [(kv[b], kv[b + 1]) for b in reqs],
+            bits,
+            skip_prefix_custom_mask,
             sm_scale,
             k_scale,
             v_scale,
@@ -81,6 +96,8 @@ def _attend_chunk(
     kv_indices: torch.Tensor,
     rows: list[tuple[int, int]],
     spans: list[tuple[int, int]],
+    bits: list[torch.Tensor] | None,
+    skip_prefix_mask: bool,
     sm_scale: float,
     k_scale: float,
     v_scale: float,
@@ -112,16 +129,26 @@ def _attend_chunk(
     k_pre = torch.where(valid[..., None], k_pre, 0.0)
     v_pre = torch.where(valid[..., None], v_pre, 0.0)
 
-    # Which drafts each row sees: [n, E, E].
+    # Which key each row sees: [n, E, P] and [n, E, E].
+    sees_pre = valid[:, None, :].expand(n, max_rows, max_len).clone()
     causal = torch.ones(max_rows, max_rows, dtype=torch.bool, device=device).tril()
     sees_ext = causal[None] & own[:, None, :]
+    if bits is not None:
+        sees_ext = torch.zeros_like(sees_ext)
+        for k, b in enumerate(bits):
+            e, p = int(counts[k]), int(lens[k])
+            grid = b.to(device=device, dtype=torch.bool).view(e, p + e)
+            sees_ext[k, :e, :e] = grid[:, p:]
+            if not skip_prefix_mask:
+                sees_pre[k, :e, :p] &= grid[:, :p]
 
     s_pre = torch.einsum("nlhd,npd->nhlp", qr, k_pre) * sm_scale
-    s_pre = s_pre.masked_fill(~valid[:, None, None, :], float("-inf"))
+    s_pre = s_pre.masked_fill(~sees_pre[:, None], float("-inf"))
     s_ext = torch.einsum("nlhd,njd->nhlj", qr, ke) * sm_scale
     s_ext = s_ext.masked_fill(~sees_ext[:, None], float("-inf"))
 
-    probs = torch.softmax(torch.cat([s_pre, s_ext], dim=-1), dim=-1)
+    # A row that sees nothing has all -inf scores: softmax gives NaN, and it gets 0.
+    probs = torch.softmax(torch.cat([s_pre, s_ext], dim=-1), dim=-1).nan_to_num(0.0)
     o = torch.einsum("nhlp,npd->nlhd", probs[..., :max_len], v_pre)
     o += torch.einsum("nhlj,njd->nlhd", probs[..., max_len:], ve)
     out[row[own]] = o[own]

@@ -40,6 +40,9 @@ class VerifyBatch:
     sm_scale: float
     k_scale: float = 1.0
     v_scale: float = 1.0
+    custom_mask: torch.Tensor | None = None  # flat, SGLang's layout
+    mask_indptr: torch.Tensor | None = None  # [bs+1] int32
+    skip_prefix_custom_mask: bool = True
     draft_counts: list[int] | None = None  # per request; None: draft_len each
 
     @property
@@ -66,13 +69,14 @@ class VerifyBatch:
             self.qo_indptr,
             self.kv_indptr,
             self.kv_indices,
-            None,
+            self.custom_mask,
             True,
-            None,
+            self.mask_indptr,
             self.draft_len,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             sm_scale=self.sm_scale,
+            skip_prefix_custom_mask=self.skip_prefix_custom_mask,
             config=config,
         )
 
@@ -89,6 +93,9 @@ class VerifyBatch:
             sm_scale=self.sm_scale,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            custom_mask=self.custom_mask,
+            mask_indptr=self.mask_indptr,
+            skip_prefix_custom_mask=self.skip_prefix_custom_mask,
         )
 
 
@@ -112,6 +119,10 @@ def make_batch(
     kv_slots: torch.Tensor | None = None,
     head_dims: tuple[int, int] = (Q_DIM, V_DIM),
     draft_counts: list[int] | None = None,
+    mask: str | None = None,
+    hide_prefix: float = 0.0,
+    skip_prefix_custom_mask: bool = True,
+    mask_dtype: torch.dtype = torch.bool,
 ) -> VerifyBatch:
     """A random batch: request b has ``prefix_lens[b]`` prefix tokens at
     scattered slots of a pool of ``pool_slots`` (default: used + 64), or of
@@ -126,10 +137,15 @@ def make_batch(
     batches' slots apart in one pool.
 
     ``draft_counts``: request b's drafts (ragged; default ``draft_len``
-    each, which stays max_len_extend)."""
+    each, which stays max_len_extend). ``mask``: a custom mask in SGLang's
+    layout, ``"causal"`` (drafts causal) or ``"tree"`` (a random tree per
+    request: row i sees its ancestors and itself), every prefix bit set but
+    a ``hide_prefix`` share of them, drawn at random;
+    ``skip_prefix_custom_mask`` is passed with it."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
-    gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    seed = seed if seed is not None else torch.seed() % (2**31)
+    gen.manual_seed(seed)
     kv_dtype = kv_dtype or dtype
     qk_dim, v_dim = head_dims
     bs, used = len(prefix_lens), sum(prefix_lens)
@@ -181,6 +197,11 @@ def make_batch(
     lens = torch.tensor([0, *prefix_lens])
     k_extend = randn(rows, 1, qk_dim).to(dtype)
     v_extend = k_extend[..., :v_dim] if v_extend_from_k else randn(rows, 1, v_dim).to(dtype)
+    custom_mask = mask_indptr = None
+    if mask is not None:
+        custom_mask, mask_indptr = _random_mask(mask, counts, prefix_lens, hide_prefix, seed)
+        custom_mask = custom_mask.to(mask_dtype).to(device)
+        mask_indptr = mask_indptr.to(device)
     return VerifyBatch(
         q=q,
         k_extend=k_extend,
@@ -195,8 +216,36 @@ def make_batch(
         sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(qk_dim),
         k_scale=k_scale,
         v_scale=v_scale,
+        custom_mask=custom_mask,
+        mask_indptr=mask_indptr,
+        skip_prefix_custom_mask=skip_prefix_custom_mask,
         draft_counts=counts,
     )
+
+
+def _random_mask(
+    kind: str, counts: list[int], prefix_lens: list[int], hide_prefix: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat bool mask, int32 mask_indptr) in SGLang's layout: request b's
+    E_b rows of P_b prefix bits, then E_b draft bits."""
+    if kind not in ("causal", "tree"):
+        raise ValueError(f"mask: expected 'causal' or 'tree', got {kind!r}")
+    gen = torch.Generator().manual_seed(seed + 1)
+    grids = []
+    for e, p in zip(counts, prefix_lens):
+        drafts = torch.ones(e, e, dtype=torch.bool).tril()
+        if kind == "tree":
+            # Draft i's parent comes before it (or it is a root): row i sees
+            # its ancestors and itself.
+            drafts = torch.eye(e, dtype=torch.bool)
+            for i in range(1, e):
+                parent = int(torch.randint(-1, i, (1,), generator=gen))
+                if parent >= 0:
+                    drafts[i] |= drafts[parent]
+        prefix = torch.rand(e, p, generator=gen) >= hide_prefix
+        grids.append(torch.cat([prefix, drafts], dim=1).flatten())
+    sizes = torch.tensor([0] + [g.numel() for g in grids])
+    return torch.cat(grids), sizes.cumsum(0).to(torch.int32)
 
 
 def make_pool(

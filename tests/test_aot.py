@@ -69,17 +69,19 @@ VARIANTS_SCRIPT = textwrap.dedent(
     arch = sys.argv[1]
     for dims in HEAD_DIMS:
         config = default_config(16, 4, 8, arch, "bf16", dims)
-        compile_prefix_kernel(config, 4, "bf16", arch, dims)
-        print(dims, "ok")
+        for prefix_mask in (False, True):
+            compile_prefix_kernel(config, 4, "bf16", arch, dims, prefix_mask=prefix_mask)
+            print(dims, prefix_mask, "ok")
     """
 )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(TARGETS))
-def test_every_head_dims_variant_compiles(arch):
-    """Stage 1 for each supported head-dims pair compiles for each arch (the
-    Triton kernel, or the Hopper one where the default picks it)."""
+def test_every_head_dims_and_mask_variant_compiles(arch):
+    """Stage 1 for each supported head-dims pair, reading prefix mask bits
+    or not, compiles for each arch (the Triton kernel, or the Hopper one
+    where the default picks it)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
@@ -90,4 +92,4 @@ def test_every_head_dims_variant_compiles(arch):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 3
+    assert proc.stdout.count("ok") == 6

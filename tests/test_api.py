@@ -49,6 +49,13 @@ def test_gate_accepts_mla_on_meta_tensors():
     assert can_handle(**gate_args())
 
 
+def _mask(device="meta", dtype=torch.bool, n=1000):
+    return {
+        "custom_mask": torch.empty(n, dtype=dtype, device=device),
+        "mask_indptr": torch.empty(BS + 1, dtype=torch.int32, device=device),
+    }
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -59,6 +66,10 @@ def test_gate_accepts_mla_on_meta_tensors():
         {"head_dims": (256, 256), "separate_v": True, "kv_dtype": torch.float8_e4m3fn},
         {"rows": BS * L - 2},  # ragged: fewer drafts than max_len_extend in some requests
         {"rows": BS},
+        _mask(),
+        _mask(dtype=torch.uint8),
+        {**_mask(), "is_causal": False},  # the mask decides
+        {**_mask(), "rows": BS * L - 1, "head_dims": (256, 256), "separate_v": True},
     ],
     ids=[
         "256_v_view",
@@ -68,6 +79,10 @@ def test_gate_accepts_mla_on_meta_tensors():
         "256_fp8",
         "ragged",
         "one_draft_each",
+        "tree_bool_mask",
+        "tree_uint8_mask",
+        "tree_mask_not_causal",
+        "tree_ragged_256",
     ],
 )
 def test_gate_accepts_on_meta_tensors(kwargs):
@@ -82,7 +97,7 @@ def test_gate_accepts_on_meta_tensors(kwargs):
         {"logit_cap": 30.0},
         {"xai_temperature_len": 4},
         {"is_causal": False},
-        {"custom_mask": torch.empty(10, dtype=torch.bool, device="meta")},
+        {"custom_mask": torch.empty(10, dtype=torch.int32, device="meta")},
         {"max_len_extend": L - 1},  # more rows than bs * max_len_extend
         {"max_len_extend": 0},
         {"q_extend": torch.empty(BS * L, H, 192, dtype=torch.bfloat16, device="meta")},
@@ -97,8 +112,8 @@ def test_gate_accepts_on_meta_tensors(kwargs):
         "sliding_window",
         "logit_cap",
         "xai_temperature",
-        "non_causal",
-        "custom_mask",
+        "non_causal_without_mask",
+        "int32_custom_mask",
         "rows_past_batch_x_max_len",
         "draft_len_0",
         "q_head_dim_192",
@@ -146,10 +161,11 @@ def _call(batch, out, **over):
         qo_indptr=batch.qo_indptr,
         kv_indptr=batch.kv_indptr,
         kv_indices=batch.kv_indices,
-        custom_mask=None,
+        custom_mask=batch.custom_mask,
         is_causal=True,
-        mask_indptr=None,
+        mask_indptr=batch.mask_indptr,
         max_len_extend=batch.draft_len,
+        skip_prefix_custom_mask=batch.skip_prefix_custom_mask,
     )
     args.update(over)
     return verify_mla_fwd(**args)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -91,23 +92,9 @@ CPU_CASES = [
     ("lookup_config", 4, 2, [30, 5], {}, None),
     # Ordinary attention: one KV head, q/k = v = 256 or 128, no rope part.
     ("d256_v_view", 4, 2, [30, 12], {"head_dims": (256, 256)}, SMALL),
-    (
-        "d256_v_separate",
-        4,
-        2,
-        [30, 12],
-        {"head_dims": (256, 256), "separate_v": True},
-        SMALL,
-    ),
+    ("d256_v_separate", 4, 2, [30, 12], {"head_dims": (256, 256), "separate_v": True}, SMALL),
     ("d128_v_view", 3, 3, [25, 0], {"head_dims": (128, 128)}, SMALL),
-    (
-        "d128_v_separate",
-        3,
-        3,
-        [25, 0],
-        {"head_dims": (128, 128), "separate_v": True},
-        SMALL,
-    ),
+    ("d128_v_separate", 3, 3, [25, 0], {"head_dims": (128, 128), "separate_v": True}, SMALL),
     (
         "d256_fp8_scaled_v_separate",
         4,
@@ -122,14 +109,7 @@ CPU_CASES = [
         },
         SMALL,
     ),
-    (
-        "d128_lookup_config",
-        4,
-        2,
-        [30, 5],
-        {"head_dims": (128, 128), "separate_v": True},
-        None,
-    ),
+    ("d128_lookup_config", 4, 2, [30, 5], {"head_dims": (128, 128), "separate_v": True}, None),
     # Ragged drafts: request b has draft_counts[b] rows, 1..L.
     (
         "ragged_counts_empty_prefixes",
@@ -140,6 +120,66 @@ CPU_CASES = [
         dataclasses.replace(SMALL, NUM_KV_SPLITS=6),
     ),
     ("ragged_one_draft_each", 5, 3, [9, 33], {"draft_counts": [1, 1]}, SMALL),
+    # Tree masks in SGLang's layout (prefix keys first, then the drafts).
+    ("tree", 4, 5, [20, 0, 33], {"mask": "tree", "draft_counts": [5, 2, 4]}, SMALL),
+    ("causal_as_mask_uint8", 3, 4, [18, 7], {"mask": "causal", "mask_dtype": torch.uint8}, SMALL),
+    (
+        "prefix_bits_hide_keys",
+        4,
+        3,
+        [40, 3, 0, 17],
+        {"mask": "tree", "hide_prefix": 0.4, "skip_prefix_custom_mask": False},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=5),
+    ),
+    (
+        "prefix_bits_skipped",
+        4,
+        3,
+        [40, 3],
+        {"mask": "tree", "hide_prefix": 0.4, "skip_prefix_custom_mask": True},
+        SMALL,
+    ),
+    # Every prefix bit off: every chunk's partials hold weight 0.
+    (
+        "prefix_all_hidden",
+        2,
+        4,
+        [50, 20],
+        {"mask": "tree", "hide_prefix": 1.0, "skip_prefix_custom_mask": False},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=6),
+    ),
+    (
+        "fp8_tree_ragged_scaled",
+        4,
+        4,
+        [30, 0, 12],
+        {
+            "kv_dtype": torch.float8_e4m3fn,
+            "k_scale": 0.5,
+            "v_scale": 1.5,
+            "mask": "tree",
+            "hide_prefix": 0.3,
+            "skip_prefix_custom_mask": False,
+            "draft_counts": [4, 1, 3],
+        },
+        SMALL,
+    ),
+    (
+        "d256_tree_ragged_v_extend_view",
+        4,
+        4,
+        [19, 40],
+        {
+            "head_dims": (256, 256),
+            "separate_v": True,
+            "v_extend_from_k": True,
+            "mask": "tree",
+            "hide_prefix": 0.3,
+            "skip_prefix_custom_mask": False,
+            "draft_counts": [3, 4],
+        },
+        SMALL,
+    ),
 ]
 
 
@@ -153,9 +193,64 @@ def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device
     _run_and_check(batch, config, device)
 
 
-def test_hopper_kernel_takes_only_uniform_calls(monkeypatch):
-    """The Hopper kernel reads no draft counts: a ragged call (q rows below
-    batch x L) plans the Triton kernel."""
+def _random_tree_batch(seed: int, device, *, big: bool = False):
+    """A tree-verify batch of random shape: draft length, counts (ragged),
+    prefix lengths (0 and 1 included), tree, hidden prefix bits and whether
+    they are read. ``big``: GPU sizes."""
+    rng = random.Random(seed)
+    draft_len = rng.randint(1, 16 if big else 8)
+    bs = rng.randint(1, 64 if big else 4)
+    longest = 20000 if big else 70
+    prefix_lens = [rng.choice([0, 1, rng.randint(2, longest)]) for _ in range(bs)]
+    batch = make_batch(
+        rng.randint(1, 128 if big else 6),
+        draft_len,
+        prefix_lens,
+        draft_counts=[rng.randint(1, draft_len) for _ in range(bs)],
+        mask="tree",
+        hide_prefix=rng.choice([0.0, 0.3]),
+        skip_prefix_custom_mask=rng.random() < 0.5,
+        mask_dtype=rng.choice([torch.bool, torch.uint8]),
+        device=device,
+        pool_slots=2 * sum(prefix_lens) + 64,
+        seed=seed,
+    )
+    config = VerifyConfig(
+        BLOCK_H=rng.choice([1, 2, 4]),
+        BLOCK_N=16 if not big else 64,
+        NUM_KV_SPLITS=rng.randint(1, 6),
+        num_warps=4,
+        num_stages=1,
+    )
+    return batch, (None if big else config)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_trees(seed, device):
+    batch, config = _random_tree_batch(seed, device)
+    _run_and_check(batch, config, device)
+
+
+def test_row_that_sees_no_key_gets_zero(device):
+    """Prefix bits and draft bits all off for one row: its output is 0 (an
+    empty softmax adds nothing), and the other rows are unaffected."""
+    batch = make_batch(3, 4, [20, 6], mask="tree", skip_prefix_custom_mask=False, device=device)
+    width = 20 + 4  # request 0's row: its prefix, then its drafts
+    start = int(batch.mask_indptr[0]) + 2 * width
+    batch.custom_mask[start : start + width] = False
+    ref = batch.reference()
+    assert bool((ref[2] == 0).all())
+    _poison_workspace(device)
+    out = batch.new_output()
+    assert batch.run(out, dataclasses.replace(SMALL, NUM_KV_SPLITS=4))
+    check_close(out, ref)
+    assert bool((out[2] == 0).all())
+
+
+def test_hopper_kernel_takes_only_uniform_unmasked_calls(monkeypatch):
+    """The Hopper kernel reads neither draft counts nor masks: a ragged call
+    (q rows below batch x L) or a masked one plans the Triton kernel; the
+    plan says which mask bits the Triton kernel reads."""
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
     config = hopper_config(8, 4, 2)
@@ -171,11 +266,16 @@ def test_hopper_kernel_takes_only_uniform_calls(monkeypatch):
             batch_size=2,
             draft_len=4,
             config=config,
+            masked=b.custom_mask is not None,
+            skip_prefix_mask=b.skip_prefix_custom_mask,
         )
 
     assert planned().hopper
     ragged = planned(draft_counts=[4, 3])
-    assert not ragged.hopper and not ragged.uniform
+    assert not ragged.hopper and not ragged.uniform and not ragged.draft_mask
+    tree = planned(mask="tree")
+    assert not tree.hopper and tree.draft_mask and not tree.prefix_mask
+    assert planned(mask="tree", skip_prefix_custom_mask=False).prefix_mask
 
 
 def test_hopper_kernel_is_mla_only(monkeypatch):
@@ -234,14 +334,7 @@ def test_int64_index_tensors(device):
     ],
 )
 def test_merge_after_shares(
-    draft_len,
-    ctas,
-    min_share,
-    prefix_lens,
-    expected_pieces,
-    column_blocks,
-    device,
-    monkeypatch,
+    draft_len, ctas, min_share, prefix_lens, expected_pieces, column_blocks, device, monkeypatch
 ):
     """Stage 2 after the Hopper kernel's balanced shares: it merges the
     partials of each request that several shares hold (drafts included, so
@@ -332,12 +425,7 @@ def test_kernel_hash_covers_constexpr_functions():
     # A table's kernel hash must change with anything that shapes the
     # kernel, the producer's copy layout (a constexpr function) included.
     hashed = {fn.fn.__name__ for fn in kernel._jitted(vars(hopper.gluon_kernel()))}
-    assert {
-        "_copy_layout",
-        "_produce",
-        "_consume_values",
-        "_prefix_kernel_sm90",
-    } <= hashed
+    assert {"_copy_layout", "_produce", "_consume_values", "_prefix_kernel_sm90"} <= hashed
 
 
 def test_stale_workspace_never_leaks(device):
@@ -571,13 +659,7 @@ def test_gpu_fp8_to_bf16_is_exact_on_every_finite_code():
 @pytest.mark.gpu
 def test_gpu_strided_separate_v_fp16():
     batch = make_batch(
-        16,
-        4,
-        [5000, 33, 64],
-        dtype=torch.float16,
-        strided_q=True,
-        separate_v=True,
-        device="cuda",
+        16, 4, [5000, 33, 64], dtype=torch.float16, strided_q=True, separate_v=True, device="cuda"
     )
     _run_and_check(batch, None, "cuda")
 
@@ -663,8 +745,8 @@ def test_gpu_graph_replay_after_lengths_change():
     check_close(out, second.reference(), what="replay after lengths changed")
 
 
-# Every call an engine makes besides the uniform MLA one: ordinary
-# attention's head dims, ragged draft counts.
+# Every call an engine makes besides the uniform causal MLA one: trees,
+# ragged draft counts, hidden prefix keys, ordinary attention's head dims.
 GPU_VERIFY_CASES = [
     # id, heads, draft_len, prefix_lens, make_batch kwargs
     ("d256_H4", 4, 4, [16384] * 8, {"head_dims": (256, 256), "separate_v": True}),
@@ -690,6 +772,40 @@ GPU_VERIFY_CASES = [
         3,
         [100, 0, 20000],
         {"head_dims": (128, 128), "draft_counts": [2, 3, 1]},
+    ),
+    ("tree_H16_L8", 16, 8, [4096] * 16, {"mask": "tree"}),
+    (
+        "tree_prefix_bits_H128_L4",
+        128,
+        4,
+        [2048] * 8,
+        {"mask": "tree", "hide_prefix": 0.2, "skip_prefix_custom_mask": False},
+    ),
+    (
+        "tree_ragged_H16_L8",
+        16,
+        8,
+        [3000, 0, 1, 16384, 77, 512],
+        {"mask": "tree", "draft_counts": [8, 3, 1, 6, 8, 2]},
+    ),
+    (
+        "prefix_all_hidden_H16_L4",
+        16,
+        4,
+        [8192] * 4,
+        {"mask": "tree", "hide_prefix": 1.0, "skip_prefix_custom_mask": False},
+    ),
+    (
+        "d256_H16_tree_ragged",
+        16,
+        6,
+        [4096] * 32,
+        {
+            "head_dims": (256, 256),
+            "separate_v": True,
+            "mask": "tree",
+            "draft_counts": [1 + b % 6 for b in range(32)],
+        },
     ),
 ]
 
@@ -717,16 +833,28 @@ def test_gpu_verify_cases_match_reference(heads, draft_len, prefix_lens, kwargs,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_random_trees(seed):
+    batch, _ = _random_tree_batch(seed, "cuda", big=True)
+    _run_and_check(batch, None, "cuda")
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
 @pytest.mark.parametrize(
     "kwargs",
-    [{"draft_counts": [4, 2, 1]}, {"head_dims": (256, 256)}],
-    ids=["ragged", "d256"],
+    [
+        {"draft_counts": [4, 2, 1]},
+        {"mask": "tree"},
+        {"mask": "causal", "hide_prefix": 0.2, "skip_prefix_custom_mask": False},
+        {"head_dims": (256, 256)},
+    ],
+    ids=["ragged", "tree", "prefix_bits", "d256"],
 )
 def test_gpu_hopper_config_runs_other_calls_on_the_triton_kernel(kwargs):
-    """Under a Hopper config, ragged and non-MLA calls plan the Triton
-    kernel (the Hopper kernel reads no draft counts) and compute the same
-    function."""
+    """Under a Hopper config, ragged, masked and non-MLA calls plan the
+    Triton kernel (the Hopper kernel reads neither counts nor masks) and
+    compute the same function."""
     batch = make_batch(16, 4, [3000, 64, 1], device="cuda", **kwargs)
     config = hopper_config(16, 4, 3)
     planned = plan.plan_call(
@@ -738,19 +866,23 @@ def test_gpu_hopper_config_runs_other_calls_on_the_triton_kernel(kwargs):
         batch_size=3,
         draft_len=4,
         config=config,
+        masked=batch.custom_mask is not None,
+        skip_prefix_mask=batch.skip_prefix_custom_mask,
     )
     assert not planned.hopper
     _run_and_check(batch, config, "cuda")
 
 
 @pytest.mark.gpu
-def test_gpu_graph_replay_with_new_draft_counts():
+@pytest.mark.parametrize("mask", [None, "tree"])
+def test_gpu_graph_replay_with_new_draft_counts(mask):
     """One captured graph replays a ragged batch after the engine rewrites
-    the draft counts, prefix lengths and slots in place: the kernels read
-    them all on the device."""
+    the draft counts, prefix lengths, slots and (tree) mask bits in place:
+    the kernels read them all on the device."""
     import mla_verify
 
     heads, draft_len, bs, slots = 16, 4, 8, 80_000
+    masked = {"mask": mask, "hide_prefix": 0.1, "skip_prefix_custom_mask": False} if mask else {}
     first = make_batch(
         heads,
         draft_len,
@@ -759,6 +891,7 @@ def test_gpu_graph_replay_with_new_draft_counts():
         device="cuda",
         pool_slots=slots,
         seed=1,
+        **masked,
     )
     second = make_batch(
         heads,
@@ -768,11 +901,17 @@ def test_gpu_graph_replay_with_new_draft_counts():
         device="cuda",
         pool_slots=slots,
         seed=2,
+        **masked,
     )
     mla_verify.prepare_workspace(bs, heads, draft_len)
-    # A static buffer the graph reads, sized for the larger index list.
+    # Static buffers the graph reads, sized for the larger lists.
     kv_indices = torch.zeros(slots, dtype=torch.int32, device="cuda")
     kv_indices[: first.kv_indices.numel()] = first.kv_indices
+    custom_mask = mask_indptr = None
+    if mask:
+        custom_mask = torch.zeros(slots * draft_len, dtype=torch.bool, device="cuda")
+        custom_mask[: first.custom_mask.numel()] = first.custom_mask
+        mask_indptr = first.mask_indptr
     out = first.new_output()
 
     def call():
@@ -786,11 +925,12 @@ def test_gpu_graph_replay_with_new_draft_counts():
             first.qo_indptr,
             first.kv_indptr,
             kv_indices,
-            None,
+            custom_mask,
             True,
-            None,
+            mask_indptr,
             draft_len,
             sm_scale=first.sm_scale,
+            skip_prefix_custom_mask=first.skip_prefix_custom_mask,
         )
 
     stream = torch.cuda.Stream()
@@ -804,11 +944,17 @@ def test_gpu_graph_replay_with_new_draft_counts():
     out.fill_(float("nan"))
     graph.replay()
     first.kv_indices = kv_indices[: first.kv_indices.numel()]
+    if mask:
+        first.custom_mask = custom_mask[: first.custom_mask.numel()]
     check_close(out, first.reference(), what="first replay")
 
-    for name in ["q", "k_extend", "v_extend", "k_buffer", "qo_indptr", "kv_indptr"]:
+    names = ["q", "k_extend", "v_extend", "k_buffer", "qo_indptr", "kv_indptr"]
+    for name in names + (["mask_indptr"] if mask else []):
         getattr(first, name).copy_(getattr(second, name))
     kv_indices[: second.kv_indices.numel()] = second.kv_indices
+    if mask:
+        custom_mask[: second.custom_mask.numel()] = second.custom_mask
+        second.custom_mask = custom_mask[: second.custom_mask.numel()]
     out.fill_(float("nan"))
     graph.replay()
     second.kv_indices = kv_indices[: second.kv_indices.numel()]

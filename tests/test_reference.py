@@ -1,6 +1,6 @@
 """The float32 reference against a plain per-row computation, on the cases
-it generalises to: ragged draft counts and head dims other than MLA's. CPU
-only."""
+it generalises to: ragged draft counts, masks (prefix bits read or not),
+rows that see nothing, and head dims other than MLA's. CPU only."""
 
 from __future__ import annotations
 
@@ -34,6 +34,14 @@ def _per_row(batch) -> torch.Tensor:
         )
         for i, row in enumerate(rows):
             sees = torch.cat([torch.ones(p, dtype=torch.bool), torch.arange(e) <= i])
+            if batch.custom_mask is not None:
+                start = int(batch.mask_indptr[b]) + i * (p + e)
+                bits = batch.custom_mask[start : start + p + e].bool()
+                sees = bits.clone()
+                if batch.skip_prefix_custom_mask:
+                    sees[:p] = True
+            if not bool(sees.any()):
+                continue  # sees nothing: 0
             scores = batch.q[row].double() @ keys[sees].T * batch.sm_scale  # [H, keys]
             out[row] = (torch.softmax(scores, -1) @ values[sees]).float()
     return out
@@ -44,11 +52,33 @@ def _per_row(batch) -> torch.Tensor:
     [
         {},
         {"draft_counts": [3, 1, 2]},
-        {"head_dims": (256, 256), "separate_v": True, "draft_counts": [1, 3, 2]},
+        {"mask": "tree", "draft_counts": [3, 1, 2]},
+        {"mask": "tree", "hide_prefix": 0.5, "skip_prefix_custom_mask": False},
+        {"mask": "tree", "hide_prefix": 0.5, "skip_prefix_custom_mask": True},
+        {"mask": "causal", "hide_prefix": 1.0, "skip_prefix_custom_mask": False},
+        {"head_dims": (256, 256), "separate_v": True, "mask": "tree"},
         {"head_dims": (128, 128), "kv_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 2.0},
     ],
-    ids=["uniform", "ragged", "d256_ragged", "d128_fp8"],
+    ids=[
+        "uniform",
+        "ragged",
+        "tree_ragged",
+        "prefix_bits_read",
+        "prefix_bits_skipped",
+        "prefix_all_hidden",
+        "d256_tree",
+        "d128_fp8",
+    ],
 )
 def test_reference_matches_per_row_softmax(kwargs):
     batch = make_batch(3, 3, [7, 0, 12], seed=5, **kwargs)
     torch.testing.assert_close(batch.reference(), _per_row(batch), atol=1e-4, rtol=1e-4)
+
+
+def test_reference_gives_a_row_that_sees_nothing_zero():
+    batch = make_batch(2, 3, [5, 4], mask="tree", skip_prefix_custom_mask=False, seed=1)
+    start = int(batch.mask_indptr[1]) + 1 * (4 + 3)  # request 1, row 1
+    batch.custom_mask[start : start + 7] = False
+    ref = batch.reference()
+    assert bool((ref[4] == 0).all()) and bool(torch.isfinite(ref).all())
+    torch.testing.assert_close(ref, _per_row(batch), atol=1e-4, rtol=1e-4)
