@@ -8,10 +8,11 @@ back to its baseline; otherwise it validates the arguments' consistency
 
 Values that would need a GPU sync to check are trusted: every slot in
 ``kv_indices[kv_indptr[0]:kv_indptr[-1]]`` must be a valid row of
-``k_buffer``, ``kv_indptr`` must be non-decreasing, and every draft count
+``k_buffer``, ``kv_indptr`` must be non-decreasing, every draft count
 ``qo_indptr[b+1] - qo_indptr[b]`` must be in 1..max_len_extend with
 ``qo_indptr[-1]`` at most q_extend's rows (and each count max_len_extend
-where q_extend holds batch x max_len_extend rows). Set
+where q_extend holds batch x max_len_extend rows), and ``mask_indptr`` must
+give request b ``E_b * (P_b + E_b)`` mask bytes within ``custom_mask``. Set
 ``MLA_VERIFY_DEBUG=1`` (or call ``set_debug(True)``) to have them checked on
 every call outside graph capture.
 """
@@ -232,7 +233,54 @@ def _validate(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr
         _expect(t.device == device, f"{name}.device", f"{device} (q_extend's)", t.device)
 
 
-def _check_values(k_buffer, rows, qo_indptr, kv_indptr, kv_indices, draft_len):
+def _validate_mask(q, qo_indptr, custom_mask, mask_indptr, max_len_extend):
+    """The custom mask's arguments, as far as shapes tell (no value reads):
+    both or neither; mask_indptr [bs+1]; a flat mask no shorter than any
+    batch of these shapes needs (bs x L x L bytes for a uniform one, where
+    every request has L rows; one a request otherwise)."""
+    if custom_mask is None and mask_indptr is None:
+        return
+    if mask_indptr is None:
+        raise ValueError("mask_indptr: expected a [bs+1] tensor with custom_mask, got None")
+    if custom_mask is None:
+        raise ValueError("custom_mask: expected a flat tensor with mask_indptr, got None")
+    bs = qo_indptr.shape[0] - 1
+    _expect(isinstance(mask_indptr, torch.Tensor), "mask_indptr", "a tensor", type(mask_indptr))
+    _expect(
+        mask_indptr.dim() == 1 and mask_indptr.shape[0] == bs + 1,
+        "mask_indptr.shape",
+        f"({bs + 1},) (like qo_indptr)",
+        tuple(mask_indptr.shape),
+    )
+    _expect(
+        mask_indptr.dtype in INDEX_DTYPES,
+        "mask_indptr.dtype",
+        "torch.int32 or torch.int64",
+        mask_indptr.dtype,
+    )
+    _expect(mask_indptr.stride(0) == 1, "mask_indptr", "a contiguous tensor", mask_indptr.stride())
+    _expect(custom_mask.dim() == 1, "custom_mask.dim()", "1 (a flat mask)", custom_mask.dim())
+    _expect(
+        custom_mask.stride(0) == 1 or custom_mask.numel() <= 1,
+        "custom_mask",
+        "a contiguous tensor",
+        custom_mask.stride(),
+    )
+    uniform = q.shape[0] == bs * max_len_extend
+    least = bs * max_len_extend * max_len_extend if uniform else bs
+    _expect(
+        custom_mask.numel() >= least,
+        "custom_mask.numel()",
+        f"at least {least} ({bs} requests' rows x their drafts, mask_indptr {bs + 1} long)",
+        custom_mask.numel(),
+    )
+    for name, t in (("custom_mask", custom_mask), ("mask_indptr", mask_indptr)):
+        _expect(t.device == q.device, f"{name}.device", f"{q.device} (q_extend's)", t.device)
+
+
+def _check_values(
+    k_buffer, rows, qo_indptr, kv_indptr, kv_indices, draft_len, custom_mask, mask_indptr
+):
     """Debug mode: the checks that need the values (synchronises)."""
     bs = qo_indptr.shape[0] - 1
     qo = qo_indptr.long()
@@ -257,6 +305,18 @@ def _check_values(k_buffer, rows, qo_indptr, kv_indptr, kv_indices, draft_len):
         lo, hi = int(used.min()), int(used.max())
         slots = k_buffer.shape[0]
         _expect(lo >= 0 and hi < slots, "kv_indices", f"slots in [0, {slots})", f"[{lo}, {hi}]")
+    if custom_mask is not None:
+        kv = kv_indptr.long()
+        need = counts * (kv[1:] - kv[:-1] + counts)
+        spans = mask_indptr.long()[1:] - mask_indptr.long()[:-1]
+        if int(mask_indptr[0]) < 0 or not torch.equal(spans, need):
+            raise ValueError(
+                "mask_indptr: expected >= 0 and spans of E_b * (P_b + E_b) bytes, "
+                f"{need.tolist()}, got {mask_indptr}"
+            )
+        end = int(mask_indptr[-1])
+        length = custom_mask.numel()
+        _expect(end <= length, "mask_indptr[-1]", f"<= {length} (custom_mask's length)", end)
 
 
 def _as_scale(value: float, name: str, *, positive: bool = False) -> float:
@@ -367,6 +427,7 @@ def verify_mla_fwd(
     _validate(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices
     )
+    _validate_mask(q_extend, qo_indptr, custom_mask, mask_indptr, max_len_extend)
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
     if sm_scale is None:
@@ -399,7 +460,16 @@ def verify_mla_fwd(
         skip_prefix_mask=bool(skip_prefix_custom_mask),
     )
     if _debug and not capturing(device):
-        _check_values(k_buffer, q_extend.shape[0], qo_indptr, kv_indptr, kv_indices, max_len_extend)
+        _check_values(
+            k_buffer,
+            q_extend.shape[0],
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            max_len_extend,
+            custom_mask,
+            mask_indptr,
+        )
     part_o, part_lse = get_workspace(device).views(
         plan.partial_slots, plan.num_heads, max_len_extend, head_dims[1]
     )

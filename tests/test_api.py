@@ -142,10 +142,7 @@ def test_gate_reads_no_values(monkeypatch):
     """No .item() / .tolist() / .cpu() on any argument."""
     for name in ("item", "tolist", "cpu", "numpy", "__bool__"):
         monkeypatch.setattr(
-            torch.Tensor,
-            name,
-            lambda *a, **k: pytest.fail("gate read a value"),
-            raising=True,
+            torch.Tensor, name, lambda *a, **k: pytest.fail("gate read a value"), raising=True
         )
     assert can_handle(**gate_args(device="cpu"))
 
@@ -172,11 +169,7 @@ def _call(batch, out, **over):
 
 
 @pytest.mark.parametrize(
-    "over",
-    [
-        {"sliding_window_size": 64},
-        {"window_kv_offsets": torch.zeros(BS, dtype=torch.int32)},
-    ],
+    "over", [{"sliding_window_size": 64}, {"window_kv_offsets": torch.zeros(BS, dtype=torch.int32)}]
 )
 def test_refusal_writes_nothing(device, over):
     batch = make_batch(H, L, [10, 5], device=device)
@@ -228,10 +221,7 @@ def test_max_bs_sizes_the_workspace_once(monkeypatch):
 @pytest.mark.parametrize(
     "over,match",
     [
-        (
-            lambda b: {"o_extend": torch.empty(BS * L, H, 576, dtype=b.q.dtype)},
-            "o_extend.shape",
-        ),
+        (lambda b: {"o_extend": torch.empty(BS * L, H, 576, dtype=b.q.dtype)}, "o_extend.shape"),
         (
             lambda b: {"o_extend": torch.empty(BS * L, H, 512, dtype=torch.float16)},
             "o_extend.dtype",
@@ -246,6 +236,13 @@ def test_max_bs_sizes_the_workspace_once(monkeypatch):
         (lambda b: {"sm_scale": float("nan")}, "sm_scale"),
         (lambda b: {"k_scale": -0.5}, "k_scale"),
         (lambda b: {"sm_scale": 0.0}, "sm_scale"),
+        (lambda b: {"mask_indptr": _mask_indptr(b)}, "custom_mask"),
+        (lambda b: {"custom_mask": torch.ones(100, dtype=torch.bool)}, "mask_indptr"),
+        (lambda b: _tree(mask_indptr=_mask_indptr(b)[:-1]), "mask_indptr.shape"),
+        (lambda b: _tree(mask_indptr=_mask_indptr(b).float()), "mask_indptr.dtype"),
+        (lambda b: _tree(custom_mask=torch.ones(BS * L * L - 1, dtype=torch.bool)), "numel"),
+        (lambda b: _tree(custom_mask=torch.ones(10, 10, dtype=torch.bool)), "custom_mask.dim"),
+        (lambda b: _tree(custom_mask=torch.ones(100, dtype=torch.bool, device="meta")), "device"),
     ],
     ids=[
         "o_wrong_shape",
@@ -260,6 +257,13 @@ def test_max_bs_sizes_the_workspace_once(monkeypatch):
         "nan_sm_scale",
         "negative_k_scale",
         "zero_sm_scale",
+        "mask_indptr_without_mask",
+        "mask_without_mask_indptr",
+        "mask_indptr_length",
+        "float_mask_indptr",
+        "mask_shorter_than_any_uniform_batch",
+        "mask_not_flat",
+        "mask_on_other_device",
     ],
 )
 def test_malformed_input_names_the_argument(over, match):
@@ -269,8 +273,22 @@ def test_malformed_input_names_the_argument(over, match):
     assert "expected" in str(info.value) and "got" in str(info.value)
 
 
-def test_debug_mode_checks_draft_counts():
-    batch = make_batch(H, L, [10, 5], draft_counts=[2, 3])  # 5 rows < BS * L
+def _mask_indptr(batch):
+    # The right one for a batch without prefix bits: E * (P + E) a request.
+    sizes = [L * (p + L) for p in batch.prefix_lens]
+    return torch.tensor([0, *sizes]).cumsum(0).to(torch.int32)
+
+
+def _tree(**over):
+    args = {"custom_mask": torch.ones(1000, dtype=torch.bool), "mask_indptr": None}
+    args.update(over)
+    if args["mask_indptr"] is None:
+        args["mask_indptr"] = torch.zeros(BS + 1, dtype=torch.int32)
+    return args
+
+
+def test_debug_mode_checks_draft_counts_and_mask_indptr():
+    batch = make_batch(H, L, [10, 5], draft_counts=[2, 3], mask="tree")  # 5 rows < BS * L
     set_debug(True)
     try:
         assert _call(batch, batch.new_output()) is True
@@ -282,6 +300,11 @@ def test_debug_mode_checks_draft_counts():
         ]:
             with pytest.raises(ValueError, match=match):
                 _call(batch, batch.new_output(), qo_indptr=bad)
+        shifted = batch.mask_indptr + torch.tensor([0, 1, 1], dtype=torch.int32)
+        with pytest.raises(ValueError, match="mask_indptr"):
+            _call(batch, batch.new_output(), mask_indptr=shifted)
+        with pytest.raises(ValueError, match=r"mask_indptr\[-1\]"):
+            _call(batch, batch.new_output(), custom_mask=batch.custom_mask[:-1])
         # q holds BS * L rows: a uniform call, every count L.
         uniform = make_batch(H, L, [10, 5])
         with pytest.raises(ValueError, match="uniform"):
