@@ -13,6 +13,7 @@ from triton.compiler import ASTSource
 
 from . import hopper, kernel
 from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
+from .problem import MLA_HEAD_DIMS, check_head_dims
 
 # arch -> (Triton target, shared memory per block in bytes)
 TARGETS: dict[str, tuple[GPUTarget, int]] = {
@@ -50,25 +51,41 @@ def _signature(
     return ASTSource(fn, signature, consts, attrs)
 
 
-def compile_prefix_kernel(config: VerifyConfig, draft_len: int, kv_dtype: str, arch: str) -> int:
+def compile_prefix_kernel(
+    config: VerifyConfig,
+    draft_len: int,
+    kv_dtype: str,
+    arch: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    *,
+    prefix_mask: bool = False,
+) -> int:
     """Compile stage 1 for ``arch``; returns its shared memory in bytes.
-    Raises on a compile error."""
+    Raises on a compile error. MLA takes V as a view of K; other head dims
+    a V cache of its own, as engines pass them. ``prefix_mask``: the
+    variant that reads a custom mask's prefix bits."""
     target, _ = TARGETS[arch]
+    qk, v = check_head_dims(head_dims)
+    mla = (qk, v) == MLA_HEAD_DIMS
     kv = "*" + _TRITON_DTYPES[kv_dtype]
     pointers = {"Q": "*bf16", "K_BUF": kv, "V_BUF": kv, "PART_O": "*fp32", "PART_LSE": "*fp32"}
     pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES")}
+    # Without a mask the launch passes kv_indptr in the mask's place.
+    pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
     constexprs = dict(
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,
         BLOCK_M=rows_per_program(config.BLOCK_H, draft_len),
         BLOCK_N=config.BLOCK_N,
         BLOCK_B=kernel.PLAN_BLOCK,
-        D_NOPE=kernel.D_NOPE,
-        D_ROPE=kernel.D_ROPE,
-        V_FROM_K=True,
+        D_V=v,
+        D_ROPE=qk - v,
+        V_FROM_K=mla,
+        PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
     )
-    if config.kernel in HOPPER_KERNELS and arch == "sm90" and kv_dtype in hopper.KV_DTYPES:
+    on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
+    if on_hopper and mla and not prefix_mask and kv_dtype in hopper.KV_DTYPES:
         score_value = runs_score_value(config.kernel, kv_dtype)
         return _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
     src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)

@@ -8,9 +8,13 @@ back to its baseline; otherwise it validates the arguments' consistency
 
 Values that would need a GPU sync to check are trusted: every slot in
 ``kv_indices[kv_indptr[0]:kv_indptr[-1]]`` must be a valid row of
-``k_buffer``, ``kv_indptr`` must be non-decreasing, and
-``qo_indptr[b] == b * max_len_extend``. Set ``MLA_VERIFY_DEBUG=1`` (or call
-``set_debug(True)``) to have them checked on every call outside graph capture.
+``k_buffer``, ``kv_indptr`` must be non-decreasing, every draft count
+``qo_indptr[b+1] - qo_indptr[b]`` must be in 1..max_len_extend with
+``qo_indptr[-1]`` at most q_extend's rows (and each count max_len_extend
+where q_extend holds batch x max_len_extend rows), and ``mask_indptr`` must
+give request b ``E_b * (P_b + E_b)`` mask bytes within ``custom_mask``. Set
+``MLA_VERIFY_DEBUG=1`` (or call ``set_debug(True)``) to have them checked on
+every call outside graph capture.
 """
 
 from __future__ import annotations
@@ -27,18 +31,19 @@ from .device import current_arch
 from .lookup import block_config
 from .plan import plan_call
 from .problem import (
+    HEAD_DIMS,
     INDEX_DTYPES,
     KV_DTYPES,
+    MASK_DTYPES,
     MAX_BATCH_SIZE,
     MAX_DRAFT_LEN,
     MAX_HEADS,
     MAX_POOL_SLOTS,
     MIN_DRAFT_LEN,
     Q_DTYPES,
-    QK_HEAD_DIM,
-    V_HEAD_DIM,
+    check_range,
 )
-from .workspace import capturing, get_workspace
+from .workspace import capturing, get_workspace, prepare_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +74,16 @@ def can_handle(
     logit_cap: float = 0.0,
     xai_temperature_len: int = -1,
 ) -> bool:
-    """True when this kernel computes the call exactly. Reads no tensor value."""
+    """True when this kernel computes the call exactly. Reads no tensor value.
+
+    Accepts one KV head shared by every query head with head dims (q/k, v)
+    among ``problem.HEAD_DIMS`` (absorbed MLA 576/512, 256/256, 128/128),
+    V a view of K or a cache of its own, bf16/fp16 q, bf16/fp16/fp8 KV;
+    causal drafts, or a bool/uint8 ``custom_mask`` (which then decides,
+    whatever ``is_causal`` says); up to ``bs * max_len_extend`` query rows
+    (fewer: ragged draft counts, read on the device). Refuses sinks, sliding
+    windows, logit caps, xai temperature, non-causal calls without a mask,
+    several KV heads, and everything else it cannot compute exactly."""
     return (
         _refusal(
             q_extend,
@@ -108,18 +122,26 @@ def _refusal(
     sinks,
     logit_cap,
     xai_temperature_len,
+    window_kv_offsets=None,
 ) -> str | None:
     """Why the gate refuses, or None. Shapes, dtypes and scalars only."""
     if sinks is not None:
         return "attention sinks"
     if sliding_window_size is not None and sliding_window_size >= 0:
         return "sliding window"
+    if window_kv_offsets is not None:
+        return "sliding-window offsets"
     if logit_cap:
         return "logit cap"
     if xai_temperature_len is not None and xai_temperature_len > 0:
         return "xai temperature"
-    if not is_causal or custom_mask is not None:
-        return "non-causal or custom mask"
+    if custom_mask is None and not is_causal:
+        return "non-causal without a custom mask"
+    if custom_mask is not None:  # the mask decides; is_causal adds nothing
+        if not isinstance(custom_mask, torch.Tensor):
+            return "non-tensor custom_mask"
+        if custom_mask.dtype not in MASK_DTYPES:
+            return f"custom_mask dtype {custom_mask.dtype} (needs bool or uint8)"
     tensors = (q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return "non-tensor input"
@@ -129,11 +151,12 @@ def _refusal(
         return "rank (expected [tokens, heads, dim] tensors)"
     if k_extend.dim() != 3 or v_extend.dim() != 3:
         return "rank of k_extend / v_extend"
-    if q.shape[-1] != QK_HEAD_DIM or v_buffer.shape[-1] != V_HEAD_DIM:
-        return f"head dims (q {q.shape[-1]}, v {v_buffer.shape[-1]}; needs 576 / 512)"
-    if k_buffer.shape[-1] != QK_HEAD_DIM or k_extend.shape[-1] != QK_HEAD_DIM:
+    head_dims = (q.shape[-1], v_buffer.shape[-1])
+    if head_dims not in HEAD_DIMS:
+        return f"head dims (q {head_dims[0]}, v {head_dims[1]}; supported: {HEAD_DIMS})"
+    if k_buffer.shape[-1] != head_dims[0] or k_extend.shape[-1] != head_dims[0]:
         return "k head dim"
-    if v_extend.shape[-1] != V_HEAD_DIM:
+    if v_extend.shape[-1] != head_dims[1]:
         return "v_extend head dim"
     if k_buffer.shape[1] != 1 or v_buffer.shape[1] != 1 or k_extend.shape[1] != 1:
         return "more than one KV head"
@@ -160,8 +183,9 @@ def _refusal(
         return f"draft length {max_len_extend} outside {MIN_DRAFT_LEN}..{MAX_DRAFT_LEN}"
     if q.shape[1] > MAX_HEADS:
         return f"{q.shape[1]} heads (at most {MAX_HEADS})"
-    if q.shape[0] != bs * max_len_extend:
-        return "ragged extend (q_extend rows != batch * max_len_extend)"
+    # Ragged draft counts are read on the device; only their bound is a shape.
+    if q.shape[0] > bs * max_len_extend:
+        return "more q_extend rows than batch * max_len_extend"
     return None
 
 
@@ -205,7 +229,7 @@ def _validate(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr
         _expect(t.dtype in INDEX_DTYPES, f"{name}.dtype", "torch.int32 or torch.int64", t.dtype)
         _expect(t.stride(0) == 1 or t.numel() <= 1, f"{name}", "a contiguous tensor", t.stride())
     _expect(isinstance(o, torch.Tensor), "o_extend", "a tensor", type(o).__name__)
-    expected_o = (tokens, heads, V_HEAD_DIM)
+    expected_o = (tokens, heads, v_buffer.shape[-1])
     _expect(tuple(o.shape) == expected_o, "o_extend.shape", expected_o, tuple(o.shape))
     _expect(o.dtype == q.dtype, "o_extend.dtype", q.dtype, o.dtype)
     _expect(o.stride(-1) == 1, "o_extend.stride(-1)", "1", o.stride(-1))
@@ -223,12 +247,69 @@ def _validate(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr
         _expect(t.device == device, f"{name}.device", f"{device} (q_extend's)", t.device)
 
 
-def _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, draft_len):
+def _validate_mask(q, qo_indptr, custom_mask, mask_indptr, max_len_extend):
+    """The custom mask's arguments, as far as shapes tell (no value reads):
+    both or neither; mask_indptr [bs+1]; a flat mask no shorter than any
+    batch of these shapes needs (bs x L x L bytes for a uniform one, where
+    every request has L rows; one a request otherwise)."""
+    if custom_mask is None and mask_indptr is None:
+        return
+    if mask_indptr is None:
+        raise ValueError("mask_indptr: expected a [bs+1] tensor with custom_mask, got None")
+    if custom_mask is None:
+        raise ValueError("custom_mask: expected a flat tensor with mask_indptr, got None")
+    bs = qo_indptr.shape[0] - 1
+    _expect(isinstance(mask_indptr, torch.Tensor), "mask_indptr", "a tensor", type(mask_indptr))
+    _expect(
+        mask_indptr.dim() == 1 and mask_indptr.shape[0] == bs + 1,
+        "mask_indptr.shape",
+        f"({bs + 1},) (like qo_indptr)",
+        tuple(mask_indptr.shape),
+    )
+    _expect(
+        mask_indptr.dtype in INDEX_DTYPES,
+        "mask_indptr.dtype",
+        "torch.int32 or torch.int64",
+        mask_indptr.dtype,
+    )
+    _expect(mask_indptr.stride(0) == 1, "mask_indptr", "a contiguous tensor", mask_indptr.stride())
+    _expect(custom_mask.dim() == 1, "custom_mask.dim()", "1 (a flat mask)", custom_mask.dim())
+    _expect(
+        custom_mask.stride(0) == 1 or custom_mask.numel() <= 1,
+        "custom_mask",
+        "a contiguous tensor",
+        custom_mask.stride(),
+    )
+    uniform = q.shape[0] == bs * max_len_extend
+    least = bs * max_len_extend * max_len_extend if uniform else bs
+    _expect(
+        custom_mask.numel() >= least,
+        "custom_mask.numel()",
+        f"at least {least} ({bs} requests' rows x their drafts, mask_indptr {bs + 1} long)",
+        custom_mask.numel(),
+    )
+    for name, t in (("custom_mask", custom_mask), ("mask_indptr", mask_indptr)):
+        _expect(t.device == q.device, f"{name}.device", f"{q.device} (q_extend's)", t.device)
+
+
+def _check_values(
+    k_buffer, rows, qo_indptr, kv_indptr, kv_indices, draft_len, custom_mask, mask_indptr
+):
     """Debug mode: the checks that need the values (synchronises)."""
     bs = qo_indptr.shape[0] - 1
-    expected_qo = torch.arange(bs + 1, device=qo_indptr.device) * draft_len
-    if not torch.equal(qo_indptr.long(), expected_qo):
-        raise ValueError(f"qo_indptr: expected b * {draft_len} for b in 0..{bs}, got {qo_indptr}")
+    qo = qo_indptr.long()
+    counts = qo[1:] - qo[:-1]
+    if int(qo[0]) < 0 or bool((counts < 1).any()) or bool((counts > draft_len).any()):
+        raise ValueError(
+            f"qo_indptr: expected draft counts qo_indptr[b+1] - qo_indptr[b] in "
+            f"1..{draft_len} from qo_indptr[0] >= 0, got {qo_indptr}"
+        )
+    _expect(int(qo[-1]) <= rows, "qo_indptr[-1]", f"<= {rows} (q_extend rows)", int(qo[-1]))
+    if rows == bs * draft_len and not bool((counts == draft_len).all()):
+        raise ValueError(
+            f"qo_indptr: expected b * {draft_len} for b in 0..{bs} (q_extend holds batch x "
+            f"max_len_extend rows, a uniform call), got {qo_indptr}"
+        )
     if bool((kv_indptr[1:] < kv_indptr[:-1]).any()) or int(kv_indptr[0]) < 0:
         raise ValueError(f"kv_indptr: expected non-decreasing and >= 0, got {kv_indptr}")
     end = int(kv_indptr[-1])
@@ -238,6 +319,18 @@ def _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, draft_len):
         lo, hi = int(used.min()), int(used.max())
         slots = k_buffer.shape[0]
         _expect(lo >= 0 and hi < slots, "kv_indices", f"slots in [0, {slots})", f"[{lo}, {hi}]")
+    if custom_mask is not None:
+        kv = kv_indptr.long()
+        need = counts * (kv[1:] - kv[:-1] + counts)
+        spans = mask_indptr.long()[1:] - mask_indptr.long()[:-1]
+        if int(mask_indptr[0]) < 0 or not torch.equal(spans, need):
+            raise ValueError(
+                "mask_indptr: expected >= 0 and spans of E_b * (P_b + E_b) bytes, "
+                f"{need.tolist()}, got {mask_indptr}"
+            )
+        end = int(mask_indptr[-1])
+        length = custom_mask.numel()
+        _expect(end <= length, "mask_indptr[-1]", f"<= {length} (custom_mask's length)", end)
 
 
 def _as_scale(value: float, name: str, *, positive: bool = False) -> float:
@@ -271,34 +364,58 @@ def verify_mla_fwd(
     v_scale: float = 1.0,
     sm_scale: float | None = None,
     logit_cap: float = 0.0,
+    skip_prefix_custom_mask: bool = True,
     sliding_window_size: int = -1,
     sinks: torch.Tensor | None = None,
+    window_kv_offsets: torch.Tensor | None = None,
     xai_temperature_len: int = -1,
+    max_bs: int | None = None,
     *,
     config: VerifyConfig | None = None,
 ) -> bool:
-    """MLA target-verify attention; a drop-in for SGLang's extend attention.
+    """Target-verify attention with one shared KV head; a drop-in for
+    SGLang's extend attention (and its verify launcher's newer signature).
 
-    Computes, for every request b with L = ``max_len_extend`` drafts, head h
-    and draft i, attention of ``q_extend[b*L + i, h]`` over the request's
-    whole prefix (latent rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
-    scores scaled by ``sm_scale * k_scale``, both positive, values by
-    ``v_scale``) and over drafts 0..i of the request (``k_extend`` /
-    ``v_extend``, unscaled), and writes the result into ``o_extend``
-    [bs*L, H, 512].
+    Computes, for every request b (its E_b draft rows ``qo_indptr[b] ..
+    qo_indptr[b+1] - 1``, 1 <= E_b <= L = ``max_len_extend``), head h and
+    draft i, attention of ``q_extend[qo_indptr[b] + i, h]`` over the
+    request's prefix (rows ``k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``,
+    P_b of them, scores scaled by ``sm_scale * k_scale``, both positive,
+    values by ``v_scale``) and over its own drafts (``k_extend`` /
+    ``v_extend`` at the same rows, unscaled), and writes the result into
+    ``o_extend`` [T, H, Dv]. Without a mask, row i sees the whole prefix and
+    drafts 0..i. With ``custom_mask`` (flat, bool or uint8, SGLang's layout)
+    and ``mask_indptr`` [bs+1], row i sees key j (the prefix keys first,
+    then the drafts) where ``custom_mask[mask_indptr[b] + i * (P_b + E_b) +
+    j]`` is set; ``is_causal`` then adds nothing. With
+    ``skip_prefix_custom_mask=True`` (SGLang's default) the prefix is
+    visible to every row and only the E_b x E_b draft bits are read; pass
+    False to have the prefix bits honoured too. A row that sees no key at
+    all gets 0.
 
-    Shapes: q_extend [bs*L, H, 576] (bf16/fp16, any head/token strides),
-    k_extend [bs*L, 1, 576], v_extend [bs*L, 1, 512], k_buffer [slots, 1, 576]
-    (bf16/fp16 like q, or fp8 e4m3), v_buffer [slots, 1, 512] (in MLA the
-    view ``k_buffer[..., :512]``, which is then read only once), indptrs
-    [bs+1] and kv_indices int32/int64. ``sm_scale`` defaults to 1/sqrt(576).
+    Head dims (q/k, v): absorbed MLA's (576, 512), where V is K's first 512
+    latent columns and the other 64 are the rope part, or ordinary
+    attention's (256, 256) and (128, 128). Shapes: q_extend [T, H, Dqk]
+    (bf16/fp16, any head/token strides), T <= bs * L rows (T = bs * L: every
+    request has L drafts), k_extend [T, 1, Dqk], v_extend [T, 1, Dv],
+    k_buffer [slots, 1, Dqk] (bf16/fp16 like q, or fp8 e4m3), v_buffer
+    [slots, 1, Dv] (a pool of its own, or the view ``k_buffer[..., :Dv]``,
+    which is then read only once), indptrs [bs+1] and kv_indices
+    int32/int64. ``sm_scale`` defaults to 1/sqrt(Dqk).
+
+    ``max_bs``: the largest batch the caller will run (SGLang's verify
+    launcher passes it). Outside graph capture the first call with a new
+    value sizes the workspace for every batch up to it, as
+    ``prepare_workspace`` does, so later calls (captured ones included)
+    allocate nothing; during capture it is not acted on.
 
     Returns False, writing nothing, where ``can_handle`` refuses (sinks,
-    sliding window, logit cap, non-causal, ragged extend, ...); the caller
+    sliding window, logit cap, non-causal without a mask, ...); the caller
     then runs its own kernel. Returns True after writing ``o_extend``.
     Raises ValueError for inconsistent arguments. ``config`` overrides the
     tuned table (for tuning and tests). Graph-capture safe once the workspace
-    is prepared (see ``prepare_workspace``).
+    is prepared (see ``prepare_workspace``): draft counts, lengths, slots
+    and mask bits may change between replays.
     """
     reason = _refusal(
         q_extend,
@@ -316,6 +433,7 @@ def verify_mla_fwd(
         sinks,
         logit_cap,
         xai_temperature_len,
+        window_kv_offsets,
     )
     if reason is not None:
         logger.debug("verify_mla_fwd refuses: %s", reason)
@@ -329,15 +447,26 @@ def verify_mla_fwd(
         "a CUDA/ROCm device, or cpu in Triton's interpreter (meta tensors hold no data)",
         q_extend.device,
     )
+    _validate_mask(q_extend, qo_indptr, custom_mask, mask_indptr, max_len_extend)
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(QK_HEAD_DIM)
+        sm_scale = 1.0 / math.sqrt(q_extend.shape[-1])
     sm_scale = _as_scale(sm_scale, "sm_scale", positive=True)
 
     bs = qo_indptr.shape[0] - 1
+    head_dims = (q_extend.shape[-1], v_buffer.shape[-1])
+    device = q_extend.device
+    if max_bs is not None:
+        max_bs = max(bs, check_range("max_bs", max_bs, 1, MAX_BATCH_SIZE))
+        if not capturing(device):
+            _reserve_for(
+                max_bs, q_extend.shape[1], max_len_extend, k_buffer.dtype, device, head_dims
+            )
     if config is None:
-        config = _tuned_config(q_extend, q_extend.shape[1], max_len_extend, bs, k_buffer.dtype)
+        config = _tuned_config(
+            q_extend, q_extend.shape[1], max_len_extend, bs, k_buffer.dtype, head_dims
+        )
     plan = plan_call(
         q_extend,
         k_extend,
@@ -347,11 +476,22 @@ def verify_mla_fwd(
         batch_size=bs,
         draft_len=max_len_extend,
         config=config,
+        masked=custom_mask is not None,
+        skip_prefix_mask=bool(skip_prefix_custom_mask),
     )
-    if _debug and not capturing(q_extend.device):
-        _check_values(k_buffer, qo_indptr, kv_indptr, kv_indices, max_len_extend)
-    part_o, part_lse = get_workspace(q_extend.device).views(
-        plan.partial_slots, plan.num_heads, max_len_extend
+    if _debug and not capturing(device):
+        _check_values(
+            k_buffer,
+            q_extend.shape[0],
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            max_len_extend,
+            custom_mask,
+            mask_indptr,
+        )
+    part_o, part_lse = get_workspace(device).views(
+        plan.partial_slots, plan.num_heads, max_len_extend, head_dims[1]
     )
     kernel.launch(
         plan,
@@ -369,11 +509,27 @@ def verify_mla_fwd(
         sm_scale=sm_scale,
         k_scale=k_scale,
         v_scale=v_scale,
+        # The kernels read mask bytes; a bool mask is the same bytes.
+        custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
+        mask_indptr=mask_indptr,
     )
     return True
 
 
-def _tuned_config(q, num_heads, draft_len, batch_size, kv_dtype) -> VerifyConfig:
+# (device, heads, draft length, kv dtype, head dims, max_bs) the workspace holds.
+_reserved: set[tuple] = set()
+
+
+def _reserve_for(max_bs, num_heads, draft_len, kv_dtype, device, head_dims) -> None:
+    """The workspace for every batch up to ``max_bs``, sized once per shape."""
+    key = (device, num_heads, draft_len, kv_dtype, head_dims, max_bs)
+    if key not in _reserved:
+        prepare_workspace(max_bs, num_heads, draft_len, kv_dtype, device, head_dims)
+        _reserved.add(key)
+
+
+def _tuned_config(q, num_heads, draft_len, batch_size, kv_dtype, head_dims) -> VerifyConfig:
     if q.device.type != "cuda":  # Triton's CPU interpreter: no GPU to tune for
-        return default_config(num_heads, draft_len, batch_size, "cpu")
-    return block_config(num_heads, draft_len, batch_size, kv_dtype, current_arch(q.device))
+        return default_config(num_heads, draft_len, batch_size, "cpu", head_dims=head_dims)
+    arch = current_arch(q.device)
+    return block_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims=head_dims)

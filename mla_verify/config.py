@@ -16,7 +16,7 @@ import triton
 
 from . import hopper
 from .device import arch_sm_count, is_amd_arch
-from .problem import check_shape, kv_dtype_name
+from .problem import MLA_HEAD_DIMS, check_shape, kv_dtype_name
 
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
 # 8 warps' registers (see PERF_NOTES); 128 rows spills.
@@ -174,20 +174,26 @@ def default_num_kv_splits(
 
 
 def default_config(
-    num_heads: int, draft_len: int, batch_size: int, arch: str, kv_dtype: str = "bf16"
+    num_heads: int,
+    draft_len: int,
+    batch_size: int,
+    arch: str,
+    kv_dtype: str = "bf16",
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> VerifyConfig:
     """Built-in config: sound on any GPU, used where no table entry applies.
 
-    On sm90 the Hopper kernel's score/value schedule (columns for fp8 KV),
-    one wave of 64-row CTAs: the Hopper kernel beat the tuned Triton kernel
-    on 12 of 13 benchmark shapes, and score/value beat columns on all 12
-    shapes measured (BENCHMARKS.md). Elsewhere
-    rows per program follow H*L (16 rows for small products, 64 for large);
-    64-row tiles need 8 warps for their [64, 512] fp32 accumulator.
+    On sm90, for MLA's head dims, the Hopper kernel's score/value schedule
+    (columns for fp8 KV), one wave of 64-row CTAs: the Hopper kernel beat
+    the tuned Triton kernel on 12 of 13 benchmark shapes, and score/value
+    beat columns on all 12 shapes measured (BENCHMARKS.md). Elsewhere (and
+    for other head dims, which the Hopper kernel does not take) rows per
+    program follow H*L (16 rows for small products, 64 for large); 64-row
+    tiles need 8 warps for their [64, 512] fp32 accumulator.
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype = kv_dtype_name(kv_dtype)
-    if arch == "sm90" and draft_len <= MAX_ROWS:
+    if arch == "sm90" and draft_len <= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS:
         kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
         return hopper_config(num_heads, draft_len, batch_size, kernel)
     rows = min(MAX_ROWS, max(16, triton.next_power_of_2(num_heads * draft_len)))
@@ -241,17 +247,22 @@ def reported_amd_config(num_heads: int, batch_size: int) -> VerifyConfig:
 
 
 def tile_candidates(
-    num_heads: int, draft_len: int, arch: str, kv_dtype: str = "bf16"
+    num_heads: int,
+    draft_len: int,
+    arch: str,
+    kv_dtype: str = "bf16",
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> list[VerifyConfig]:
     """Stage-1 tile shapes the tuner tries (NUM_KV_SPLITS left at 1; the
     tuner searches splits separately). On sm90, where the Hopper kernel
-    runs (bf16 or fp8 e4m3 KV), only its schedules: columns, and
+    runs (MLA, bf16 or fp8 e4m3 KV), only its schedules: columns, and
     score/value for bf16; Triton tiles won none of the 864 buckets of the
     2026-11-29 tables (BENCHMARKS.md). Elsewhere Triton tiles, pruned where
     the answer is known: accumulator registers and shared memory for the KV
     ring."""
     out: list[VerifyConfig] = []
-    if arch == "sm90" and kv_dtype in hopper.KV_DTYPES and draft_len <= MAX_ROWS:
+    mla = tuple(head_dims) == MLA_HEAD_DIMS
+    if arch == "sm90" and mla and kv_dtype in hopper.KV_DTYPES and draft_len <= MAX_ROWS:
         out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
         if runs_score_value("gluon_sm90_sv", kv_dtype):
             out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
@@ -259,6 +270,10 @@ def tile_candidates(
             return out
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
     amd = is_amd_arch(arch)
+    # A stage's KV tile: MLA's K (V its view); K and V, each a cache of its
+    # own, in ordinary attention.
+    qk, v = head_dims
+    ring_cols = qk if mla else qk + v
     for block_h in block_hs:
         rows = rows_per_program(block_h, draft_len)
         if rows > MAX_ROWS:
@@ -266,11 +281,11 @@ def tile_candidates(
         for block_n in (32, 64):
             for num_warps in (4, 8):
                 # fp32 accumulator words per thread; > 128 spills.
-                if rows * 512 // (32 * num_warps) > 128:
+                if rows * v // (32 * num_warps) > 128:
                     continue
                 for num_stages in (1, 2) if amd else (1, 2, 3):
-                    # The KV ring: num_stages tiles of BLOCK_N x 576 bf16.
-                    if num_stages * block_n * 576 * 2 > 220 * 1024:
+                    # The KV ring: num_stages tiles of BLOCK_N x ring_cols bf16.
+                    if num_stages * block_n * ring_cols * 2 > 220 * 1024:
                         continue
                     out.append(
                         VerifyConfig(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
-from .problem import D_NOPE
+from .problem import D_NOPE, QK_HEAD_DIM, V_HEAD_DIM
 
 ROWS = 64  # query rows per CTA (BLOCK_H heads x L drafts): one wgmma M per warpgroup
 TOKENS = 64  # prefix tokens per ring stage
@@ -76,10 +76,20 @@ def block_heads(num_heads: int, draft_len: int) -> int:
     return max(1, min(num_heads, ROWS // draft_len))
 
 
-def supports(draft_len: int, kv_dtype_name: str, v_from_k: bool) -> bool:
-    """Calls the Hopper kernel computes (where Gluon is available); the
-    Triton kernel takes the rest."""
-    return draft_len <= ROWS and kv_dtype_name in KV_DTYPES and v_from_k
+def supports(
+    draft_len: int,
+    kv_dtype_name: str,
+    v_from_k: bool,
+    head_dims: tuple[int, int] = (QK_HEAD_DIM, V_HEAD_DIM),
+) -> bool:
+    """Calls the Hopper kernel computes (where Gluon is available): absorbed
+    MLA's head dims alone; the Triton kernel takes the rest."""
+    return (
+        tuple(head_dims) == (QK_HEAD_DIM, V_HEAD_DIM)
+        and draft_len <= ROWS
+        and kv_dtype_name in KV_DTYPES
+        and v_from_k
+    )
 
 
 def launch_options(score_value: bool) -> dict[str, int]:

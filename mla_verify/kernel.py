@@ -1,25 +1,34 @@
-"""Triton kernels for MLA target-verify attention (absorbed MLA, one latent head).
+"""Triton kernels for target-verify attention with one KV head shared by
+every query head: absorbed MLA (q/k 576 = 512 latent + 64 rope, V the first
+512 latent columns) and ordinary attention (q/k = v = 256 or 128, no rope).
 
-Tensors (T = bs * L query rows, H heads, D = 576 = 512 latent + 64 rope,
-U = bs * NUM_KV_SPLITS work units):
-    q        [T, H, D]        query rows, request b owns rows qo_indptr[b] .. + L
-    k_buffer [slots, 1, D]    paged latent pool, page size 1
-    v_buffer [slots, 1, 512]  usually the view k_buffer[..., :512]
-    k_ext    [T, 1, D]        the drafts' own latent
-    v_ext    [T, 1, 512]
-    o        [T, H, 512]
-    part_o   [U, H, L, 512]   fp32 workspace: normalised output of each unit
+Tensors (T query rows, bs requests, request b owning E_b = qo_indptr[b+1] -
+qo_indptr[b] of them, 1 <= E_b <= L; H heads; Dqk = Dv + Drope; P_b prefix
+tokens; U = bs * NUM_KV_SPLITS work units):
+    q        [T, H, Dqk]      query rows, request b owns rows qo_indptr[b] .. + E_b
+    k_buffer [slots, 1, Dqk]  paged KV pool, page size 1
+    v_buffer [slots, 1, Dv]   a pool of its own, or the view k_buffer[..., :Dv]
+    k_ext    [T, 1, Dqk]      the drafts' own K
+    v_ext    [T, 1, Dv]
+    mask     flat uint8, optional: request b's row i sees key j (its P_b
+             prefix keys, then its E_b drafts) where
+             mask[mask_indptr[b] + i * (P_b + E_b) + j] != 0
+    o        [T, H, Dv]
+    part_o   [U, H, L, Dv]    fp32 workspace: normalised output of each unit
     part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each unit
              (the Hopper kernel: U = 2 slots per share, see partial_slots)
 
 Algorithm: the batch's prefix tokens are cut into chunks of one size, sized
 from the total so that every request's chunks fit in U units; stage 1 runs
 one program per (head block, unit) and streams its chunk once for BLOCK_H
-heads x L drafts, with an online softmax; stage 2 runs one program per
-(request, head), merges the request's units and adds the causal L x L
-draft-draft block. A long request among short ones thus gets many units
-(as FlashMLA plans on the GPU), with no host sync: both stages derive the
-plan from kv_indptr on the device.
+heads x L drafts (rows past the request's E_b masked), with an online
+softmax; stage 2 runs one program per (request, head), merges the
+request's units and adds the E_b x E_b draft-draft block: causal, or as the
+mask says. With a mask, stage 1 also reads its tile's prefix bits (E_b
+bytes a token), unless the caller takes the prefix as visible to every row.
+A long request among short ones thus gets many units (as FlashMLA plans on
+the GPU), with no host sync: both stages derive the plan and the draft
+counts from the indptrs on the device.
 
 On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
 as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
@@ -37,7 +46,10 @@ partial.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
-Limits: D = 576 / 512 fixed; one KV head; page size 1; uniform draft length.
+A row the mask hides every key of a chunk from holds weight 0 there; a row
+that sees no key at all gets output 0.
+Limits: one KV head; page size 1; the Hopper kernel takes MLA calls with
+E_b = L for every request and no mask (plan.py), this one every call.
 """
 
 from __future__ import annotations
@@ -56,7 +68,7 @@ from triton.runtime.jit import ConstexprFunction
 
 from . import hopper
 from .config import rows_per_program
-from .problem import D_NOPE, D_ROPE
+from .problem import D_NOPE
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -186,6 +198,18 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     return ctas
 
 
+@triton.jit
+def _softmax_step(qk, m_i):
+    # One online-softmax step over scores qk [R, N] (log2 domain, -inf where
+    # a key is hidden): the rows' new maxima, the rescale factor of what they
+    # hold and the new weights. A row that has seen no key yet keeps
+    # m = -inf: shifted by 0 there, alpha and p are 0, not
+    # exp2(-inf - -inf) = NaN.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, tl.exp2(m_i - shift), tl.exp2(qk - shift[:, None])
+
+
 @triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
 def _prefix_kernel(
     Q,
@@ -194,6 +218,8 @@ def _prefix_kernel(
     QO_INDPTR,
     KV_INDPTR,
     KV_INDICES,
+    MASK,
+    MASK_INDPTR,
     PART_O,
     PART_LSE,
     stride_q_tok,
@@ -210,9 +236,10 @@ def _prefix_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
     V_FROM_K: tl.constexpr,
+    PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     # Head blocks of one unit are neighbours in launch order: the later
@@ -228,65 +255,81 @@ def _prefix_kernel(
     kv_len = (tl.load(KV_INDPTR + req + 1) - kv_start).to(tl.int32)
     lo = (work - first) * chunk
     hi = tl.minimum(lo + chunk, kv_len)
+    q_start = tl.load(QO_INDPTR + req)
+    num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)  # the request's drafts
 
-    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i;
+    # drafts past the request's own count are padding.
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
-    offs_d = tl.arange(0, D_NOPE)
-    offs_r = tl.arange(0, D_ROPE)
+    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
+    offs_d = tl.arange(0, D_V)
 
-    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+    q_row = (q_start + offs_i).to(tl.int64)
     ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
-    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, 512]
-    q_pe = tl.load(ptr_q + D_NOPE + offs_r[None, :], mask=mask_m[:, None], other=0.0)  # [M, 64]
+    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
     if DOT_FP32:
         q_nope = q_nope.to(tl.float32)
-        q_pe = q_pe.to(tl.float32)
+    if D_ROPE > 0:
+        offs_r = tl.arange(0, D_ROPE)
+        q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
+        q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
+    if PREFIX_MASK:
+        # Row i's mask bits: its request's prefix keys, then its drafts.
+        mask_row = tl.load(MASK_INDPTR + req).to(tl.int64) + offs_i.to(tl.int64) * (
+            kv_len + num_rows
+        )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
 
     for start in tl.range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
         slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
         ptr_k = K_BUF + slot[:, None] * stride_k_slot
-        kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, 512]
-        k_pe = tl.load(ptr_k + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+        kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
         kv_c = kv_c.to(q_nope.dtype)
-        k_pe = k_pe.to(q_nope.dtype)
-
         qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
-        qk += tl.dot(q_pe, tl.trans(k_pe))
+        if D_ROPE > 0:
+            k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+            qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
         qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
+        if PREFIX_MASK:
+            bits = tl.load(
+                MASK + mask_row[:, None] + offs_n[None, :],
+                mask=mask_m[:, None] & mask_n[None, :],
+                other=0,
+            )  # [M, N], E_b bytes a token
+            qk = tl.where(bits != 0, qk, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        m_new, alpha, p = _softmax_step(qk, m_i)
         l_i = l_i * alpha + tl.sum(p, 1)
-
         if V_FROM_K:
-            v = kv_c  # MLA: V is the first 512 latent columns, already loaded
+            v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
         else:
             v = tl.load(
                 V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
                 mask=mask_n[:, None],
                 other=0.0,
             ).to(q_nope.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, 512]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
         m_i = m_new
 
     part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)  # [M]
-    # The KV cache's value scale applies to the prefix alone.
+    # The KV cache's value scale applies to the prefix alone. A row the mask
+    # hid the whole chunk from holds weight 0 (lse -inf, values 0: merged
+    # as nothing, never as NaN * 0).
+    seen = l_i > 0
+    l_i = tl.where(seen, l_i, 1.0)
     tl.store(
-        PART_O + part_row[:, None] * D_NOPE + offs_d[None, :],
-        acc * (v_scale / l_i[:, None]),
+        PART_O + part_row[:, None] * D_V + offs_d[None, :],
+        tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
         mask=mask_m[:, None],
     )
-    tl.store(PART_LSE + part_row, m_i + tl.log2(l_i), mask=mask_m)
+    tl.store(PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m)
 
 
 @triton.jit
@@ -299,16 +342,18 @@ def _merge_pieces(
     later,
     step,
     num_pieces,
+    num_rows,
     col0,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     D_BLOCK: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
 ):
     # Merges a request's partials ("pieces"; log2-sum-exp2 weights) for one
-    # head, columns col0 .. col0 + D_BLOCK - 1: piece 0 is at partial slot
-    # `first`, piece j > 0 at later + step * j. Row r of the tile is draft
+    # head, drafts 0 .. num_rows - 1, columns col0 .. col0 + D_BLOCK - 1:
+    # piece 0 is at partial slot `first`, piece j > 0 at later + step * j.
+    # A piece of weight 0 (lse -inf, values 0) adds nothing. Row r of the tile is draft
     # r % L_PAD of slot r // L_PAD; each slot merges every SLOTS-th piece, so
     # one load fetches SLOTS pieces and the loop (a chain of L2 round trips
     # on a long request) is SLOTS times shorter. Returns the running max,
@@ -323,12 +368,12 @@ def _merge_pieces(
     acc = tl.zeros([ROWS, D_BLOCK], dtype=tl.float32)
     for piece0 in range(0, num_pieces, SLOTS):
         piece = piece0 + slot
-        valid = (draft < DRAFT_LEN) & (piece < num_pieces)
+        valid = (draft < num_rows) & (piece < num_pieces)
         part = tl.where(piece == 0, first, later + step * piece)
         part_row = ((part * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
         lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
         part = tl.load(
-            PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], mask=valid[:, None], other=0.0
+            PART_O + part_row[:, None] * D_V + offs_d[None, :], mask=valid[:, None], other=0.0
         )
         m_new = tl.maximum(m_r, lse)
         # A slot with no piece yet keeps m = -inf: shift by 0 there, not NaN.
@@ -354,6 +399,8 @@ def _merge_extend_kernel(
     O,
     QO_INDPTR,
     KV_INDPTR,
+    MASK,
+    MASK_INDPTR,
     PART_O,
     PART_LSE,
     stride_q_tok,
@@ -371,8 +418,9 @@ def _merge_extend_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
+    DRAFT_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
@@ -381,6 +429,8 @@ def _merge_extend_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
+    q_start = tl.load(QO_INDPTR + req)
+    num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)
     chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     num_pieces = tl.cdiv(kv_len, chunk)
     _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
@@ -395,28 +445,37 @@ def _merge_extend_kernel(
         first,
         1,
         num_pieces,
+        num_rows,
         0,
         DRAFT_LEN,
         L_PAD,
         BLOCK_L,
-        D_NOPE,
-        D_NOPE,
+        D_V,
+        D_V,
     )
-    # Back to BLOCK_L rows, row r holding draft r % L_PAD (rows >= DRAFT_LEN
-    # are padding): the shape the draft block's dots need.
+    # Back to BLOCK_L rows, row r holding draft r % L_PAD (rows >= the
+    # request's count are padding): the shape the draft block's dots need.
     SLOTS: tl.constexpr = BLOCK_L // L_PAD
     m_i = tl.reshape(tl.broadcast_to(m_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
     l_i = tl.reshape(tl.broadcast_to(l_i[None, :], [SLOTS, L_PAD]), [BLOCK_L])
-    acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_NOPE]), [BLOCK_L, D_NOPE])
+    acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [SLOTS, L_PAD, D_V]), [BLOCK_L, D_V])
     offs_i = tl.arange(0, BLOCK_L)
-    mask_i = offs_i < DRAFT_LEN
-    q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+    mask_i = offs_i < num_rows
+    q_row = (q_start + offs_i).to(tl.int64)
+    # The draft block's mask bits follow the row's prefix bits.
+    mask_first = kv_len.to(tl.int64)
+    if DRAFT_MASK:
+        mask_first += tl.load(MASK_INDPTR + req).to(tl.int64)
     acc, l_i = _add_drafts(
         Q,
         K_EXT,
         V_EXT,
+        MASK,
         q_row,
         head,
+        num_rows,
+        mask_first,
+        kv_len + num_rows,
         stride_q_tok,
         stride_q_head,
         stride_ke_tok,
@@ -425,15 +484,18 @@ def _merge_extend_kernel(
         acc,
         m_i,
         l_i,
-        DRAFT_LEN,
         BLOCK_L,
-        D_NOPE,
+        D_V,
         D_ROPE,
+        DRAFT_MASK,
         DOT_FP32,
     )
-    offs_d = tl.arange(0, D_NOPE)
+    # A row that sees no key at all (its mask bits all off) gets 0.
+    seen = l_i > 0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    offs_d = tl.arange(0, D_V)
     ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
-    tl.store(ptr_o, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_i[:, None])
+    tl.store(ptr_o, out.to(O.dtype.element_ty), mask=mask_i[:, None])
 
 
 @triton.jit(do_not_specialize=["batch_size", "share_ctas", "min_share"])
@@ -493,6 +555,7 @@ def _merge_shares_kernel(
             2 * c0,
             2,
             c1 - c0 + 1,
+            DRAFT_LEN,
             col0,
             DRAFT_LEN,
             L_PAD,
@@ -513,8 +576,12 @@ def _add_drafts(
     Q,
     K_EXT,
     V_EXT,
+    MASK,
     q_row,
     head,
+    num_rows,
+    mask_first,
+    mask_stride,
     stride_q_tok,
     stride_q_head,
     stride_ke_tok,
@@ -523,40 +590,48 @@ def _add_drafts(
     acc,
     m_i,
     l_i,
-    DRAFT_LEN: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
+    DRAFT_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    # Row i attends to drafts 0..i of its own request; returns (acc, l).
+    # Adds the request's own drafts (rows q_row, num_rows of them) to the
+    # online softmax (acc, m_i, l_i); returns (acc, l). Row i sees draft j
+    # where its mask bit MASK[mask_first + i * mask_stride + j] is set, or,
+    # without a mask, where j <= i.
     offs_i = tl.arange(0, BLOCK_L)
-    mask_i = offs_i < DRAFT_LEN
-    offs_d = tl.arange(0, D_NOPE)
-    offs_r = tl.arange(0, D_ROPE)
+    mask_i = offs_i < num_rows
+    offs_d = tl.arange(0, D_V)
     ptr_q = Q + q_row[:, None] * stride_q_tok + head * stride_q_head
-    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_i[:, None], other=0.0)  # [L, 512]
-    q_pe = tl.load(ptr_q + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
     ptr_ke = K_EXT + q_row[:, None] * stride_ke_tok
+    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_i[:, None], other=0.0)  # [L, Dv]
     k_nope = tl.load(ptr_ke + offs_d[None, :], mask=mask_i[:, None], other=0.0)
-    k_pe = tl.load(ptr_ke + D_NOPE + offs_r[None, :], mask=mask_i[:, None], other=0.0)
     v_ext = tl.load(
         V_EXT + q_row[:, None] * stride_ve_tok + offs_d[None, :], mask=mask_i[:, None], other=0.0
     )
     if DOT_FP32:
         q_nope = q_nope.to(tl.float32)
-        q_pe = q_pe.to(tl.float32)
         k_nope = k_nope.to(tl.float32)
-        k_pe = k_pe.to(tl.float32)
         v_ext = v_ext.to(tl.float32)
-    qk = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_pe, tl.trans(k_pe))  # [L, L]
-    # Padding rows (i >= L) keep every j < L so their max stays finite.
-    causal = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
-    qk = tl.where(causal, qk * ext_scale, float("-inf"))
+    qk = tl.dot(q_nope, tl.trans(k_nope))  # [L, L]
+    if D_ROPE > 0:
+        offs_r = tl.arange(0, D_ROPE)
+        q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
+        k_pe = tl.load(ptr_ke + D_V + offs_r[None, :], mask=mask_i[:, None], other=0.0)
+        qk += tl.dot(q_pe.to(q_nope.dtype), tl.trans(k_pe.to(q_nope.dtype)))
+    if DRAFT_MASK:
+        bits = tl.load(
+            MASK + mask_first + offs_i.to(tl.int64)[:, None] * mask_stride + offs_i[None, :],
+            mask=mask_i[:, None] & mask_i[None, :],
+            other=0,
+        )
+        seen = bits != 0
+    else:
+        seen = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
+    qk = tl.where(seen, qk * ext_scale, float("-inf"))
 
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    m_new, alpha, p = _softmax_step(qk, m_i)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext)
     return acc, l_i
@@ -630,11 +705,15 @@ def launch(
     sm_scale: float,
     k_scale: float,
     v_scale: float,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
 ) -> None:
     """Launch both stages as ``plan`` (a ``plan.Plan`` of this call) says.
     Inputs are trusted (the API validates them); ``part_o`` / ``part_lse``
-    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements.
-    Looks nothing up, allocates nothing, never synchronises."""
+    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements;
+    ``custom_mask`` (uint8, SGLang's layout) and ``mask_indptr`` where the
+    plan reads a mask. Looks nothing up, allocates nothing, never
+    synchronises."""
     config = plan.config
     if plan.hopper:
         kernel_sm90.launch_prefix(
@@ -678,6 +757,10 @@ def launch(
     num_heads = q.shape[1]
     splits = config.NUM_KV_SPLITS
     grid = (triton.cdiv(num_heads, config.BLOCK_H), plan.batch_size * splits)
+    # Without a mask the kernels take kv_indptr in its place and never read it.
+    mask = custom_mask if custom_mask is not None else kv_indptr
+    mask_indptr = mask_indptr if mask_indptr is not None else kv_indptr
+    d_qk, d_v = plan.head_dims
     _prefix_kernel[grid](
         q,
         k_buffer,
@@ -685,6 +768,8 @@ def launch(
         qo_indptr,
         kv_indptr,
         kv_indices,
+        mask,
+        mask_indptr,
         part_o,
         part_lse,
         q.stride(0),
@@ -701,9 +786,10 @@ def launch(
         BLOCK_M=rows_per_program(config.BLOCK_H, plan.draft_len),
         BLOCK_N=config.BLOCK_N,
         BLOCK_B=PLAN_BLOCK,
-        D_NOPE=D_NOPE,
-        D_ROPE=D_ROPE,
+        D_V=d_v,
+        D_ROPE=d_qk - d_v,
         V_FROM_K=plan.v_from_k,
+        PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,
         **config.launch_options(),
     )
@@ -722,6 +808,8 @@ def launch(
         num_kv_splits=splits,
         sm_scale=sm_scale,
         dependent=plan.dependent,
+        custom_mask=custom_mask if plan.draft_mask else None,
+        mask_indptr=mask_indptr if plan.draft_mask else None,
     )
 
 
@@ -741,12 +829,17 @@ def launch_merge(
     num_kv_splits: int,
     sm_scale: float,
     dependent: bool,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
 ) -> None:
     """Stage 2 after the Triton kernel, writes ``o``: merges each request's
     unit partials (the plan of stage 1 with ``block_n``) and adds the
-    drafts. ``dependent``: a programmatic dependent launch
+    drafts, causally or as ``custom_mask`` says (its draft block; uint8,
+    with ``mask_indptr``). ``dependent``: a programmatic dependent launch
     (``plan.dependent_launch``)."""
     num_heads = q.shape[1]
+    d_v = v_ext.shape[-1]
+    draft_mask = custom_mask is not None
     _merge_extend_kernel[(batch_size, num_heads)](
         q,
         k_ext,
@@ -754,6 +847,8 @@ def launch_merge(
         o,
         qo_indptr,
         kv_indptr,
+        custom_mask if draft_mask else kv_indptr,
+        mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
         q.stride(0),
@@ -771,8 +866,9 @@ def launch_merge(
         BLOCK_L=max(16, triton.next_power_of_2(draft_len)),
         BLOCK_N=block_n,
         BLOCK_B=PLAN_BLOCK,
-        D_NOPE=D_NOPE,
-        D_ROPE=D_ROPE,
+        D_V=d_v,
+        D_ROPE=q.shape[-1] - d_v,
+        DRAFT_MASK=draft_mask,
         DOT_FP32=INTERPRETED,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,

@@ -1,5 +1,5 @@
-"""Runtime config lookup: (arch, heads, draft length, batch size, KV dtype)
--> ``VerifyConfig`` for one launch.
+"""Runtime config lookup: (arch, heads, draft length, batch size, KV dtype,
+head dims) -> ``VerifyConfig`` for one launch.
 
 The tables are loaded once, at import (``tables.load_tables``). After that a
 lookup is pure: no file access, no tuning, no GPU sync; results are memoized,
@@ -8,10 +8,12 @@ so a launch pays a dict hit. This module never imports the tuner.
 Lookup rules
 ------------
 Tables are keyed by arch (``sm90``, ``gfx950``, ...), per-rank head count H,
-draft length L and KV dtype, with batch-size buckets inside each entry.
-Lookup never fails; it takes the first rule that applies:
+draft length L, KV dtype and head dims (absorbed MLA's 576/512 unless an
+entry names others), with batch-size buckets inside each entry. Entries of
+other head dims never stand in for each other. Lookup never fails; it takes
+the first rule that applies:
 
-a. Exact entry (arch, H, L, KV dtype): the bucket nearest to the batch size
+a. Exact entry (arch, H, L, KV dtype, head dims): the bucket nearest to the batch size
    in log2 distance; a tie (e.g. batch 32 between buckets 16 and 64) goes to
    the larger bucket. Its config is used as tuned.
 b. No exact entry, but the arch has tuned entries: the nearest one.
@@ -59,7 +61,7 @@ from . import hopper, tables
 from .config import HOPPER_KERNELS, MAX_KV_SPLITS, VerifyConfig, default_config
 from .device import check_arch, current_arch
 from .kernel import KERNEL_HASH
-from .problem import check_shape, kv_dtype_name
+from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_dtype_name
 from .tables import LoadedEntry, entry_key
 
 logger = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ logger = logging.getLogger(__name__)
 # KV dtypes that may borrow bf16 tuning when their own is missing: the tile
 # shapes that pay are the same, only the bytes streamed differ.
 _DTYPE_FALLBACK = {"fp16": "bf16", "fp8_e4m3": "bf16", "fp8_e4m3fnuz": "bf16"}
-TUNE_COMMAND = "python -m mla_verify.tune --heads {H} --draft-lens {L} --kv-dtype {dtype}"
+TUNE_COMMAND = "python -m mla_verify.tune --heads {H} --draft-lens {L} --kv-dtype {dtype}{dims}"
 
 _tables: dict[str, dict[str, LoadedEntry]] = tables.load_tables(KERNEL_HASH)
 _reported: set[tuple[str, str]] = set()  # (arch, entry key) already logged once
@@ -91,17 +93,21 @@ def resolve_config(
     batch_size: int,
     kv_dtype: torch.dtype | str = torch.bfloat16,
     arch: str | None = None,
+    *,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> tuple[VerifyConfig, str]:
     """The config for one launch and where it came from, in words (a table
     entry and bucket, ``nearest: ...`` or ``built-in default``). See the
-    module docstring for the rules. ``arch=None`` detects the current GPU."""
+    module docstring for the rules. ``arch=None`` detects the current GPU;
+    ``head_dims`` is (q/k, v), absorbed MLA's by default."""
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     dtype = kv_dtype_name(kv_dtype)
+    head_dims = check_head_dims(head_dims)
     if arch is None:
         arch = current_arch()
     elif arch not in _tables:  # a loaded table's arch is one by definition
         check_arch(arch)
-    return _resolve(arch, num_heads, draft_len, batch_size, dtype)
+    return _resolve(arch, num_heads, draft_len, batch_size, dtype, head_dims)
 
 
 def block_config(
@@ -110,22 +116,30 @@ def block_config(
     batch_size: int,
     kv_dtype: torch.dtype | str = torch.bfloat16,
     arch: str | None = None,
+    *,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> VerifyConfig:
     """The config for one launch (``resolve_config`` without the source)."""
-    return resolve_config(num_heads, draft_len, batch_size, kv_dtype, arch)[0]
+    return resolve_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims=head_dims)[0]
 
 
 @functools.cache  # an lru_cache without bound: shapes x batch sizes are few
 def _resolve(
-    arch: str, num_heads: int, draft_len: int, batch_size: int, dtype: str
+    arch: str,
+    num_heads: int,
+    draft_len: int,
+    batch_size: int,
+    dtype: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> tuple[VerifyConfig, str]:
     entries = _tables.get(arch, {})
-    key = entry_key(num_heads, draft_len, dtype)
+    key = entry_key(num_heads, draft_len, dtype, head_dims)
     if key in entries:
         entry = entries[key]
         bucket = _nearest_bucket(entry.buckets, batch_size)
         return entry.buckets[bucket], _describe(entry, bucket)
-    near = _nearest_entry(entries.values(), num_heads, draft_len, dtype)
+    same_dims = [e for e in entries.values() if e.head_dims == head_dims]
+    near = _nearest_entry(same_dims, num_heads, draft_len, dtype)
     if near is not None:
         bucket = _nearest_bucket(near.buckets, batch_size)
         config = adapt_config(
@@ -136,7 +150,8 @@ def _resolve(
             logging.INFO, arch, key, "mla_verify: no %s entry %s; using %s", arch, key, source
         )
         return config, source
-    command = TUNE_COMMAND.format(H=num_heads, L=draft_len, dtype=dtype)
+    dims = "" if head_dims == MLA_HEAD_DIMS else " --head-dims {}x{}".format(*head_dims)
+    command = TUNE_COMMAND.format(H=num_heads, L=draft_len, dtype=dtype, dims=dims)
     _report_once(
         logging.WARNING,
         arch,
@@ -147,7 +162,8 @@ def _resolve(
         key,
         command,
     )
-    return default_config(num_heads, draft_len, batch_size, arch, dtype), "built-in default"
+    default = default_config(num_heads, draft_len, batch_size, arch, dtype, head_dims)
+    return default, "built-in default"
 
 
 def _log2_distance(a: int, b: int) -> Fraction:
@@ -203,7 +219,7 @@ def adapt_config(
 
 
 def _describe(entry: LoadedEntry, bucket: int) -> str:
-    key = entry_key(entry.num_heads, entry.draft_len, entry.kv_dtype)
+    key = entry_key(entry.num_heads, entry.draft_len, entry.kv_dtype, entry.head_dims)
     stale = ", stale" if entry.stale else ""
     return f"{Path(entry.source).name} entry {key}, bucket {bucket} ({entry.source}{stale})"
 
@@ -232,11 +248,13 @@ def describe_tables() -> str:
         for entry in entries.values():
             by_source.setdefault(entry.source, []).append(entry)
         for source in sorted(by_source):
-            group = sorted(by_source[source], key=lambda e: (e.kv_dtype, e.num_heads, e.draft_len))
+            group = sorted(
+                by_source[source], key=lambda e: (e.head_dims, e.kv_dtype, e.num_heads, e.draft_len)
+            )
             stale = " (stale)" if group[0].stale else ""
             lines.append(f"  {source}: {_count(len(group))}{stale}")
             for e in group:
-                key = entry_key(e.num_heads, e.draft_len, e.kv_dtype)
+                key = entry_key(e.num_heads, e.draft_len, e.kv_dtype, e.head_dims)
                 lines.append(f"    {key}: buckets {', '.join(map(str, e.buckets))}")
     return "\n".join(lines)
 

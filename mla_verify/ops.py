@@ -10,7 +10,7 @@
         Tensor(a!) o_extend, Tensor k_buffer, Tensor v_buffer, Tensor qo_indptr,
         Tensor kv_indptr, Tensor kv_indices, Tensor? custom_mask, bool is_causal,
         Tensor? mask_indptr, int max_len_extend, float k_scale=1., float v_scale=1.,
-        float? sm_scale=None) -> ()
+        float? sm_scale=None, bool skip_prefix_custom_mask=True, int? max_bs=None) -> ()
 
 Registered when ``mla_verify`` is imported (no GPU work). The compiler sees
 each op as one opaque node with a fake implementation for shapes; the
@@ -100,6 +100,8 @@ def verify_mla_fwd_op(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     sm_scale: float | None = None,
+    skip_prefix_custom_mask: bool = True,
+    max_bs: int | None = None,
 ) -> None:
     wrote = api.verify_mla_fwd(
         q_extend,
@@ -118,6 +120,8 @@ def verify_mla_fwd_op(
         k_scale=k_scale,
         v_scale=v_scale,
         sm_scale=sm_scale,
+        skip_prefix_custom_mask=skip_prefix_custom_mask,
+        max_bs=max_bs,
     )
     if not wrote:
         raise ValueError(
@@ -144,6 +148,8 @@ def _(
     k_scale=1.0,
     v_scale=1.0,
     sm_scale=None,
+    skip_prefix_custom_mask=True,
+    max_bs=None,
 ):
     return None
 
@@ -166,15 +172,20 @@ def verify_mla_fwd(
     v_scale: float = 1.0,
     sm_scale: float | None = None,
     logit_cap: float = 0.0,
+    skip_prefix_custom_mask: bool = True,
     sliding_window_size: int = -1,
     sinks: torch.Tensor | None = None,
+    window_kv_offsets: torch.Tensor | None = None,
     xai_temperature_len: int = -1,
+    max_bs: int | None = None,
 ) -> bool:
     """``mla_verify.verify_mla_fwd`` for compiled graphs: False, writing
     nothing, where ``can_handle`` refuses (decided from metadata, at trace
     time); else the op ``mla_verify::verify_mla_fwd`` writes ``o_extend``
     and this returns True. Works in eager mode too (through the
     dispatcher)."""
+    if window_kv_offsets is not None:  # sliding-window offsets: refused, as the gate does
+        return False
     if not api.can_handle(
         q_extend,
         k_extend,
@@ -211,5 +222,7 @@ def verify_mla_fwd(
         k_scale,
         v_scale,
         sm_scale,
+        skip_prefix_custom_mask,
+        max_bs,
     )
     return True

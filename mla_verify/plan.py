@@ -3,10 +3,12 @@ shapes, dtypes, strides and the config, never from tensor values.
 
 ``plan_call`` picks stage 1's kernel (the Hopper kernel where it can run
 the call, else the Triton kernel with the same tile), the grid, the
-workspace slots and whether V is a view of K; ``kernel.launch`` only reads
-the plan. ``share_plan`` is the host-side model of the Hopper kernel's
-share rule, which both kernels compute on the device and the tests hold
-them to.
+workspace slots, whether V is a view of K and which mask bits the kernels
+read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA
+calls with every request's full draft count and no mask; ragged drafts,
+tree masks and other head dims take the Triton kernel. ``share_plan`` is
+the host-side model of the Hopper kernel's share rule, which both kernels
+compute on the device and the tests hold them to.
 """
 
 from __future__ import annotations
@@ -28,27 +30,35 @@ from .kernel import (
     MERGE_PROGRAM_ELEMENTS,
     MERGE_REQUEST_PROGRAMS,
 )
-from .problem import D_NOPE, KV_DTYPE_NAMES, MAX_BATCH_SIZE
+from .problem import KV_DTYPE_NAMES, MAX_BATCH_SIZE, MLA_HEAD_DIMS, QK_HEAD_DIM, V_HEAD_DIM
 
 
 def v_is_k_view(k: torch.Tensor, v: torch.Tensor) -> bool:
-    """MLA passes V as the view k[..., :512]: then one load feeds both
-    products. Metadata only."""
+    """MLA passes V as the view k[..., :512] (ordinary attention may pass K
+    itself): then one load feeds both products. Metadata only."""
     return v.data_ptr() == k.data_ptr() and v.stride(0) == k.stride(0) and v.dtype == k.dtype
 
 
 def uses_gluon_sm90(
-    q: torch.Tensor, k_buffer: torch.Tensor, draft_len: int, v_from_k: bool
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    draft_len: int,
+    v_from_k: bool,
+    v_dim: int = V_HEAD_DIM,
 ) -> bool:
-    """Whether a Hopper config runs the Hopper kernel for this call
-    (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, V a view of K);
-    otherwise the Triton kernel runs the same tile. Metadata only."""
+    """Whether a Hopper config runs the Hopper kernel for this call's
+    tensors (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, MLA head
+    dims, V a view of K); otherwise the Triton kernel runs the same tile.
+    Metadata only; ``plan_call`` adds what the Hopper kernel needs of the
+    draft counts and the mask."""
     return (
         hopper.available()
         and not INTERPRETED
         and q.dtype == torch.bfloat16
         and is_cuda_sm90(q.device)
-        and hopper.supports(draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k)
+        and hopper.supports(
+            draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k, (q.shape[-1], v_dim)
+        )
     )
 
 
@@ -60,14 +70,22 @@ def dependent_launch(device: torch.device) -> bool:
     return not INTERPRETED and has_dependent_launch(device)
 
 
-def for_separate_v(config: VerifyConfig) -> VerifyConfig:
-    """The config to launch when V is not a view of K's latent columns.
+def for_separate_v(
+    config: VerifyConfig, head_dims: tuple[int, int] = MLA_HEAD_DIMS
+) -> VerifyConfig:
+    """The config to launch when V is not a view of K's columns: the Triton
+    kernel.
 
-    A separate V tile doubles the KV bytes a stage holds in shared memory
-    (344 KB for 2 stages of 64 tokens on the H200, over the 227 KB limit),
-    so such calls run the Triton kernel with one stage of at most 32 tokens.
-    MLA engines pass the view and never take this path.
+    A separate V tile adds its columns to the KV bytes a stage holds in
+    shared memory. For MLA that doubles them (344 KB for 2 stages of 64
+    tokens on the H200, over the 227 KB limit), so such calls run one stage
+    of at most 32 tokens; MLA engines pass the view and never take this
+    path. Where K and V together are no wider than MLA's K (ordinary
+    attention: 512 or 256 columns, the way SGLang passes its caches), the
+    tile fits as tuned.
     """
+    if sum(head_dims) <= QK_HEAD_DIM:
+        return dataclasses.replace(config, kernel="triton", MIN_SHARE=None)
     return dataclasses.replace(
         config, num_stages=1, BLOCK_N=min(config.BLOCK_N, 32), kernel="triton", MIN_SHARE=None
     )
@@ -95,11 +113,13 @@ def partial_slots(batch_size: int, num_kv_splits: int, share_ctas: int) -> int:
     return batch_size * num_kv_splits
 
 
-def workspace_numel(slots: int, num_heads: int, draft_len: int) -> tuple[int, int]:
+def workspace_numel(
+    slots: int, num_heads: int, draft_len: int, v_dim: int = V_HEAD_DIM
+) -> tuple[int, int]:
     """fp32 elements of (part_o, part_lse) for ``slots`` partial slots: one
-    row per (slot, head, draft)."""
+    row per (slot, head, draft), ``v_dim`` values a row."""
     rows = slots * num_heads * draft_len
-    return rows * D_NOPE, rows
+    return rows * v_dim, rows
 
 
 def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_ctas: int) -> int:
@@ -109,7 +129,7 @@ def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_c
     programs, but each program pays the plan and its loads' latency. Sized
     from the pieces a request holds on average; a power of two."""
     pieces = max(1, share_ctas // batch_size)
-    elements = pieces * triton.next_power_of_2(draft_len) * D_NOPE
+    elements = pieces * triton.next_power_of_2(draft_len) * V_HEAD_DIM
     by_work = _pow2_at_most(elements // MERGE_PROGRAM_ELEMENTS)
     by_request = triton.next_power_of_2(-(-MERGE_REQUEST_PROGRAMS // num_heads))
     most = _pow2_at_most(MERGE_MAX_PROGRAMS // (batch_size * num_heads))
@@ -135,6 +155,11 @@ class Plan:
     score_value      the Hopper kernel runs its score/value schedule
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
+    head_dims        (q/k, v) head dims; the q/k columns past v are rope
+    uniform          every request has draft_len rows (q holds
+                     batch_size x draft_len): the Hopper kernel may run
+    prefix_mask      stage 1 reads the mask's prefix bits
+    draft_mask       stage 2 reads the mask's draft block (else causal)
     """
 
     config: VerifyConfig
@@ -147,6 +172,10 @@ class Plan:
     score_value: bool
     dependent: bool
     merge_blocks: int
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS
+    uniform: bool = True
+    prefix_mask: bool = False
+    draft_mask: bool = False
 
     @property
     def hopper(self) -> bool:
@@ -171,15 +200,31 @@ def plan_call(
     batch_size: int,
     draft_len: int,
     config: VerifyConfig,
+    masked: bool = False,
+    skip_prefix_mask: bool = True,
 ) -> Plan:
-    """The plan of one call with ``config`` (tuned or forced)."""
+    """The plan of one call with ``config`` (tuned or forced). ``masked``:
+    the call has a custom mask; ``skip_prefix_mask``: its prefix bits are
+    not read (every row sees the whole prefix).
+
+    A call whose q holds batch_size x draft_len rows is uniform: the draft
+    counts are at most draft_len and sum to q's rows, so each is draft_len.
+    Only uniform, unmasked calls may take the Hopper kernel, which reads
+    neither counts nor mask; the Triton kernel reads both on the device."""
     num_heads = q.shape[1]
+    head_dims = (q.shape[-1], v_buffer.shape[-1])
     v_from_k = v_is_k_view(k_buffer, v_buffer)
     if not v_from_k:
-        config = for_separate_v(config)
+        config = for_separate_v(config, head_dims)
     config = fit_grid(config, batch_size)
+    uniform = q.shape[0] == batch_size * draft_len
     share_ctas = 0
-    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k):
+    if (
+        config.kernel in HOPPER_KERNELS
+        and uniform
+        and not masked
+        and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k, head_dims[1])
+    ):
         share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
     return Plan(
         config=config,
@@ -194,6 +239,10 @@ def plan_call(
         merge_blocks=(
             merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1
         ),
+        head_dims=head_dims,
+        uniform=uniform,
+        prefix_mask=masked and not skip_prefix_mask,
+        draft_mask=masked,
     )
 
 

@@ -14,6 +14,13 @@ D_NOPE = 512
 D_ROPE = 64
 QK_HEAD_DIM = D_NOPE + D_ROPE
 V_HEAD_DIM = D_NOPE
+MLA_HEAD_DIMS = (QK_HEAD_DIM, V_HEAD_DIM)
+
+# (q/k, v) head dims the kernels compute, one KV head shared by every query
+# head: absorbed MLA (V the first 512 of the 576 latent columns, the other 64
+# the rope part), and ordinary attention at 256 (Qwen3.5) and 128, no rope
+# part. The q/k columns past the first v ones are the rope part.
+HEAD_DIMS = (MLA_HEAD_DIMS, (256, 256), (128, 128))
 
 # Supported ranges, inclusive. The batch bound is CUDA's grid-y limit (stage
 # 2 runs a program per request); 16 drafts is the longest verify any engine
@@ -27,6 +34,7 @@ MAX_POOL_SLOTS = 2**31 - 1
 
 Q_DTYPES = (torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+MASK_DTYPES = (torch.bool, torch.uint8)  # SGLang's custom_mask: one byte a bit
 
 # Key names of the KV dtypes the tables distinguish.
 KV_DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -84,3 +92,25 @@ def check_shape(
         check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN),
         check_range(batch_name, batch_size, MIN_BATCH_SIZE, MAX_BATCH_SIZE),
     )
+
+
+def check_head_dims(head_dims: object) -> tuple[int, int]:
+    """``head_dims`` as a supported (q/k, v) pair, else a ValueError naming
+    the choices."""
+    try:
+        qk, v = (operator.index(d) for d in head_dims)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"head_dims: expected one of {HEAD_DIMS}, got {head_dims!r}") from None
+    if (qk, v) not in HEAD_DIMS:
+        raise ValueError(f"head_dims: expected one of {HEAD_DIMS}, got {(qk, v)}")
+    return qk, v
+
+
+def head_dims_suffix(head_dims: tuple[int, int]) -> str:
+    """What a table key adds for ``head_dims``: nothing for MLA (keys written
+    before other dims existed stay valid), ``_D256`` for 256/256 (a pair
+    whose dims differ would read ``_D{qk}x{v}``)."""
+    qk, v = check_head_dims(head_dims)
+    if (qk, v) == MLA_HEAD_DIMS:
+        return ""
+    return f"_D{qk}" if qk == v else f"_D{qk}x{v}"

@@ -14,6 +14,10 @@ One file per arch, ``<arch>.json``::
                                     "tuned_us_by_context": [8.1, 18.7],
                                     "default_us_by_context": [9.9, 22.7]}}}}}
 
+An entry of head dims other than absorbed MLA's (576, 512) names them,
+``"head_dims": [256, 256]``, and its key says so: ``H16_L4_bf16_D256``;
+entries without the field are MLA's.
+
 Bucket keys are batch sizes as decimal strings; ``tuned_us``/``default_us``
 (geometric means over the contexts) may be null (reported, unmeasured
 configs). ``context_lens`` and the per-context times, one per length, are
@@ -36,7 +40,7 @@ import filelock
 import platformdirs
 
 from .config import VerifyConfig
-from .problem import kv_dtype_name
+from .problem import MLA_HEAD_DIMS, check_head_dims, head_dims_suffix, kv_dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ ENV_VAR = "MLA_VERIFY_CONFIG_DIR"
 
 _TOP_KEYS = {"schema_version", "arch", "metadata", "entries"}
 _ENTRY_KEYS = {"num_heads", "draft_len", "kv_dtype", "buckets"}
+_ENTRY_OPTIONAL = {"head_dims"}
 _BUCKET_KEYS = {"config", "tuned_us", "default_us"}
 _BUCKET_OPTIONAL = {"context_lens", "tuned_us_by_context", "default_us_by_context"}
 
@@ -55,7 +60,7 @@ class TableError(ValueError):
 
 @dataclass(frozen=True)
 class LoadedEntry:
-    """One (H, L, kv dtype) entry of a loaded table, ready for lookup."""
+    """One (H, L, kv dtype, head dims) entry of a loaded table, ready for lookup."""
 
     num_heads: int
     draft_len: int
@@ -64,11 +69,18 @@ class LoadedEntry:
     times: dict[int, tuple[float | None, float | None]]  # batch -> (tuned_us, default_us)
     source: str  # path of the file it came from
     stale: bool  # measured with different kernel code than this one
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS  # (q/k, v)
 
 
-def entry_key(num_heads: int, draft_len: int, kv_dtype: str) -> str:
-    """Table key of one shape, e.g. ``H128_L4_bf16``."""
-    return f"H{num_heads}_L{draft_len}_{kv_dtype}"
+def entry_key(
+    num_heads: int,
+    draft_len: int,
+    kv_dtype: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+) -> str:
+    """Table key of one shape, e.g. ``H128_L4_bf16`` (MLA) or
+    ``H16_L4_bf16_D256`` (q/k = v = 256)."""
+    return f"H{num_heads}_L{draft_len}_{kv_dtype}{head_dims_suffix(head_dims)}"
 
 
 # --- validation ---------------------------------------------------------------
@@ -145,7 +157,7 @@ def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
 
 def _validate_entry(key: Any, entry: Any) -> None:
     where = f"entries[{key!r}]"
-    _check_keys(entry, _ENTRY_KEYS, set(), where)
+    _check_keys(entry, _ENTRY_KEYS, _ENTRY_OPTIONAL, where)
     for name in ("num_heads", "draft_len"):
         value = entry[name]
         _check(
@@ -155,7 +167,17 @@ def _validate_entry(key: Any, entry: Any) -> None:
         kv_dtype_name(entry["kv_dtype"])
     except ValueError as exc:
         raise TableError(f"{where}.{exc}") from None
-    expected = entry_key(entry["num_heads"], entry["draft_len"], entry["kv_dtype"])
+    head_dims = entry.get("head_dims", list(MLA_HEAD_DIMS))
+    _check(
+        isinstance(head_dims, list) and all(_is_int(d) for d in head_dims),
+        f"{where}.head_dims",
+        f"expected a list [qk, v], got {head_dims!r}",
+    )
+    try:
+        head_dims = check_head_dims(head_dims)
+    except ValueError as exc:
+        raise TableError(f"{where}.{exc}") from None
+    expected = entry_key(entry["num_heads"], entry["draft_len"], entry["kv_dtype"], head_dims)
     _check(key == expected, where, f"key does not match its fields (expected {expected!r})")
     buckets = entry["buckets"]
     _check(isinstance(buckets, dict) and buckets, f"{where}.buckets", "expected a non-empty object")
@@ -343,6 +365,7 @@ def _loaded_entries(path: Path, table: dict[str, Any], stale: bool) -> dict[str,
             times={int(b): (v["tuned_us"], v["default_us"]) for b, v in buckets},
             source=str(path),
             stale=stale,
+            head_dims=tuple(entry.get("head_dims", MLA_HEAD_DIMS)),
         )
     return out
 

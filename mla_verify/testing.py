@@ -27,19 +27,23 @@ ATOL = RTOL = 1e-2
 
 @dataclass
 class VerifyBatch:
-    q: torch.Tensor  # [bs*L, H, 576]
-    k_extend: torch.Tensor  # [bs*L, 1, 576]
-    v_extend: torch.Tensor  # [bs*L, 1, 512]
-    k_buffer: torch.Tensor  # [slots, 1, 576]
-    v_buffer: torch.Tensor  # [slots, 1, 512]
+    q: torch.Tensor  # [T, H, Dqk], T = sum of the draft counts
+    k_extend: torch.Tensor  # [T, 1, Dqk]
+    v_extend: torch.Tensor  # [T, 1, Dv]
+    k_buffer: torch.Tensor  # [slots, 1, Dqk]
+    v_buffer: torch.Tensor  # [slots, 1, Dv]
     qo_indptr: torch.Tensor  # [bs+1] int32
     kv_indptr: torch.Tensor  # [bs+1] int32
     kv_indices: torch.Tensor  # [sum(prefix)] int32
-    draft_len: int
+    draft_len: int  # max_len_extend
     prefix_lens: list[int]
     sm_scale: float
     k_scale: float = 1.0
     v_scale: float = 1.0
+    custom_mask: torch.Tensor | None = None  # flat, SGLang's layout
+    mask_indptr: torch.Tensor | None = None  # [bs+1] int32
+    skip_prefix_custom_mask: bool = True
+    draft_counts: list[int] | None = None  # per request; None: draft_len each
 
     @property
     def batch_size(self) -> int:
@@ -51,7 +55,7 @@ class VerifyBatch:
 
     def new_output(self) -> torch.Tensor:
         """An output poisoned with NaN, so unwritten elements show."""
-        shape = (self.q.shape[0], self.num_heads, V_DIM)
+        shape = (self.q.shape[0], self.num_heads, self.v_buffer.shape[-1])
         return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
 
     def run(self, o: torch.Tensor, config: VerifyConfig | None = None) -> bool:
@@ -65,13 +69,14 @@ class VerifyBatch:
             self.qo_indptr,
             self.kv_indptr,
             self.kv_indices,
-            None,
+            self.custom_mask,
             True,
-            None,
+            self.mask_indptr,
             self.draft_len,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             sm_scale=self.sm_scale,
+            skip_prefix_custom_mask=self.skip_prefix_custom_mask,
             config=config,
         )
 
@@ -88,6 +93,9 @@ class VerifyBatch:
             sm_scale=self.sm_scale,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            custom_mask=self.custom_mask,
+            mask_indptr=self.mask_indptr,
+            skip_prefix_custom_mask=self.skip_prefix_custom_mask,
         )
 
 
@@ -109,23 +117,43 @@ def make_batch(
     sm_scale: float | None = None,
     seed: int | None = None,
     kv_slots: torch.Tensor | None = None,
+    head_dims: tuple[int, int] = (Q_DIM, V_DIM),
+    draft_counts: list[int] | None = None,
+    mask: str | None = None,
+    hide_prefix: float = 0.0,
+    skip_prefix_custom_mask: bool = True,
+    mask_dtype: torch.dtype = torch.bool,
 ) -> VerifyBatch:
     """A random batch: request b has ``prefix_lens[b]`` prefix tokens at
     scattered slots of a pool of ``pool_slots`` (default: used + 64), or of
-    the given ``pool`` [slots, 1, 576] (shared by many batches, left as is).
-    ``separate_v``: a V pool of its own instead of the view of K's first 512
-    columns. ``v_extend_from_k``: v_extend is the view k_extend[..., :512]
-    (by default it is a tensor of its own, as SGLang passes it).
-    ``kv_slots``: the prefix slots to use, request after request (default:
-    distinct random slots), so callers can keep several batches' slots
-    apart in one pool."""
+    the given ``pool`` [slots, 1, width] (shared by many batches, left as
+    is; K is its first Dqk columns). ``head_dims``: (q/k, v), MLA's by
+    default. ``separate_v``: a V pool of its own instead of the view of K's
+    first Dv columns (from a given pool: its columns Dqk .. Dqk + Dv, where
+    it is that wide). ``v_extend_from_k``: v_extend is the view
+    k_extend[..., :Dv] (by default it is a tensor of its own, as SGLang
+    passes it). ``kv_slots``: the prefix slots to use, request after
+    request (default: distinct random slots), so callers can keep several
+    batches' slots apart in one pool.
+
+    ``draft_counts``: request b's drafts (ragged; default ``draft_len``
+    each, which stays max_len_extend). ``mask``: a custom mask in SGLang's
+    layout, ``"causal"`` (drafts causal) or ``"tree"`` (a random tree per
+    request: row i sees its ancestors and itself), every prefix bit set but
+    a ``hide_prefix`` share of them, drawn at random;
+    ``skip_prefix_custom_mask`` is passed with it."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
-    gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    seed = seed if seed is not None else torch.seed() % (2**31)
+    gen.manual_seed(seed)
     kv_dtype = kv_dtype or dtype
+    qk_dim, v_dim = head_dims
     bs, used = len(prefix_lens), sum(prefix_lens)
     slots = max(pool_slots or used + 64, used)
-    rows = bs * draft_len
+    counts = list(draft_counts) if draft_counts is not None else [draft_len] * bs
+    if len(counts) != bs or not all(1 <= e <= draft_len for e in counts):
+        raise ValueError(f"draft_counts: expected {bs} counts in 1..{draft_len}, got {counts}")
+    rows = sum(counts)
 
     def randn(*shape: int) -> torch.Tensor:
         # Values in +-[0.25, 2.25]: random, and never zero.
@@ -147,41 +175,77 @@ def make_batch(
     else:
         perm = kv_slots.to(device=device, dtype=torch.int64)
     if pool is not None:
-        k_buffer = pool
+        k_buffer = pool[..., :qk_dim]
     else:
-        k_buffer = _nan_pool(slots, Q_DIM, kv_dtype, device)
+        k_buffer = _nan_pool(slots, qk_dim, kv_dtype, device)
         for start in range(0, used, 1 << 16):
             idx = perm[start : start + (1 << 16)]
-            k_buffer[idx] = randn(idx.numel(), 1, Q_DIM).to(kv_dtype)
-    if separate_v:
-        v_buffer = _nan_pool(slots, V_DIM, kv_dtype, device)
-        v_buffer[perm] = randn(used, 1, V_DIM).to(kv_dtype)
+            k_buffer[idx] = randn(idx.numel(), 1, qk_dim).to(kv_dtype)
+    if separate_v and pool is not None and pool.shape[-1] >= qk_dim + v_dim:
+        v_buffer = pool[..., qk_dim : qk_dim + v_dim]
+    elif separate_v:
+        v_buffer = _nan_pool(slots, v_dim, kv_dtype, device)
+        v_buffer[perm] = randn(used, 1, v_dim).to(kv_dtype)
     else:
-        v_buffer = k_buffer[..., :V_DIM]
+        v_buffer = k_buffer[..., :v_dim]
 
     if strided_q:
-        # Heads and tokens out of order in memory: [H, T, 576] transposed.
-        q = randn(num_heads, rows, Q_DIM).to(dtype).transpose(0, 1)
+        # Heads and tokens out of order in memory: [H, T, Dqk] transposed.
+        q = randn(num_heads, rows, qk_dim).to(dtype).transpose(0, 1)
     else:
-        q = randn(rows, num_heads, Q_DIM).to(dtype)
+        q = randn(rows, num_heads, qk_dim).to(dtype)
     lens = torch.tensor([0, *prefix_lens])
-    k_extend = randn(rows, 1, Q_DIM).to(dtype)
-    v_extend = k_extend[..., :V_DIM] if v_extend_from_k else randn(rows, 1, V_DIM).to(dtype)
+    k_extend = randn(rows, 1, qk_dim).to(dtype)
+    v_extend = k_extend[..., :v_dim] if v_extend_from_k else randn(rows, 1, v_dim).to(dtype)
+    custom_mask = mask_indptr = None
+    if mask is not None:
+        custom_mask, mask_indptr = _random_mask(mask, counts, prefix_lens, hide_prefix, seed)
+        custom_mask = custom_mask.to(mask_dtype).to(device)
+        mask_indptr = mask_indptr.to(device)
     return VerifyBatch(
         q=q,
         k_extend=k_extend,
         v_extend=v_extend,
         k_buffer=k_buffer,
         v_buffer=v_buffer,
-        qo_indptr=(torch.arange(bs + 1) * draft_len).to(torch.int32).to(device),
+        qo_indptr=torch.tensor([0, *counts]).cumsum(0).to(torch.int32).to(device),
         kv_indptr=lens.cumsum(0).to(torch.int32).to(device),
         kv_indices=perm.to(torch.int32),
         draft_len=draft_len,
         prefix_lens=list(prefix_lens),
-        sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(Q_DIM),
+        sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(qk_dim),
         k_scale=k_scale,
         v_scale=v_scale,
+        custom_mask=custom_mask,
+        mask_indptr=mask_indptr,
+        skip_prefix_custom_mask=skip_prefix_custom_mask,
+        draft_counts=counts,
     )
+
+
+def _random_mask(
+    kind: str, counts: list[int], prefix_lens: list[int], hide_prefix: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat bool mask, int32 mask_indptr) in SGLang's layout: request b's
+    E_b rows of P_b prefix bits, then E_b draft bits."""
+    if kind not in ("causal", "tree"):
+        raise ValueError(f"mask: expected 'causal' or 'tree', got {kind!r}")
+    gen = torch.Generator().manual_seed(seed + 1)
+    grids = []
+    for e, p in zip(counts, prefix_lens):
+        drafts = torch.ones(e, e, dtype=torch.bool).tril()
+        if kind == "tree":
+            # Draft i's parent comes before it (or it is a root): row i sees
+            # its ancestors and itself.
+            drafts = torch.eye(e, dtype=torch.bool)
+            for i in range(1, e):
+                parent = int(torch.randint(-1, i, (1,), generator=gen))
+                if parent >= 0:
+                    drafts[i] |= drafts[parent]
+        prefix = torch.rand(e, p, generator=gen) >= hide_prefix
+        grids.append(torch.cat([prefix, drafts], dim=1).flatten())
+    sizes = torch.tensor([0] + [g.numel() for g in grids])
+    return torch.cat(grids), sizes.cumsum(0).to(torch.int32)
 
 
 def make_pool(

@@ -1,7 +1,9 @@
 """``python -m mla_verify.tune``: search launch configs on this GPU and write
 the JSON table the runtime loads at import.
 
-Per (heads H, draft length L, KV dtype) entry the search runs in two steps:
+Per (heads H, draft length L, KV dtype, head dims) entry the search runs in
+two steps (head dims other than MLA's are timed with V a cache of its own,
+as engines pass it):
   1. tile search at one representative batch size: every stage-1 tile from
      ``config.tile_candidates`` (BLOCK_H, BLOCK_N, num_warps, num_stages),
      each with the default split rule; the fastest ``--top-k`` go on;
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import logging
 import math
 import os
@@ -59,12 +62,15 @@ from .config import (
 from .device import check_arch, current_arch
 from .kernel import KERNEL_HASH
 from .problem import (
+    HEAD_DIMS,
     MAX_BATCH_SIZE,
     MAX_DRAFT_LEN,
     MAX_HEADS,
     MIN_BATCH_SIZE,
     MIN_DRAFT_LEN,
     MIN_HEADS,
+    MLA_HEAD_DIMS,
+    check_head_dims,
     check_range,
     kv_dtype_from_name,
 )
@@ -125,10 +131,11 @@ class BucketResult:
     tuned: Timing
     default: Timing
     contexts: list[int] = field(default_factory=list)
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS
 
     @property
     def key(self) -> str:
-        return tables.entry_key(self.num_heads, self.draft_len, self.kv_dtype)
+        return tables.entry_key(self.num_heads, self.draft_len, self.kv_dtype, self.head_dims)
 
     @property
     def tuned_us(self) -> float:
@@ -148,15 +155,29 @@ class BucketResult:
 
 class Problems:
     """The batches one bucket is timed on, built once, with their
-    references; KV slots are drawn from one shared pool per dtype."""
+    references; KV slots are drawn from one shared pool per dtype (MLA: K
+    its columns, V their view; other head dims: K and V columns of their
+    own, as separate caches)."""
 
-    def __init__(self, pool, num_heads, draft_len, batch_size, contexts, device, seed=0):
+    def __init__(
+        self,
+        pool,
+        num_heads,
+        draft_len,
+        batch_size,
+        contexts,
+        device,
+        seed=0,
+        head_dims=MLA_HEAD_DIMS,
+    ):
         from .testing import make_batch
 
+        mla = tuple(head_dims) == MLA_HEAD_DIMS
+        kv_cols = head_dims[0] if mla else sum(head_dims)
         self.sets = []  # per context: batches rotated through one graph
         for ctx in contexts:
             elem = pool.element_size()
-            per_batch = max(1, batch_size * ctx * 576 * elem)
+            per_batch = max(1, batch_size * ctx * kv_cols * elem)
             copies = 1 if device == "cpu" else min(32, math.ceil(L2_DEFEAT_BYTES / per_batch))
             batches = [
                 make_batch(
@@ -167,6 +188,8 @@ class Problems:
                     pool=pool,
                     device=device,
                     seed=seed + 7919 * i + ctx,
+                    head_dims=head_dims,
+                    separate_v=not mla,
                 )
                 for i in range(copies)
             ]
@@ -243,13 +266,14 @@ def graph_timer(config: VerifyConfig, batches: Sequence[object]) -> float:
 # ---------------------------------------------------------------- compilation
 
 
-def _compile_worker(jobs: list[tuple[int, int, str, dict]]) -> int:
-    """Run each (H, L, kv dtype, config) once on a tiny batch: Triton writes
-    the compiled kernels to its cache for the tuning process to load."""
+def _compile_worker(jobs: list[tuple[int, int, str, dict, tuple[int, int]]]) -> int:
+    """Run each (H, L, kv dtype, config, head dims) once on a tiny batch:
+    Triton writes the compiled kernels to its cache for the tuning process
+    to load."""
     from .testing import make_batch
 
     done = 0
-    for heads, draft_len, dtype_name, cfg in jobs:
+    for heads, draft_len, dtype_name, cfg, head_dims in jobs:
         config = VerifyConfig.from_dict(cfg)
         batch = make_batch(
             heads,
@@ -257,6 +281,8 @@ def _compile_worker(jobs: list[tuple[int, int, str, dict]]) -> int:
             [2 * config.BLOCK_N + 1],
             kv_dtype=kv_dtype_from_name(dtype_name),
             device="cuda",
+            head_dims=head_dims,
+            separate_v=tuple(head_dims) != MLA_HEAD_DIMS,
         )
         try:
             batch.run(batch.new_output(), config)
@@ -268,12 +294,13 @@ def _compile_worker(jobs: list[tuple[int, int, str, dict]]) -> int:
 
 
 def precompile(entries, arch: str, workers: int) -> None:
-    """Compile every tile shape of every entry in parallel processes."""
+    """Compile every tile shape of every (H, L, kv dtype, head dims) entry
+    in parallel processes."""
     jobs = []
     seen = set()
-    for heads, draft_len, dtype_name in entries:
-        for tile in tile_candidates(heads, draft_len, arch, dtype_name) + [
-            default_config(heads, draft_len, 1, arch, dtype_name)
+    for heads, draft_len, dtype_name, head_dims in entries:
+        for tile in tile_candidates(heads, draft_len, arch, dtype_name, head_dims) + [
+            default_config(heads, draft_len, 1, arch, dtype_name, head_dims)
         ]:
             # Triton specialises ints on divisibility by 16: H=8 and H=12
             # compile alike, as do 16, 32, 64, 128.
@@ -282,10 +309,11 @@ def precompile(entries, arch: str, workers: int) -> None:
                 draft_len,
                 dtype_name,
                 dataclasses.replace(tile, NUM_KV_SPLITS=2),
+                head_dims,
             )
             if spec not in seen:
                 seen.add(spec)
-                jobs.append((heads, draft_len, dtype_name, spec[3].to_dict()))
+                jobs.append((heads, draft_len, dtype_name, spec[3].to_dict(), head_dims))
     if workers <= 1 or len(jobs) < 2:
         _compile_worker(jobs)
         return
@@ -322,11 +350,14 @@ def tune_entry(
     top_k: int,
     margin: float,
     on_bucket: Callable[[BucketResult], None],
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> None:
-    key = tables.entry_key(heads, draft_len, dtype_name)
-    tiles = tile_candidates(heads, draft_len, arch, dtype_name)
+    key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
+    tiles = tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
     rep_bs = min(batch_sizes, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
-    rep = Problems(pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device)
+    rep = Problems(
+        pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device, head_dims=head_dims
+    )
     ranked = []
     for tile in tiles:
         rows = rows_per_program(tile.BLOCK_H, draft_len)
@@ -339,8 +370,10 @@ def tune_entry(
     logger.debug("%s finalists: %s", key, [t.to_dict() for t in finalists])
 
     for bs in batch_sizes:
-        problems = Problems(pool, heads, draft_len, bs, contexts_for(bs, contexts), device)
-        default = default_config(heads, draft_len, bs, arch, dtype_name)
+        problems = Problems(
+            pool, heads, draft_len, bs, contexts_for(bs, contexts), device, head_dims=head_dims
+        )
+        default = default_config(heads, draft_len, bs, arch, dtype_name, head_dims)
         # The first timing on new problems read up to 12% slow on the H200
         # (BENCHMARKS.md); the default's first one only checks it.
         if check_and_time(default, problems, timer) is None:
@@ -367,7 +400,15 @@ def tune_entry(
                 best, best_t = default, default_t
         on_bucket(
             BucketResult(
-                heads, draft_len, dtype_name, bs, best, best_t, default_t, problems.contexts
+                heads,
+                draft_len,
+                dtype_name,
+                bs,
+                best,
+                best_t,
+                default_t,
+                problems.contexts,
+                head_dims,
             )
         )
 
@@ -436,6 +477,22 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
 
 
+def _head_dims(text: str) -> list[tuple[int, int]]:
+    """``576x512,256`` -> [(576, 512), (256, 256)]: q/k x v, or one dim for both."""
+    dims = []
+    for item in filter(None, text.split(",")):
+        try:
+            qk, _, v = item.partition("x")
+            dims.append(check_head_dims((int(qk), int(v or qk))))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected head dims among {HEAD_DIMS} as QKxV or D, got {item!r}"
+            ) from None
+    if not dims:
+        raise argparse.ArgumentTypeError(f"expected head dims, got {text!r}")
+    return dims
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = _Parser(
         prog="python -m mla_verify.tune",
@@ -443,6 +500,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--heads", type=_ints, help=f"per-rank head counts (default {DEFAULT_HEADS})")
     p.add_argument("--draft-lens", type=_ints, help=f"draft lengths (default {DEFAULT_DRAFT_LENS})")
+    p.add_argument(
+        "--head-dims",
+        type=_head_dims,
+        default=[MLA_HEAD_DIMS],
+        help="comma-separated q/k x v head dims, e.g. 576x512,256 (default 576x512, MLA)",
+    )
     p.add_argument(
         "--batch-sizes", type=_ints, help=f"batch buckets (default {DEFAULT_BATCH_SIZES})"
     )
@@ -572,10 +635,10 @@ def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> 
         ),
     }
     entries = {}
-    for dtype_name in args.kv_dtypes:
+    for dtype_name, head_dims in itertools.product(args.kv_dtypes, args.head_dims):
         for heads in args.heads:
             for draft_len in args.draft_lens:
-                key = tables.entry_key(heads, draft_len, dtype_name)
+                key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
                 buckets = {
                     str(bs): {
                         "config": reported_amd_config(heads, bs).to_dict(),
@@ -588,6 +651,7 @@ def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> 
                     "num_heads": heads,
                     "draft_len": draft_len,
                     "kv_dtype": dtype_name,
+                    **_dims_field(head_dims),
                     "buckets": buckets,
                 }
     path = out_dir / f"{arch}.json"
@@ -606,20 +670,25 @@ def bucket_json(result: BucketResult) -> dict:
     }
 
 
-def pending_work(args, out_path: Path) -> list[tuple[int, int, str, list[int]]]:
-    """(H, L, dtype, batch sizes still to tune) per entry, for resuming."""
+def _dims_field(head_dims: tuple[int, int]) -> dict:
+    """An entry's head_dims field: none for MLA (tables.py)."""
+    return {} if tuple(head_dims) == MLA_HEAD_DIMS else {"head_dims": list(head_dims)}
+
+
+def pending_work(args, out_path: Path) -> list[tuple[int, int, str, tuple[int, int], list[int]]]:
+    """(H, L, dtype, head dims, batch sizes still to tune) per entry, for resuming."""
     done: dict[str, set[int]] = {}
     existing = tables.read_table(out_path) if out_path.exists() else None
     if existing and not args.redo and existing["metadata"].get("kernel_hash") == KERNEL_HASH:
         done = {k: {int(b) for b in e["buckets"]} for k, e in existing["entries"].items()}
     work = []
-    for dtype_name in args.kv_dtypes:
+    for dtype_name, head_dims in itertools.product(args.kv_dtypes, args.head_dims):
         for heads in args.heads:
             for draft_len in args.draft_lens:
-                key = tables.entry_key(heads, draft_len, dtype_name)
+                key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
                 todo = [b for b in args.batch_sizes if b not in done.get(key, set())]
                 if todo:
-                    work.append((heads, draft_len, dtype_name, todo))
+                    work.append((heads, draft_len, dtype_name, head_dims, todo))
     return work
 
 
@@ -643,7 +712,7 @@ def run_tuning(
     logger.info("%d buckets to tune in %d entries -> %s", total, len(work), out_path)
     if device == "cuda" and work:
         workers = args.jobs or min(16, os.cpu_count() or 1)
-        precompile([(h, l, d) for h, l, d, _ in work], arch, workers)
+        precompile([(h, l, d, dims) for h, l, d, dims, _ in work], arch, workers)
 
     metadata = table_metadata(arch, device_name, sm_count, args)
     results: list[BucketResult] = []
@@ -654,6 +723,7 @@ def run_tuning(
             "num_heads": result.num_heads,
             "draft_len": result.draft_len,
             "kv_dtype": result.kv_dtype,
+            **_dims_field(result.head_dims),
             "buckets": {str(result.batch_size): bucket_json(result)},
         }
         tables.write_entries(out_path, arch, metadata, {result.key: entry})
@@ -661,7 +731,7 @@ def run_tuning(
         bar.update(1)
 
     with tqdm(total=total, desc="tuning buckets", unit="bucket", file=sys.stderr) as bar:
-        for heads, draft_len, dtype_name, batch_sizes in work:
+        for heads, draft_len, dtype_name, head_dims, batch_sizes in work:
             if args.time_limit and time.perf_counter() - start > args.time_limit:
                 logger.warning("time limit reached; rerun the same command to resume")
                 break
@@ -681,6 +751,7 @@ def run_tuning(
                     top_k=args.top_k,
                     margin=args.margin,
                     on_bucket=record,
+                    head_dims=head_dims,
                 )
             except (RuntimeError, ValueError) as exc:  # one bad entry must not end the run
                 logger.error("H%d L%d %s not tuned: %s", heads, draft_len, dtype_name, exc)

@@ -14,7 +14,7 @@ from . import lookup, tables
 from .config import VerifyConfig
 from .device import SM_COUNT, current_arch
 from .kernel import KERNEL_HASH
-from .problem import kv_dtype_from_name
+from .problem import MLA_HEAD_DIMS, kv_dtype_from_name
 
 logger = logging.getLogger("mla_verify.tune")
 
@@ -109,6 +109,8 @@ def check(args: argparse.Namespace) -> int:
                         kv_dtype=kv_dtype_from_name(entry["kv_dtype"]),
                         device="cuda",
                         seed=0,
+                        head_dims=tuple(entry.get("head_dims", MLA_HEAD_DIMS)),
+                        separate_v="head_dims" in entry,
                     )
                     out = batch.new_output()
                     table_ran += 1

@@ -26,7 +26,15 @@ from .device import (
 )
 from .lookup import block_config
 from .plan import partial_slots, workspace_numel
-from .problem import D_NOPE, QK_HEAD_DIM, V_HEAD_DIM, check_range, check_shape, kv_dtype_name
+from .problem import (
+    MLA_HEAD_DIMS,
+    QK_HEAD_DIM,
+    V_HEAD_DIM,
+    check_head_dims,
+    check_range,
+    check_shape,
+    kv_dtype_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,29 +57,32 @@ class Workspace:
         partials = (self.part_o.numel() + self.part_lse.numel()) * 4
         return partials + self.paged_index.numel() * 4 + self.paged_drafts.numel()
 
-    def reserve(self, rows: int) -> None:
-        """Make room for ``rows`` (slot, head, draft) partial rows."""
-        if rows <= self.part_lse.numel():
+    def reserve(self, rows: int, v_dim: int = V_HEAD_DIM) -> None:
+        """Make room for ``rows`` (slot, head, draft) partial rows of
+        ``v_dim`` values."""
+        if rows <= self.part_lse.numel() and rows * v_dim <= self.part_o.numel():
             return
         if capturing(self.device):
             raise RuntimeError(
                 f"mla_verify: the workspace on {self.device} holds {self.part_lse.numel()} "
-                f"partial rows but this call needs {rows}; call "
+                f"partial rows but this call needs {rows} of {v_dim} values; call "
                 "mla_verify.prepare_workspace(max_batch_size, num_heads, draft_len, ...) "
                 "before graph capture"
             )
         if self._used_in_capture:
             # A captured graph may still write into the old buffers.
             self._kept_for_graphs += [self.part_o, self.part_lse]
-        self.part_o = torch.empty(rows * D_NOPE, dtype=torch.float32, device=self.device)
+        rows = max(rows, self.part_lse.numel())
+        n_o = max(rows * v_dim, self.part_o.numel())
+        self.part_o = torch.empty(n_o, dtype=torch.float32, device=self.device)
         self.part_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
         logger.debug("workspace on %s grown to %.1f MB", self.device, self.nbytes / 1e6)
 
     def views(
-        self, slots: int, num_heads: int, draft_len: int
+        self, slots: int, num_heads: int, draft_len: int, v_dim: int = V_HEAD_DIM
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n_o, n_lse = workspace_numel(slots, num_heads, draft_len)
-        self.reserve(n_lse)
+        n_o, n_lse = workspace_numel(slots, num_heads, draft_len, v_dim)
+        self.reserve(n_lse, v_dim)
         if capturing(self.device):
             self._used_in_capture = True
         return self.part_o[:n_o], self.part_lse[:n_lse]
@@ -176,14 +187,17 @@ def workspace_bytes(
     kv_dtype: torch.dtype = torch.bfloat16,
     arch: str | None = None,
     sms: int | None = None,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> int:
     """Workspace bytes the tuned configs need for any batch up to the max
     (``arch``: 'sm90', 'gfx950', ..., 'cpu' for Triton's CPU interpreter,
     None for this GPU's; ``sms``: the GPU's multiprocessors, by default the
-    arch's count)."""
+    arch's count; ``head_dims``: (q/k, v), MLA's by default). Ragged and
+    masked calls need no more than uniform ones."""
     num_heads, draft_len, max_batch_size = check_shape(
         num_heads, draft_len, max_batch_size, batch_name="max_batch_size"
     )
+    head_dims = check_head_dims(head_dims)
     kv_dtype_name(kv_dtype)  # names the choices before any lookup
     if arch is not None and arch != INTERPRETER_ARCH:
         check_arch(arch)
@@ -192,22 +206,24 @@ def workspace_bytes(
     sms = check_range("sms", sms, 1, MAX_SM_COUNT)
     slots = 0
     for bs in range(1, max_batch_size + 1):
-        config = _launch_config(num_heads, draft_len, bs, kv_dtype, arch)
+        config = _launch_config(num_heads, draft_len, bs, kv_dtype, arch, head_dims)
         # A Hopper config runs the Hopper kernel's shares where it can, and
         # the Triton kernel's units elsewhere: room for either.
         slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, 0))
         if config.kernel in HOPPER_KERNELS:
             ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
             slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, ctas))
-    return workspace_numel(slots, num_heads, draft_len)[1] * (D_NOPE + 1) * 4
+    return workspace_numel(slots, num_heads, draft_len)[1] * (head_dims[1] + 1) * 4
 
 
-def _launch_config(num_heads, draft_len, batch_size, kv_dtype, arch) -> VerifyConfig:
+def _launch_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims) -> VerifyConfig:
     # What verify_mla_fwd launches: in the interpreter the built-in default
     # (no GPU to tune for, so no table and no warning), else the tables'.
     if arch == INTERPRETER_ARCH:
-        return default_config(num_heads, draft_len, batch_size, INTERPRETER_ARCH)
-    return block_config(num_heads, draft_len, batch_size, kv_dtype, arch)
+        return default_config(
+            num_heads, draft_len, batch_size, INTERPRETER_ARCH, head_dims=head_dims
+        )
+    return block_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims=head_dims)
 
 
 def prepare_workspace(
@@ -216,18 +232,23 @@ def prepare_workspace(
     draft_len: int,
     kv_dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str | None = None,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> int:
     """Allocate, before graph capture, the workspace every batch size up to
     ``max_batch_size`` needs with the tuned configs; returns its bytes.
     ``device``: a CUDA/ROCm device (default: the current one), or 'cpu' for
-    calls run in Triton's CPU interpreter."""
+    calls run in Triton's CPU interpreter. ``head_dims``: the model's (q/k,
+    v), absorbed MLA's by default."""
     check_shape(num_heads, draft_len, max_batch_size, batch_name="max_batch_size")
     kv_dtype_name(kv_dtype)
     device = _workspace_device(device)
     arch = current_arch(device) if device.type == "cuda" else INTERPRETER_ARCH
     sms = sm_count(device) if device.type == "cuda" else None
-    nbytes = workspace_bytes(max_batch_size, num_heads, draft_len, kv_dtype, arch, sms)
-    get_workspace(device).reserve(nbytes // ((D_NOPE + 1) * 4))
+    head_dims = check_head_dims(head_dims)
+    nbytes = workspace_bytes(
+        max_batch_size, num_heads, draft_len, kv_dtype, arch, sms, head_dims=head_dims
+    )
+    get_workspace(device).reserve(nbytes // ((head_dims[1] + 1) * 4), head_dims[1])
     return nbytes
 
 

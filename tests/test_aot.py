@@ -30,9 +30,10 @@ SCRIPT = textwrap.dedent(
         for bucket in entry["buckets"].values():
             # Split count and share floor are runtime values: one compile.
             config = VerifyConfig.from_dict(bucket["config"]).with_splits(1).with_min_share(None)
-            kernels.add((entry["draft_len"], entry["kv_dtype"], config))
-    for draft_len, kv_dtype, config in sorted(kernels, key=repr):
-        shared = compile_prefix_kernel(config, draft_len, kv_dtype, arch)
+            dims = tuple(entry.get("head_dims", (576, 512)))
+            kernels.add((entry["draft_len"], entry["kv_dtype"], config, dims))
+    for draft_len, kv_dtype, config, dims in sorted(kernels, key=repr):
+        shared = compile_prefix_kernel(config, draft_len, kv_dtype, arch, dims)
         print(json.dumps([draft_len, kv_dtype, config.to_dict(), shared]))
     """
 )
@@ -57,3 +58,38 @@ def test_shipped_configs_compile_and_fit(arch):
     limit = TARGETS[arch][1]
     too_big = [r for r in rows if r[3] > limit]
     assert not too_big, f"over {limit} B of shared memory: {too_big}"
+
+
+VARIANTS_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from mla_verify.aot import compile_prefix_kernel
+    from mla_verify.config import default_config
+    from mla_verify.problem import HEAD_DIMS
+    arch = sys.argv[1]
+    for dims in HEAD_DIMS:
+        config = default_config(16, 4, 8, arch, "bf16", dims)
+        for prefix_mask in (False, True):
+            compile_prefix_kernel(config, 4, "bf16", arch, dims, prefix_mask=prefix_mask)
+            print(dims, prefix_mask, "ok")
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(TARGETS))
+def test_every_head_dims_and_mask_variant_compiles(arch):
+    """Stage 1 for each supported head-dims pair, reading prefix mask bits
+    or not, compiles for each arch (the Triton kernel, or the Hopper one
+    where the default picks it)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", VARIANTS_SCRIPT, arch],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ok") == 6

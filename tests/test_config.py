@@ -120,3 +120,18 @@ def test_tuner_times_one_split_count_for_the_hopper_kernel(kernel):
     ]
     assert len(split_candidates(16, 8, 16, "sm90", "triton")) > 1
     assert len(split_candidates(16, 8, 16, "gfx950", kernel)) > 1  # the Triton kernel runs there
+
+
+@pytest.mark.parametrize("head_dims", [(256, 256), (128, 128)])
+def test_other_head_dims_take_the_triton_kernel_on_sm90(head_dims):
+    """The Hopper kernel is MLA's: for other head dims the default and the
+    tuner's tiles are the Triton kernel's, and a separate V cache (as
+    SGLang passes it) keeps the tuned tile: K and V together are no wider
+    than MLA's K."""
+    assert default_config(16, 4, 32, "sm90", "bf16", head_dims).kernel == "triton"
+    tiles = tile_candidates(16, 4, "sm90", "bf16", head_dims)
+    assert tiles and {c.kernel for c in tiles} == {"triton"}
+    config = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=3, num_warps=8, num_stages=2)
+    assert for_separate_v(config, head_dims) == config
+    hopper = for_separate_v(hopper_config(16, 4, 32), head_dims)
+    assert (hopper.kernel, hopper.BLOCK_N, hopper.num_stages) == ("triton", 64, 2)

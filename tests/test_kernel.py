@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -89,6 +90,96 @@ CPU_CASES = [
     ),
     ("sm_scale_custom", 4, 2, [30], {"sm_scale": 0.11}, SMALL),
     ("lookup_config", 4, 2, [30, 5], {}, None),
+    # Ordinary attention: one KV head, q/k = v = 256 or 128, no rope part.
+    ("d256_v_view", 4, 2, [30, 12], {"head_dims": (256, 256)}, SMALL),
+    ("d256_v_separate", 4, 2, [30, 12], {"head_dims": (256, 256), "separate_v": True}, SMALL),
+    ("d128_v_view", 3, 3, [25, 0], {"head_dims": (128, 128)}, SMALL),
+    ("d128_v_separate", 3, 3, [25, 0], {"head_dims": (128, 128), "separate_v": True}, SMALL),
+    (
+        "d256_fp8_scaled_v_separate",
+        4,
+        2,
+        [30, 12],
+        {
+            "head_dims": (256, 256),
+            "separate_v": True,
+            "kv_dtype": torch.float8_e4m3fn,
+            "k_scale": 0.5,
+            "v_scale": 1.5,
+        },
+        SMALL,
+    ),
+    ("d128_lookup_config", 4, 2, [30, 5], {"head_dims": (128, 128), "separate_v": True}, None),
+    # Ragged drafts: request b has draft_counts[b] rows, 1..L.
+    (
+        "ragged_counts_empty_prefixes",
+        3,
+        4,
+        [0, 17, 0, 5, 40],
+        {"draft_counts": [1, 4, 3, 2, 1]},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=6),
+    ),
+    ("ragged_one_draft_each", 5, 3, [9, 33], {"draft_counts": [1, 1]}, SMALL),
+    # Tree masks in SGLang's layout (prefix keys first, then the drafts).
+    ("tree", 4, 5, [20, 0, 33], {"mask": "tree", "draft_counts": [5, 2, 4]}, SMALL),
+    ("causal_as_mask_uint8", 3, 4, [18, 7], {"mask": "causal", "mask_dtype": torch.uint8}, SMALL),
+    (
+        "prefix_bits_hide_keys",
+        4,
+        3,
+        [40, 3, 0, 17],
+        {"mask": "tree", "hide_prefix": 0.4, "skip_prefix_custom_mask": False},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=5),
+    ),
+    (
+        "prefix_bits_skipped",
+        4,
+        3,
+        [40, 3],
+        {"mask": "tree", "hide_prefix": 0.4, "skip_prefix_custom_mask": True},
+        SMALL,
+    ),
+    # Every prefix bit off: every chunk's partials hold weight 0.
+    (
+        "prefix_all_hidden",
+        2,
+        4,
+        [50, 20],
+        {"mask": "tree", "hide_prefix": 1.0, "skip_prefix_custom_mask": False},
+        dataclasses.replace(SMALL, NUM_KV_SPLITS=6),
+    ),
+    (
+        "fp8_tree_ragged_scaled",
+        4,
+        4,
+        [30, 0, 12],
+        {
+            "kv_dtype": torch.float8_e4m3fn,
+            "k_scale": 0.5,
+            "v_scale": 1.5,
+            "mask": "tree",
+            "hide_prefix": 0.3,
+            "skip_prefix_custom_mask": False,
+            "draft_counts": [4, 1, 3],
+        },
+        SMALL,
+    ),
+    (
+        "d256_tree_ragged_v_extend_view",
+        4,
+        4,
+        [19, 40],
+        {
+            "head_dims": (256, 256),
+            "separate_v": True,
+            "v_extend_from_k": True,
+            "mask": "tree",
+            "hide_prefix": 0.3,
+            "skip_prefix_custom_mask": False,
+            "draft_counts": [3, 4],
+        },
+        SMALL,
+    ),
 ]
 
 
@@ -100,6 +191,102 @@ CPU_CASES = [
 def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device):
     batch = make_batch(heads, draft_len, prefix_lens, device=device, **kwargs)
     _run_and_check(batch, config, device)
+
+
+def _random_tree_batch(seed: int, device, *, big: bool = False):
+    """A tree-verify batch of random shape: draft length, counts (ragged),
+    prefix lengths (0 and 1 included), tree, hidden prefix bits and whether
+    they are read. ``big``: GPU sizes."""
+    rng = random.Random(seed)
+    draft_len = rng.randint(1, 16 if big else 8)
+    bs = rng.randint(1, 64 if big else 4)
+    longest = 20000 if big else 70
+    prefix_lens = [rng.choice([0, 1, rng.randint(2, longest)]) for _ in range(bs)]
+    batch = make_batch(
+        rng.randint(1, 128 if big else 6),
+        draft_len,
+        prefix_lens,
+        draft_counts=[rng.randint(1, draft_len) for _ in range(bs)],
+        mask="tree",
+        hide_prefix=rng.choice([0.0, 0.3]),
+        skip_prefix_custom_mask=rng.random() < 0.5,
+        mask_dtype=rng.choice([torch.bool, torch.uint8]),
+        device=device,
+        pool_slots=2 * sum(prefix_lens) + 64,
+        seed=seed,
+    )
+    config = VerifyConfig(
+        BLOCK_H=rng.choice([1, 2, 4]),
+        BLOCK_N=16 if not big else 64,
+        NUM_KV_SPLITS=rng.randint(1, 6),
+        num_warps=4,
+        num_stages=1,
+    )
+    return batch, (None if big else config)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_trees(seed, device):
+    batch, config = _random_tree_batch(seed, device)
+    _run_and_check(batch, config, device)
+
+
+def test_row_that_sees_no_key_gets_zero(device):
+    """Prefix bits and draft bits all off for one row: its output is 0 (an
+    empty softmax adds nothing), and the other rows are unaffected."""
+    batch = make_batch(3, 4, [20, 6], mask="tree", skip_prefix_custom_mask=False, device=device)
+    width = 20 + 4  # request 0's row: its prefix, then its drafts
+    start = int(batch.mask_indptr[0]) + 2 * width
+    batch.custom_mask[start : start + width] = False
+    ref = batch.reference()
+    assert bool((ref[2] == 0).all())
+    _poison_workspace(device)
+    out = batch.new_output()
+    assert batch.run(out, dataclasses.replace(SMALL, NUM_KV_SPLITS=4))
+    check_close(out, ref)
+    assert bool((out[2] == 0).all())
+
+
+def test_hopper_kernel_takes_only_uniform_unmasked_calls(monkeypatch):
+    """The Hopper kernel reads neither draft counts nor masks: a ragged call
+    (q rows below batch x L) or a masked one plans the Triton kernel; the
+    plan says which mask bits the Triton kernel reads."""
+    monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
+    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
+    config = hopper_config(8, 4, 2)
+
+    def planned(**kwargs):
+        b = make_batch(8, 4, [70, 5], **kwargs)
+        return plan.plan_call(
+            b.q,
+            b.k_extend,
+            b.v_extend,
+            b.k_buffer,
+            b.v_buffer,
+            batch_size=2,
+            draft_len=4,
+            config=config,
+            masked=b.custom_mask is not None,
+            skip_prefix_mask=b.skip_prefix_custom_mask,
+        )
+
+    assert planned().hopper
+    ragged = planned(draft_counts=[4, 3])
+    assert not ragged.hopper and not ragged.uniform and not ragged.draft_mask
+    tree = planned(mask="tree")
+    assert not tree.hopper and tree.draft_mask and not tree.prefix_mask
+    assert planned(mask="tree", skip_prefix_custom_mask=False).prefix_mask
+
+
+def test_hopper_kernel_is_mla_only(monkeypatch):
+    monkeypatch.setattr(plan, "INTERPRETED", False)
+    monkeypatch.setattr(plan, "is_cuda_sm90", lambda device: True)
+    meta = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    for qk, v in [(256, 256), (128, 128)]:
+        assert not hopper.supports(4, "bf16", True, (qk, v))
+        assert not plan.uses_gluon_sm90(meta(8, 16, qk), meta(100, 1, qk), 4, True, v)
+    if hopper.available():
+        assert plan.uses_gluon_sm90(meta(8, 16, 576), meta(100, 1, 576), 4, True, 512)
 
 
 def test_int64_index_tensors(device):
@@ -556,3 +743,219 @@ def test_gpu_graph_replay_after_lengths_change():
     graph.replay()
     second.kv_indices = kv_indices[: second.kv_indices.numel()]
     check_close(out, second.reference(), what="replay after lengths changed")
+
+
+# Every call an engine makes besides the uniform causal MLA one: trees,
+# ragged draft counts, hidden prefix keys, ordinary attention's head dims.
+GPU_VERIFY_CASES = [
+    # id, heads, draft_len, prefix_lens, make_batch kwargs
+    ("d256_H4", 4, 4, [16384] * 8, {"head_dims": (256, 256), "separate_v": True}),
+    ("d256_H8_v_view", 8, 4, [8192] * 16, {"head_dims": (256, 256)}),
+    ("d128_H16", 16, 4, [8192] * 8, {"head_dims": (128, 128), "separate_v": True}),
+    (
+        "ragged_empty_prefixes_H16_L4",
+        16,
+        4,
+        [0 if b % 3 == 0 else (b * 7919) % 5000 for b in range(64)],
+        {"draft_counts": [1 + b % 4 for b in range(64)]},
+    ),
+    (
+        "ragged_past_plan_block_H8_L3",
+        8,
+        3,
+        [(b * 7919) % 5000 for b in range(300)],
+        {"draft_counts": [1 + b % 3 for b in range(300)]},
+    ),
+    (
+        "d128_H8_v_view_ragged",
+        8,
+        3,
+        [100, 0, 20000],
+        {"head_dims": (128, 128), "draft_counts": [2, 3, 1]},
+    ),
+    ("tree_H16_L8", 16, 8, [4096] * 16, {"mask": "tree"}),
+    (
+        "tree_prefix_bits_H128_L4",
+        128,
+        4,
+        [2048] * 8,
+        {"mask": "tree", "hide_prefix": 0.2, "skip_prefix_custom_mask": False},
+    ),
+    (
+        "tree_ragged_H16_L8",
+        16,
+        8,
+        [3000, 0, 1, 16384, 77, 512],
+        {"mask": "tree", "draft_counts": [8, 3, 1, 6, 8, 2]},
+    ),
+    (
+        "prefix_all_hidden_H16_L4",
+        16,
+        4,
+        [8192] * 4,
+        {"mask": "tree", "hide_prefix": 1.0, "skip_prefix_custom_mask": False},
+    ),
+    (
+        "d256_H16_tree_ragged",
+        16,
+        6,
+        [4096] * 32,
+        {
+            "head_dims": (256, 256),
+            "separate_v": True,
+            "mask": "tree",
+            "draft_counts": [1 + b % 6 for b in range(32)],
+        },
+    ),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "heads,draft_len,prefix_lens,kwargs",
+    [c[1:] for c in GPU_VERIFY_CASES],
+    ids=[c[0] for c in GPU_VERIFY_CASES],
+)
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_gpu_verify_cases_match_reference(heads, draft_len, prefix_lens, kwargs, kv_dtype):
+    scales = {} if kv_dtype == torch.bfloat16 else {"k_scale": 0.75, "v_scale": 1.25}
+    batch = make_batch(
+        heads,
+        draft_len,
+        prefix_lens,
+        kv_dtype=kv_dtype,
+        device="cuda",
+        pool_slots=sum(prefix_lens) * 2 + 64,
+        **scales,
+        **kwargs,
+    )
+    _run_and_check(batch, None, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_random_trees(seed):
+    batch, _ = _random_tree_batch(seed, "cuda", big=True)
+    _run_and_check(batch, None, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"draft_counts": [4, 2, 1]},
+        {"mask": "tree"},
+        {"mask": "causal", "hide_prefix": 0.2, "skip_prefix_custom_mask": False},
+        {"head_dims": (256, 256)},
+    ],
+    ids=["ragged", "tree", "prefix_bits", "d256"],
+)
+def test_gpu_hopper_config_runs_other_calls_on_the_triton_kernel(kwargs):
+    """Under a Hopper config, ragged, masked and non-MLA calls plan the
+    Triton kernel (the Hopper kernel reads neither counts nor masks) and
+    compute the same function."""
+    batch = make_batch(16, 4, [3000, 64, 1], device="cuda", **kwargs)
+    config = hopper_config(16, 4, 3)
+    planned = plan.plan_call(
+        batch.q,
+        batch.k_extend,
+        batch.v_extend,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch_size=3,
+        draft_len=4,
+        config=config,
+        masked=batch.custom_mask is not None,
+        skip_prefix_mask=batch.skip_prefix_custom_mask,
+    )
+    assert not planned.hopper
+    _run_and_check(batch, config, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", [None, "tree"])
+def test_gpu_graph_replay_with_new_draft_counts(mask):
+    """One captured graph replays a ragged batch after the engine rewrites
+    the draft counts, prefix lengths, slots and (tree) mask bits in place:
+    the kernels read them all on the device."""
+    import mla_verify
+
+    heads, draft_len, bs, slots = 16, 4, 8, 80_000
+    masked = {"mask": mask, "hide_prefix": 0.1, "skip_prefix_custom_mask": False} if mask else {}
+    first = make_batch(
+        heads,
+        draft_len,
+        [4000] * bs,
+        draft_counts=[4, 1, 3, 2, 4, 1, 2, 3],
+        device="cuda",
+        pool_slots=slots,
+        seed=1,
+        **masked,
+    )
+    second = make_batch(
+        heads,
+        draft_len,
+        [7000, 1, 0, 513, 64, 9000, 3, 2048],
+        draft_counts=[1, 4, 2, 3, 2, 3, 4, 1],  # as many rows in all: q keeps its shape
+        device="cuda",
+        pool_slots=slots,
+        seed=2,
+        **masked,
+    )
+    mla_verify.prepare_workspace(bs, heads, draft_len)
+    # Static buffers the graph reads, sized for the larger lists.
+    kv_indices = torch.zeros(slots, dtype=torch.int32, device="cuda")
+    kv_indices[: first.kv_indices.numel()] = first.kv_indices
+    custom_mask = mask_indptr = None
+    if mask:
+        custom_mask = torch.zeros(slots * draft_len, dtype=torch.bool, device="cuda")
+        custom_mask[: first.custom_mask.numel()] = first.custom_mask
+        mask_indptr = first.mask_indptr
+    out = first.new_output()
+
+    def call():
+        verify_mla_fwd(
+            first.q,
+            first.k_extend,
+            first.v_extend,
+            out,
+            first.k_buffer,
+            first.v_buffer,
+            first.qo_indptr,
+            first.kv_indptr,
+            kv_indices,
+            custom_mask,
+            True,
+            mask_indptr,
+            draft_len,
+            sm_scale=first.sm_scale,
+            skip_prefix_custom_mask=first.skip_prefix_custom_mask,
+        )
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compile and warm up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    out.fill_(float("nan"))
+    graph.replay()
+    first.kv_indices = kv_indices[: first.kv_indices.numel()]
+    if mask:
+        first.custom_mask = custom_mask[: first.custom_mask.numel()]
+    check_close(out, first.reference(), what="first replay")
+
+    names = ["q", "k_extend", "v_extend", "k_buffer", "qo_indptr", "kv_indptr"]
+    for name in names + (["mask_indptr"] if mask else []):
+        getattr(first, name).copy_(getattr(second, name))
+    kv_indices[: second.kv_indices.numel()] = second.kv_indices
+    if mask:
+        custom_mask[: second.custom_mask.numel()] = second.custom_mask
+        second.custom_mask = custom_mask[: second.custom_mask.numel()]
+    out.fill_(float("nan"))
+    graph.replay()
+    second.kv_indices = kv_indices[: second.kv_indices.numel()]
+    check_close(out, second.reference(), what="replay after counts changed")

@@ -102,6 +102,28 @@ def sm90(dirs) -> Path:
 # --- exact entries and buckets ----------------------------------------------------
 
 
+def test_head_dims_entries_stand_in_only_for_their_dims(dirs, caplog):
+    """An entry keyed by head dims serves those dims (exactly and as the
+    nearest), never MLA's, and MLA's entries never serve other dims."""
+    d256 = entry(16, 4, "bf16", {8: cfg(8, 6, BLOCK_N=32)})
+    d256 = (tables.entry_key(16, 4, "bf16", (256, 256)), d256[1] | {"head_dims": [256, 256]})
+    write_table(dirs.shipped, "sm90", [entry(16, 4, "bf16", {8: cfg(16, 5)}), d256])
+    lookup.reload_tables()
+    config, source = lookup.resolve_config(16, 4, 8, arch="sm90", head_dims=(256, 256))
+    assert config == cfg(8, 6, BLOCK_N=32) and "H16_L4_bf16_D256" in source
+    assert lookup.resolve_config(16, 4, 8, arch="sm90")[0] == cfg(16, 5)
+    assert (
+        "H16_L4_bf16_D256" in lookup.resolve_config(32, 4, 8, arch="sm90", head_dims=(256, 256))[1]
+    )
+    config, source = lookup.resolve_config(16, 4, 8, arch="sm90", head_dims=(128, 128))
+    assert source == "built-in default"
+    assert "--head-dims 128x128" in lookup_records(caplog, logging.WARNING)[-1]
+    # The Hopper kernel takes MLA alone: other dims default to the Triton kernel.
+    assert config.kernel == "triton"
+    with pytest.raises(ValueError, match="head_dims"):
+        lookup.block_config(16, 4, 8, arch="sm90", head_dims=(256, 128))
+
+
 def test_exact_entry(sm90):
     config, source = lookup.resolve_config(128, 4, 16, torch.bfloat16, arch="sm90")
     assert config == cfg(16, 17, **H128)

@@ -76,6 +76,30 @@ def test_opcheck_verify_mla_fwd(device):
     )
 
 
+def test_opcheck_verify_mla_fwd_tree_ragged(device):
+    """The op carries a tree mask with its prefix bits read, ragged counts."""
+    batch = make_batch(
+        H,
+        3,
+        [5, 0],
+        draft_counts=[3, 1],
+        mask="tree",
+        hide_prefix=0.4,
+        skip_prefix_custom_mask=False,
+        seed=26,
+        device=device,
+    )
+    args = list(_sglang_args(batch, batch.new_output()))
+    args[9], args[11] = batch.custom_mask, batch.mask_indptr
+    out = args[3]
+    torch.library.opcheck(
+        torch.ops.mla_verify.verify_mla_fwd.default,
+        (*args, 1.0, 1.0, batch.sm_scale, False),
+    )
+    torch.ops.mla_verify.verify_mla_fwd(*args, 1.0, 1.0, batch.sm_scale, False)
+    check_close(out, batch.reference())
+
+
 def test_compiled_paged_equals_eager(device):
     """A function calling the public entry point (with and without out=)
     compiles with fullgraph=True: the call becomes the custom op."""

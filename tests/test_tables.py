@@ -87,6 +87,41 @@ def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 def test_entry_key():
     assert tables.entry_key(128, 4, "bf16") == "H128_L4_bf16"
     assert tables.entry_key(12, 1, "fp8_e4m3") == "H12_L1_fp8_e4m3"
+    # MLA keys stay as they were; other head dims add a suffix.
+    assert tables.entry_key(16, 4, "bf16", (576, 512)) == "H16_L4_bf16"
+    assert tables.entry_key(16, 4, "bf16", (256, 256)) == "H16_L4_bf16_D256"
+    assert tables.entry_key(8, 2, "fp8_e4m3", (128, 128)) == "H8_L2_fp8_e4m3_D128"
+    with pytest.raises(ValueError, match="head_dims"):
+        tables.entry_key(16, 4, "bf16", (192, 128))
+
+
+def _d256_entry(**over) -> tuple[str, dict]:
+    _, body = entry(16, 4, "bf16", {8: bucket(cfg())})
+    body = body | {"head_dims": [256, 256]} | over
+    return tables.entry_key(16, 4, "bf16", (256, 256)), body
+
+
+def test_head_dims_entries_validate_and_load(dirs):
+    data = table(entries=[entry(16, 4, "bf16", {8: bucket(cfg())}), _d256_entry()])
+    tables.validate_table(data, expected_arch="sm90")
+    write_json(dirs.shipped / "sm90.json", data)
+    loaded = tables.load_tables(HASH)["sm90"]
+    assert loaded["H16_L4_bf16"].head_dims == (576, 512)
+    assert loaded["H16_L4_bf16_D256"].head_dims == (256, 256)
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        ({"head_dims": [192, 128]}, "head_dims"),
+        ({"head_dims": "256"}, "head_dims"),
+        ({"head_dims": [128, 128]}, "expected 'H16_L4_bf16_D128'"),
+    ],
+    ids=["unsupported", "not_a_list", "key_mismatch"],
+)
+def test_head_dims_entry_errors(over, match):
+    with pytest.raises(TableError, match=match):
+        tables.validate_table(table(entries=[_d256_entry(**over)]))
 
 
 def test_validate_accepts_good_and_unmeasured_tables():

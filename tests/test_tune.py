@@ -525,3 +525,18 @@ def test_the_tuner_writes_every_metadata_key_of_the_shipped_tables():
         metadata = json.loads(path.read_text())["metadata"]
         if metadata.get("measured", True):
             assert set(metadata) <= written, (path.name, set(metadata) - written)
+
+
+def test_head_dims_grid_tunes_entries_keyed_by_them(table_env, device):
+    """--head-dims adds entries keyed by head dims (timed with V a cache of
+    its own); MLA's keys stay as they were; the lookup finds each."""
+    assert tune.parse_args(["--head-dims", "576x512,256"]).head_dims == [(576, 512), (256, 256)]
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--head-dims", "256x128"])
+    results = run([*TINY, "--batch-sizes", "1", "--head-dims", "128"], table_env, device)
+    assert [(r.key, r.head_dims) for r in results] == [("H2_L2_bf16_D128", (128, 128))]
+    entry = json.loads((table_env / "cpu_test.json").read_text())["entries"]["H2_L2_bf16_D128"]
+    assert entry["head_dims"] == [128, 128]
+    lookup.reload_tables()
+    source = lookup.resolve_config(2, 2, 1, arch="cpu_test", head_dims=(128, 128))[1]
+    assert "entry H2_L2_bf16_D128" in source
