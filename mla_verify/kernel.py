@@ -40,7 +40,7 @@ merges only the requests that several shares hold (stage 1 writes the
 others).
 
 On CUDA sm90 and later, stage 2 is a programmatic dependent launch
-(dependent_launch): its programs plan on the SMs stage 1's CTAs free as
+(plan.dependent_launch): its programs plan on the SMs stage 1's CTAs free as
 they exit, and wait for the whole grid in the kernel before reading a
 partial.
 
@@ -72,26 +72,24 @@ from .problem import D_NOPE
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
-# Stage 2 after the Triton kernel: one program per (request, head), all 512
-# columns, unpipelined: measured fastest on the H200 (BENCHMARKS.md).
-# Splitting the columns repeats the draft block and the plan; pipelining the
-# unit loop, and blocks of heads per program, never paid. Its unit loop takes
-# 16 // next_pow2(L) units per load (the slots of _merge_pieces).
+# Stage 2 after the Triton kernel: one program per (request, head), all Dv
+# columns, unpipelined, measured fastest: splitting the columns repeats the
+# draft block and the plan; pipelining the unit loop, and blocks of heads per
+# program, never paid. Its unit loop takes 16 // next_pow2(L) units per load
+# (the slots of _merge_pieces).
 MERGE_WARPS = 4
 # fp32 elements of one load of stage 2 after the shares (its tile: pieces x
 # drafts rows, a block of columns): 16 a thread. The units' merge tile of
 # 8192 took 168-255 registers (ptxas, sm90), two or three programs an SM for
 # a merge of a few small pieces bound by latency.
 MERGE_SHARES_TILE = 2048
-# Column blocks of stage 2 after the shares (merge_column_blocks): about
-# this many partial elements a program (pieces x drafts x columns), at
-# least this many programs for one request (heads x blocks), so that a
-# request holding most shares (a long one among short ones) still spreads
-# over half the SMs, and at most this many programs in all (a large batch's
-# programs mostly find their request whole and only pay the plan). Fitted
-# to A/Bs of blocks 1-16 on 15 shapes and of these limits on 15 more on the
-# H200 (2026-11-29, BENCHMARKS.md): programs bound by latency cost more
-# than narrow tiles save.
+# Column blocks of stage 2 after the shares (plan.merge_column_blocks):
+# about this many partial elements a program (pieces x drafts x columns), at
+# least this many programs for one request (so a long request among short
+# ones still spreads over half the SMs), at most this many in all (a large
+# batch's programs mostly find their request whole and only pay the plan).
+# Fitted to A/Bs on the H200 (commit 6bca2a0): programs bound by latency
+# cost more than narrow tiles save.
 MERGE_PROGRAM_ELEMENTS = 8192
 MERGE_REQUEST_PROGRAMS = 64
 MERGE_MAX_PROGRAMS = 4096
