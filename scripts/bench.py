@@ -21,7 +21,8 @@ Measures, in one run on one GPU:
   copy-engine memcpy and is not a valid ceiling) and the bf16 ``torch.mm``
   rate on random 8192^3 operands;
 - per shape, the contenders: ``tuned`` (the shipped table, launched as an
-  engine launches it), ``default`` (the built-in default config),
+  engine launches it), ``paged`` (``verify_mla_paged`` on a paged copy of
+  the same values, -page rows only), ``default`` (the built-in default config),
   ``triton`` (the tuned tile on the package's portable Triton kernel),
   ``mha`` (the Triton kernel with BLOCK_H=1, the MHA-style baseline),
   ``torch_ref`` (the float32 reference on the GPU), ``flashinfer``
@@ -29,15 +30,41 @@ Measures, in one run on one GPU:
   ``flashmla`` (FlashMLA's dense decode, 64-token pages; only where
   ``import flash_mla`` succeeds). All read the same KV values; each is
   checked against the float32 reference with the package's tolerance
-  (``mla_verify.testing.check_close``) before it is timed.
+  (``mla_verify.testing.check_close``) before it is timed. Each runs only
+  where it computes the shape's call: FlashInfer, FlashMLA and ``mha`` on
+  plain shapes (MLA 576/512, L causal drafts a request); tree, ragged and
+  head-dim shapes time ``tuned``, ``default``, ``triton`` and
+  ``torch_ref``; -page shapes ``paged``, ``tuned`` (token-indexed, the same
+  values) and, at page 64, ``flashmla`` on the very pages ``paged`` reads.
+  The others get a ``skipped`` row saying why.
 
 Shape specs: ``H{heads}L{drafts}B{batch}`` then the prefix lengths, one of
 ``C{ctx}`` (uniform), ``Rlognormal{mean}`` (lognormal lengths, sigma 1, the
 same mean) or ``Rlong{long}x{short}`` (one request of ``long`` tokens among
 ``batch - 1`` of ``short``; ``x{short}`` defaults to 512). Lengths take an
-optional ``K`` (x1024): ``H16L4B32C16K``. A ``-fp8`` suffix stores the KV
-cache in fp8 e4m3 (k_scale = v_scale = 1; q, the drafts and the output stay
-bf16): ``H16L4B32C16K-fp8``. FlashInfer and FlashMLA are timed on bf16 KV only.
+optional ``K`` (x1024): ``H16L4B32C16K``. Optional suffixes, in any order,
+each at most once, name the kind of call (names print them in this order):
+
+- ``-d256`` / ``-d128``: ordinary attention with one shared KV head, q/k =
+  v = 256 or 128, V a view of K (default: absorbed MLA, 576/512);
+- ``-ragged``: request b has E_b drafts, drawn in 1..L with a seed fixed by
+  the shape (L >= 2), through ``qo_indptr``;
+- ``-tree``: an SGLang tree mask (``custom_mask``/``mask_indptr``, topk > 1
+  drafting; ``mla_verify.testing.make_batch(mask="tree")``) with the prefix
+  visible (``skip_prefix_custom_mask=True``); ``-treefull``: the same tree
+  with every prefix bit set and read (``skip_prefix_custom_mask=False``),
+  so the cost of the prefix mask bits shows against ``-tree``;
+- ``-page{1,16,32,64,128}``: the paged entry point, ``verify_mla_paged``,
+  on a cache of that page size holding each request's prefix and then its
+  L drafts' K, pages scattered (MLA, uniform causal drafts, bf16 only);
+- ``-fp8``: the KV cache in fp8 e4m3 (k_scale = v_scale = 1; q, the drafts
+  and the output stay bf16). FlashInfer and FlashMLA are timed on bf16 KV only.
+
+A shape's tree, ragged, head-dim and paged variants get its plain row's
+prefix lengths. Work per shape (``shape_work``): bytes are the prefix KV
+read once (Dqk elements a token), q, the output, the drafts' K and V (the
+drafts' cache rows on -page rows) and the custom mask bytes the kernel must
+read; FLOPs are 2 H sum_b(E_b P_b) (Dqk + Dv).
 
 Timing (``mla_verify.timing``): CUDA-graph replays of N back-to-back
 launches, each launch reading a different set of scattered KV slots (sets
@@ -74,7 +101,14 @@ import triton
 import triton.language as tl
 
 import mla_verify
-from mla_verify.config import VerifyConfig, default_num_kv_splits, rows_per_program
+from mla_verify.config import (
+    HOPPER_KERNELS,
+    VerifyConfig,
+    default_num_kv_splits,
+    rows_per_program,
+)
+from mla_verify.paged import PAGE_SIZES
+from mla_verify.plan import plan_call
 from mla_verify.problem import kv_dtype_name
 from mla_verify.testing import (
     Q_DIM,
@@ -112,8 +146,17 @@ KV_CACHE_DTYPES = {
     "fp8_e4m3": KVCacheDtype(torch.float8_e4m3fn, 1, "-fp8"),
 }
 
-CONTENDERS = ("tuned", "default", "triton", "mha", "torch_ref", "flashinfer", "flashmla")
-PLOT_CONTENDERS = ("tuned", "triton", "flashinfer", "flashmla")
+CONTENDERS = (
+    "tuned",
+    "paged",
+    "default",
+    "triton",
+    "mha",
+    "torch_ref",
+    "flashinfer",
+    "flashmla",
+)
+PLOT_CONTENDERS = ("tuned", "paged", "triton", "flashinfer", "flashmla")
 
 QUICK_SHAPES = (
     "H8L2B64C65536",  # memory-bound, H*L = 16
@@ -210,10 +253,22 @@ CONFIG_FIELDS = (
 # --- shapes -------------------------------------------------------------------------
 
 
+MLA_DIMS = (Q_DIM, V_DIM)  # absorbed MLA: q/k 576 (512 latent + 64 rope), v 512
+HEAD_DIM_SUFFIXES = {(256, 256): "-d256", (128, 128): "-d128"}  # ordinary attention, V = K
+MASKS = {"causal": "", "tree": "-tree", "treefull": "-treefull"}
+
+
 @dataclass(frozen=True)
 class ShapeSpec:
     """One benchmark shape. ``ctx`` is the uniform length, the lognormal
-    mean, or the long request's length; ``short`` only for kind 'long'."""
+    mean, or the long request's length; ``short`` only for kind 'long'.
+
+    The call's kind, each from a suffix of the spec: ``head_dims`` (q/k, v);
+    ``ragged``: request b has E_b drafts, 1..L (``draft_counts``);
+    ``mask``: 'causal' (no custom mask), 'tree' (SGLang's tree mask, the
+    prefix visible: skip_prefix_custom_mask=True) or 'treefull' (the same
+    tree, every prefix bit set and read); ``page_size``: 0 for the
+    token-indexed entry point, else the paged one's page."""
 
     num_heads: int
     draft_len: int
@@ -222,28 +277,54 @@ class ShapeSpec:
     ctx: int
     short: int = SHORT_CTX
     kv_dtype: str = "bf16"  # a key of KV_CACHE_DTYPES
+    head_dims: tuple[int, int] = MLA_DIMS
+    ragged: bool = False
+    mask: str = "causal"  # a key of MASKS
+    page_size: int = 0
 
     @property
     def name(self) -> str:
         head = f"H{self.num_heads}L{self.draft_len}B{self.batch_size}"
-        suffix = KV_CACHE_DTYPES[self.kv_dtype].suffix
         if self.kind == "uniform":
-            return f"{head}C{self.ctx}{suffix}"
-        if self.kind == "lognormal":
-            return f"{head}Rlognormal{self.ctx}{suffix}"
-        return f"{head}Rlong{self.ctx}x{self.short}{suffix}"
+            lens = f"C{self.ctx}"
+        elif self.kind == "lognormal":
+            lens = f"Rlognormal{self.ctx}"
+        else:
+            lens = f"Rlong{self.ctx}x{self.short}"
+        return (
+            head
+            + lens
+            + HEAD_DIM_SUFFIXES.get(self.head_dims, "")
+            + ("-ragged" if self.ragged else "")
+            + MASKS[self.mask]
+            + (f"-page{self.page_size}" if self.page_size else "")
+            + KV_CACHE_DTYPES[self.kv_dtype].suffix
+        )
 
     @property
     def kv_bytes(self) -> int:
         """Bytes of one KV cache element."""
         return KV_CACHE_DTYPES[self.kv_dtype].bytes
 
+    @property
+    def mla(self) -> bool:
+        return self.head_dims == MLA_DIMS
+
+    @property
+    def plain(self) -> bool:
+        """Absorbed MLA, every request L causal drafts: the call FlashInfer
+        and FlashMLA compute too."""
+        return self.mla and not self.ragged and self.mask == "causal"
+
 
 _SPEC_RE = re.compile(
     r"^H(\d+)L(\d+)B(\d+)"
     r"(?:C(\d+K?)|Rlognormal(\d+K?)|Rlong(\d+K?)(?:x(\d+K?))?)"
-    rf"({'|'.join(re.escape(d.suffix) for d in KV_CACHE_DTYPES.values())})$",
+    r"((?:-[a-z0-9]+)*)$",
     re.IGNORECASE,
+)
+SUFFIXES = (
+    "-d256, -d128, -ragged, -tree, -treefull, -page{" + ",".join(map(str, PAGE_SIZES)) + "}, -fp8"
 )
 
 
@@ -252,14 +333,42 @@ def _length(text: str) -> int:
     return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
 
 
+def _suffixes(text: str, given: str) -> dict[str, Any]:
+    """The ShapeSpec fields a spec's suffixes set, in any order, each once."""
+    fields: dict[str, Any] = {}
+    set_by: dict[str, str] = {}  # field -> the suffix that set it
+    for token in given.lower().split("-")[1:]:
+        suffix = f"-{token}"
+        if suffix == "-fp8":
+            field_name, value = "kv_dtype", "fp8_e4m3"
+        elif suffix in HEAD_DIM_SUFFIXES.values():
+            field_name = "head_dims"
+            value = next(d for d, x in HEAD_DIM_SUFFIXES.items() if x == suffix)
+        elif suffix == "-ragged":
+            field_name, value = "ragged", True
+        elif suffix in ("-tree", "-treefull"):
+            field_name, value = "mask", token
+        elif re.fullmatch(r"page\d+", token) and int(token[4:]) in PAGE_SIZES:
+            field_name, value = "page_size", int(token[4:])
+        else:
+            raise ValueError(f"shape {text!r}: unknown suffix {suffix!r}; expected {SUFFIXES}")
+        if field_name in set_by:
+            what = "given twice" if set_by[field_name] == suffix else f"with {set_by[field_name]}"
+            raise ValueError(f"shape {text!r}: {suffix} {what} (one {field_name} a shape)")
+        fields[field_name], set_by[field_name] = value, suffix
+    return fields
+
+
 def parse_shape(text: str) -> ShapeSpec:
     """``H16L4B32C16384`` / ``H16L4B32Rlognormal16384`` / ``H16L4B64Rlong65536x512``,
-    each optionally ``-fp8``."""
+    then optional suffixes in any order (``-d256``, ``-ragged``, ``-tree``,
+    ``-page64``, ``-fp8``, ...; see the module docstring)."""
     m = _SPEC_RE.match(text.strip())
     if m is None:
         raise ValueError(
             f"shape {text!r}: expected H<heads>L<drafts>B<batch> then C<ctx>, "
-            "Rlognormal<mean> or Rlong<long>[x<short>], optionally -fp8, e.g. H16L4B32C16384"
+            f"Rlognormal<mean> or Rlong<long>[x<short>], then optional suffixes ({SUFFIXES}), "
+            "e.g. H16L4B32C16384-tree"
         )
     heads, drafts, batch = (int(m.group(i)) for i in (1, 2, 3))
     short = SHORT_CTX
@@ -270,10 +379,22 @@ def parse_shape(text: str) -> ShapeSpec:
     else:
         kind, ctx = "long", _length(m.group(6))
         short = _length(m.group(7)) if m.group(7) else SHORT_CTX
-    kv_dtype = next(k for k, d in KV_CACHE_DTYPES.items() if d.suffix.lower() == m.group(8).lower())
-    spec = ShapeSpec(heads, drafts, batch, kind, ctx, short, kv_dtype)
+    spec = ShapeSpec(heads, drafts, batch, kind, ctx, short, **_suffixes(text, m.group(8)))
     if min(spec.num_heads, spec.draft_len, spec.batch_size, spec.ctx, spec.short) < 1:
         raise ValueError(f"shape {text!r}: every number must be >= 1")
+    if spec.ragged and spec.draft_len < 2:
+        raise ValueError(f"shape {text!r}: -ragged needs L >= 2 (counts 1..L)")
+    if spec.page_size and not spec.plain:
+        raise ValueError(
+            f"shape {text!r}: -page{spec.page_size} is the paged entry point "
+            "(verify_mla_paged): absorbed MLA 576/512, L causal drafts a request; "
+            "it takes no -d256/-d128, -ragged, -tree or -treefull"
+        )
+    if spec.page_size and spec.kv_dtype != "bf16":
+        raise ValueError(
+            f"shape {text!r}: paged rows are bf16 (the drafts live in the cache, so an fp8 "
+            "cache would hold other draft values than the token-indexed call's)"
+        )
     return spec
 
 
@@ -293,6 +414,15 @@ def full_grid() -> list[ShapeSpec]:
     return shapes
 
 
+def _plain_name(spec: ShapeSpec) -> str:
+    """The name without the call-kind suffixes (-fp8 kept): what seeds the
+    random lengths, so a shape's tree, ragged, head-dim and paged rows get
+    the prefix lengths of its plain row."""
+    return dataclasses.replace(
+        spec, head_dims=MLA_DIMS, ragged=False, mask="causal", page_size=0
+    ).name
+
+
 def prefix_lengths(spec: ShapeSpec) -> list[int]:
     """Per-request prefix lengths, deterministic per shape name."""
     bs = spec.batch_size
@@ -300,7 +430,7 @@ def prefix_lengths(spec: ShapeSpec) -> list[int]:
         return [spec.ctx] * bs
     if spec.kind == "long":
         return [spec.ctx] + [spec.short] * (bs - 1)
-    rng = random.Random(zlib.crc32(spec.name.encode()))
+    rng = random.Random(zlib.crc32(_plain_name(spec).encode()))
     sigma = 1.0
     draws = [rng.lognormvariate(math.log(spec.ctx) - sigma * sigma / 2, sigma) for _ in range(bs)]
     # Rescale to the exact mean, then give the rounding remainder to the longest.
@@ -311,27 +441,71 @@ def prefix_lengths(spec: ShapeSpec) -> list[int]:
     return lens
 
 
+def draft_counts(spec: ShapeSpec) -> list[int]:
+    """Per-request draft counts E_b: L each, or for -ragged uniform in
+    1..L, deterministic per shape name (a fixed seed)."""
+    if not spec.ragged:
+        return [spec.draft_len] * spec.batch_size
+    rng = random.Random(zlib.crc32(f"{_plain_name(spec)} drafts".encode()))
+    return [rng.randint(1, spec.draft_len) for _ in range(spec.batch_size)]
+
+
 # --- work and metrics ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Work:
-    bytes: int  # prefix KV read once + q + out + k/v_extend
-    flops: int  # 2 * H * L * sum(prefix) * (576 + 512)
+    bytes: int  # prefix KV read once + q + out + the drafts' K/V (+ mask bytes read)
+    flops: int  # 2 * H * sum_b(E_b * P_b) * (Dqk + Dv)
 
 
 def shape_work(
-    num_heads: int, draft_len: int, prefix_lens: Sequence[int], kv_bytes: int = ELEM
+    num_heads: int,
+    draft_len: int,
+    prefix_lens: Sequence[int],
+    kv_bytes: int = ELEM,
+    *,
+    head_dims: tuple[int, int] = MLA_DIMS,
+    draft_counts: Sequence[int] | None = None,
+    mask: str = "causal",
+    paged: bool = False,
 ) -> Work:
-    tokens = len(prefix_lens) * draft_len
+    """The bytes a verify call must move and the FLOPs of its prefix products.
+
+    Bytes: the prefix KV read once, Dqk elements a token (V is a view of K:
+    MLA's first 512 columns, or all of K for 256/256 and 128/128), q and
+    out in bf16, and the drafts' K and V: k_extend + v_extend in bf16, or in
+    a paged call the drafts' cache rows (Dqk cache elements each). A custom
+    mask adds the bytes the kernel must read: the E_b x E_b draft block with
+    the prefix visible ('tree'), every row's P_b + E_b bits ('treefull').
+    FLOPs: 2 H sum_b(E_b P_b) (Dqk + Dv), the two products over the prefix;
+    E_b = L unless ``draft_counts`` says otherwise (ragged)."""
+    dqk, dv = head_dims
+    counts = list(draft_counts) if draft_counts is not None else [draft_len] * len(prefix_lens)
+    rows = sum(counts)
     prefix = sum(prefix_lens)
-    nbytes = kv_bytes * prefix * Q_DIM + ELEM * (  # latent KV, read once
-        tokens * num_heads * Q_DIM  # q
-        + tokens * num_heads * V_DIM  # out
-        + tokens * (Q_DIM + V_DIM)  # k_extend + v_extend
-    )
-    flops = 2 * num_heads * draft_len * prefix * (Q_DIM + V_DIM)
+    drafts = kv_bytes * rows * dqk if paged else ELEM * rows * (dqk + dv)
+    nbytes = kv_bytes * prefix * dqk + drafts + ELEM * rows * num_heads * (dqk + dv)  # q + out
+    if mask == "tree":
+        nbytes += sum(e * e for e in counts)
+    elif mask == "treefull":
+        nbytes += sum(e * (p + e) for e, p in zip(counts, prefix_lens))
+    flops = 2 * num_heads * sum(e * p for e, p in zip(counts, prefix_lens)) * (dqk + dv)
     return Work(nbytes, flops)
+
+
+def spec_work(spec: ShapeSpec, prefix_lens: Sequence[int]) -> Work:
+    """``shape_work`` of one shape's call (its kind from its suffixes)."""
+    return shape_work(
+        spec.num_heads,
+        spec.draft_len,
+        prefix_lens,
+        spec.kv_bytes,
+        head_dims=spec.head_dims,
+        draft_counts=draft_counts(spec),
+        mask=spec.mask,
+        paged=spec.page_size > 0,
+    )
 
 
 @dataclass(frozen=True)
@@ -403,25 +577,29 @@ class Batch:
     """The tensors of one shape: ``sets[r]`` is the batch of rotation set r,
     which differ only in their prefix slots (``kv_indices``) in one shared
     pool. ``fi_kv_indices[r]`` is set r's prefix plus the request's L draft
-    slots (which hold k_extend) for FlashInfer's paged cache."""
+    slots (which hold k_extend) for FlashInfer's paged cache (plain shapes
+    only). ``paged[r]`` is set r's values in a paged cache of
+    ``spec.page_size`` (``paged_kv_with_drafts``: kv_cache, block_table,
+    cache_seqlens), on -page rows only."""
 
     spec: ShapeSpec
     prefix_lens: list[int]
     sets: list[VerifyBatch]
-    fi_kv_indptr: torch.Tensor  # [bs+1] int32, prefix + L per request
+    fi_kv_indptr: torch.Tensor | None  # [bs+1] int32, prefix + L per request
     fi_kv_indices: list[torch.Tensor]  # per rotation set, [sum(prefix) + bs*L] int32
-    fi_kv_lens: torch.Tensor  # [bs] int32
+    fi_kv_lens: torch.Tensor | None  # [bs] int32
+    paged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     @property
     def rotations(self) -> int:
         return len(self.sets)
 
     @property
-    def q(self) -> torch.Tensor:  # [bs*L, H, 576]
+    def q(self) -> torch.Tensor:  # [sum(E_b), H, Dqk]
         return self.sets[0].q
 
     @property
-    def k_buffer(self) -> torch.Tensor:  # [slots, 1, 576], shared by every set
+    def k_buffer(self) -> torch.Tensor:  # [slots, 1, Dqk], shared by every set
         return self.sets[0].k_buffer
 
     @property
@@ -445,21 +623,22 @@ def plan_pool(
     pool_min_bytes: int,
     max_rotations: int,
     kv_bytes: int = ELEM,
+    width: int = Q_DIM,
 ) -> tuple[int, int]:
     """(rotation sets, pool slots): enough disjoint slot sets that one cycle
     through them reads about 4x the L2, and a pool larger than the used slots
-    and than ``pool_min_bytes``."""
+    and than ``pool_min_bytes``. ``width``: elements of a pool row (Dqk)."""
     per_set = sum(prefix_lens) + len(prefix_lens) * draft_len
-    set_bytes = per_set * Q_DIM * kv_bytes
+    set_bytes = per_set * width * kv_bytes
     rotations = max(1, min(max_rotations, math.ceil(4 * l2_bytes / set_bytes)))
     needed = rotations * per_set
-    slots = max(math.ceil(pool_min_bytes / (Q_DIM * kv_bytes)), math.ceil(1.25 * needed))
+    slots = max(math.ceil(pool_min_bytes / (width * kv_bytes)), math.ceil(1.25 * needed))
     return rotations, slots
 
 
-def flashmla_pages(prefix_lens: Sequence[int], draft_len: int) -> int:
-    """Pages of FlashMLA's cache for one rotation set: prefix + drafts, per request."""
-    return sum(-(-(p + draft_len) // FLASHMLA_PAGE) for p in prefix_lens)
+def cache_pages(prefix_lens: Sequence[int], draft_len: int, page_size: int = FLASHMLA_PAGE) -> int:
+    """Pages of a paged cache for one rotation set: prefix + drafts, per request."""
+    return sum(-(-(p + draft_len) // page_size) for p in prefix_lens)
 
 
 def estimate_bytes(
@@ -470,17 +649,28 @@ def estimate_bytes(
     *,
     flashmla: bool = False,
 ) -> int:
-    """Device bytes the shape's tensors take (pool, q/o copies, indices, and
-    FlashMLA's paged copies of the KV where it runs)."""
+    """Device bytes the shape's tensors take (pool, q/o copies, indices, a
+    custom mask, and the paged copies of the KV: FlashMLA's 64-token pages
+    where it runs, the shape's own pages on -page rows, shared at page 64)."""
+    dqk, dv = spec.head_dims
     tokens = spec.batch_size * spec.draft_len
     per_set = sum(prefix_lens) + tokens
-    pages = flashmla_pages(prefix_lens, spec.draft_len) if flashmla else 0
+    page_sizes = {spec.page_size} - {0}
+    if flashmla and spec.plain and spec.page_size in (0, FLASHMLA_PAGE):
+        page_sizes.add(FLASHMLA_PAGE)
+    paged = 0
+    for page in page_sizes:
+        pages = cache_pages(prefix_lens, spec.draft_len, page)
+        most = -(-(max(prefix_lens) + spec.draft_len) // page)
+        paged += rotations * (pages * page * Q_DIM * spec.kv_bytes + spec.batch_size * most * 4)
+    mask = spec.draft_len * (sum(prefix_lens) + tokens) if spec.mask != "causal" else 0
     return (
-        slots * Q_DIM * spec.kv_bytes
+        slots * dqk * spec.kv_bytes
         + slots * 8  # the slot permutation
         + 2 * rotations * per_set * 4  # our indices + FlashInfer's
-        + rotations * pages * FLASHMLA_PAGE * Q_DIM * spec.kv_bytes
-        + tokens * spec.num_heads * (Q_DIM * ELEM + 5 * V_DIM * 4)  # q, outputs, fp32 reference
+        + paged
+        + mask
+        + tokens * spec.num_heads * (dqk * ELEM + 5 * dv * 4)  # q, outputs, fp32 reference
     )
 
 
@@ -576,6 +766,23 @@ def paged_kv_with_drafts(
     return kv_cache, block_table, seqlens.to(torch.int32)
 
 
+def kv_pool(
+    slots: int, width: int, kv_dtype: torch.dtype, device: torch.device, seed: int
+) -> torch.Tensor:
+    """A random [slots, 1, width] pool: ``make_pool``'s for MLA's 576, the
+    same values' law in a pool of the model's own width otherwise (256/256
+    and 128/128 keep K alone: V is its view)."""
+    if width == Q_DIM:
+        return make_pool(slots, kv_dtype, device, seed=seed)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    pool = torch.empty(slots, 1, width, dtype=kv_dtype, device=device)
+    for start in range(0, slots, 1 << 18):
+        chunk = pool[start : start + (1 << 18)]
+        chunk.copy_((torch.rand(chunk.shape, generator=gen, device=device) * 4 - 2).to(kv_dtype))
+    return pool
+
+
 def build_batch(
     spec: ShapeSpec,
     prefix_lens: list[int],
@@ -587,14 +794,18 @@ def build_batch(
 ) -> Batch:
     """Random non-zero data (``mla_verify.testing``) in one pool: each
     rotation set's prefixes and drafts at slots of one random permutation,
-    disjoint between sets. The drafts' slots hold k_extend, and v_extend
-    holds its first 512 columns in a tensor of its own (as SGLang passes
-    it), so every contender reads the same values."""
+    disjoint between sets. v_extend holds k_extend's first Dv columns in a
+    tensor of its own (as SGLang passes it) and V is a view of the pool's K,
+    so every contender reads the same values. Plain shapes: the drafts'
+    slots hold k_extend, for FlashInfer. Tree shapes: one SGLang tree mask
+    (``make_batch(mask="tree")``, every prefix bit set), shared by the sets.
+    Paged shapes: each set also copied into a cache of ``spec.page_size``
+    pages, prefix then drafts, pages scattered."""
     bs, L = spec.batch_size, spec.draft_len
     prefix = sum(prefix_lens)
     per_set = prefix + bs * L
     kv_dtype = KV_CACHE_DTYPES[spec.kv_dtype].torch_dtype
-    pool = make_pool(slots, kv_dtype, device, seed=seed)
+    pool = kv_pool(slots, spec.head_dims[0], kv_dtype, device, seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + 1)
     perm = torch.randperm(slots, generator=gen, device=device)[: rotations * per_set]
@@ -610,25 +821,43 @@ def build_batch(
         v_extend_from_k=True,
         seed=seed + 2,
         kv_slots=perm[0, :prefix],
+        head_dims=spec.head_dims,
+        draft_counts=draft_counts(spec) if spec.ragged else None,
+        mask=None if spec.mask == "causal" else "tree",
+        skip_prefix_custom_mask=spec.mask != "treefull",
     )
     first = dataclasses.replace(first, v_extend=first.v_extend.contiguous())
     lens = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
-    sets, fi_kv_indices = [], []
-    fi_kv_indptr = None
-    for r in range(rotations):
-        prefix_slots, draft_slots = perm[r, :prefix], perm[r, prefix:]
-        pool[draft_slots] = first.k_extend.to(kv_dtype)  # the drafts, as FlashInfer sees them
-        sets.append(dataclasses.replace(first, kv_indices=prefix_slots.to(torch.int32)))
-        fi_kv_indptr, fi_idx = paged_indices_with_drafts(prefix_slots, draft_slots, lens, L)
-        fi_kv_indices.append(fi_idx)
-    return Batch(
-        spec=spec,
-        prefix_lens=list(prefix_lens),
-        sets=sets,
-        fi_kv_indptr=fi_kv_indptr,
-        fi_kv_indices=fi_kv_indices,
-        fi_kv_lens=(lens + L).to(torch.int32),
-    )
+    sets = [
+        dataclasses.replace(first, kv_indices=perm[r, :prefix].to(torch.int32))
+        for r in range(rotations)
+    ]
+    batch = Batch(spec, list(prefix_lens), sets, None, [], None)
+    if spec.plain and not spec.page_size:
+        for r in range(rotations):
+            draft_slots = perm[r, prefix:]
+            pool[draft_slots] = first.k_extend.to(kv_dtype)  # the drafts, as FlashInfer sees them
+            batch.fi_kv_indptr, fi_idx = paged_indices_with_drafts(
+                perm[r, :prefix], draft_slots, lens, L
+            )
+            batch.fi_kv_indices.append(fi_idx)
+        batch.fi_kv_lens = (lens + L).to(torch.int32)
+    if spec.page_size:
+        scatter = torch.Generator(device=device)
+        scatter.manual_seed(seed + 3)
+        batch.paged = [
+            paged_kv_with_drafts(
+                vb.k_buffer,
+                vb.kv_indptr,
+                vb.kv_indices,
+                vb.k_extend,
+                L,
+                page_size=spec.page_size,
+                scatter=scatter,
+            )
+            for vb in sets
+        ]
+    return batch
 
 
 # --- timing ---------------------------------------------------------------------------
@@ -796,26 +1025,59 @@ def triton_config(config: VerifyConfig) -> VerifyConfig:
     return dataclasses.replace(config, kernel="triton", MIN_SHARE=None)
 
 
+def _planned_kernel(vb: VerifyBatch, config: VerifyConfig) -> str:
+    """The stage-1 kernel the package runs for this call with ``config``:
+    a Hopper config runs the Triton kernel on calls the Hopper kernel does
+    not take (ragged drafts, custom masks, other head dims, off sm90)."""
+    plan = plan_call(
+        vb.q,
+        vb.k_extend,
+        vb.v_extend,
+        vb.k_buffer,
+        vb.v_buffer,
+        batch_size=vb.batch_size,
+        draft_len=vb.draft_len,
+        config=config,
+        masked=vb.custom_mask is not None,
+        skip_prefix_mask=vb.skip_prefix_custom_mask,
+    )
+    return config.kernel if plan.hopper or config.kernel not in HOPPER_KERNELS else "triton"
+
+
+def _source(source: str, vb: VerifyBatch, config: VerifyConfig) -> str:
+    kernel = _planned_kernel(vb, config)
+    return source if kernel == config.kernel else f"{source}; runs on the {kernel} kernel"
+
+
 def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     """tuned (the table's config), default (the built-in one), triton (the
     tuned tile on the Triton kernel) or mha (BLOCK_H=1)."""
     s = batch.spec
-    out = batch.sets[0].new_output()
+    vb = batch.sets[0]
+    out = vb.new_output()
     kv_dtype = kv_dtype_name(batch.k_buffer.dtype)
-    default = mla_verify.default_config(s.num_heads, s.draft_len, s.batch_size, arch, kv_dtype)
+    default = mla_verify.default_config(
+        s.num_heads, s.draft_len, s.batch_size, arch, kv_dtype, head_dims=s.head_dims
+    )
     if name in ("tuned", "triton"):
         config, source = mla_verify.resolve_config(
-            s.num_heads, s.draft_len, s.batch_size, batch.k_buffer.dtype, arch
+            s.num_heads,
+            s.draft_len,
+            s.batch_size,
+            batch.k_buffer.dtype,
+            arch,
+            head_dims=s.head_dims,
         )
         if name == "tuned":
             # Launched through the table (config=None), exactly as an engine does.
-            return Contender(name, _kernel_launches(batch, out, None), out, True, config, source)
+            launches = _kernel_launches(batch, out, None)
+            return Contender(name, launches, out, True, config, _source(source, vb, config))
         config = triton_config(config)
         launches = _kernel_launches(batch, out, config)
         return Contender(name, launches, out, True, config, f"{source}; kernel='triton'")
     if name == "default":
         launches = _kernel_launches(batch, out, default)
-        return Contender(name, launches, out, True, default, "default_config")
+        return Contender(name, launches, out, True, default, _source("default_config", vb, default))
     if name == "mha":
         splits = default_num_kv_splits(
             s.num_heads, s.batch_size, 1, rows_per_program(1, s.draft_len), arch
@@ -829,14 +1091,43 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     raise ValueError(f"unknown kernel contender {name!r}")
 
 
-def torch_ref_contender(batch: Batch) -> Contender:
+def paged_contender(batch: Batch, arch: str) -> Contender:
+    """``mla_verify.verify_mla_paged`` on each rotation set's paged cache
+    (``batch.paged``: the token-indexed contenders' values, drafts as each
+    sequence's last L positions); the tables' config, as ``tuned``."""
     s = batch.spec
+    bs, L, H = s.batch_size, s.draft_len, s.num_heads
+    q = batch.q.view(bs, L, H, Q_DIM)
+    out = batch.sets[0].new_output()  # [bs*L, H, 512]
+    out4 = out.view(bs, L, H, V_DIM)
+    config, source = mla_verify.resolve_config(H, L, bs, batch.k_buffer.dtype, arch)
+
+    def make(kv_cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor):
+        def launch() -> None:
+            mla_verify.verify_mla_paged(
+                q, kv_cache, block_table, seqlens, sm_scale=batch.sm_scale, out=out4
+            )
+
+        return launch
+
+    return Contender(
+        "paged",
+        [make(*cache) for cache in batch.paged],
+        out,
+        True,
+        config,
+        f"{source}; verify_mla_paged, {s.page_size}-token pages",
+    )
+
+
+def torch_ref_contender(batch: Batch) -> Contender:
+    vb = batch.sets[0]
     out = torch.empty(
-        s.batch_size * s.draft_len, s.num_heads, V_DIM, dtype=torch.float32, device=batch.q.device
+        vb.q.shape[0], vb.num_heads, vb.v_buffer.shape[-1], dtype=torch.float32, device=vb.q.device
     )
 
     def launch() -> None:
-        out.copy_(batch.sets[0].reference())
+        out.copy_(vb.reference())
 
     return Contender("torch_ref", [launch], out, graphable=False, config_source="reference")
 
@@ -944,21 +1235,25 @@ class FlashMLA:
 
     def contender(self, batch: Batch, seed: int) -> Contender:
         """Each rotation set's KV copied into a 64-token-page cache of its
-        own (pages scattered), the drafts' K appended to each sequence;
+        own (pages scattered), the drafts' K appended to each sequence: on
+        -page64 rows the very caches ``paged`` reads (``batch.paged``);
         scheduling metadata made once per batch, outside the timed call
         (every set has the same lengths). FlashMLA allocates its output
         per call, so it cannot be poisoned before the check."""
         s = batch.spec
         bs, L, H = s.batch_size, s.draft_len, s.num_heads
         q = batch.q.view(bs, L, H, Q_DIM)
-        gen = torch.Generator(device=batch.q.device)
-        gen.manual_seed(seed)
-        caches = [
-            paged_kv_with_drafts(
-                vb.k_buffer, vb.kv_indptr, vb.kv_indices, vb.k_extend, L, scatter=gen
-            )
-            for vb in batch.sets
-        ]
+        if s.page_size == FLASHMLA_PAGE:
+            caches = batch.paged
+        else:
+            gen = torch.Generator(device=batch.q.device)
+            gen.manual_seed(seed)
+            caches = [
+                paged_kv_with_drafts(
+                    vb.k_buffer, vb.kv_indptr, vb.kv_indices, vb.k_extend, L, scatter=gen
+                )
+                for vb in batch.sets
+            ]
         cache_seqlens = caches[0][2]
         # (metadata, splits) in FlashMLA's first interface; (metadata, None)
         # in the later one, which plans on its first call.
@@ -1013,7 +1308,7 @@ class RunContext:
 
 
 def _base_row(spec: ShapeSpec, prefix_lens: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    work = shape_work(spec.num_heads, spec.draft_len, prefix_lens, spec.kv_bytes)
+    work = spec_work(spec, prefix_lens)
     row: dict[str, Any] = dict.fromkeys(CSV_FIELDS)
     row.update(
         shape=spec.name,
@@ -1047,10 +1342,47 @@ def _with_config(row: dict[str, Any], contender: Contender) -> None:
         row["config"] = json.dumps({k: v for k, v in fields.items() if v is not None})
 
 
+PAGED_CONTENDERS = ("paged", "tuned", "flashmla")
+
+
+def not_applicable(name: str, spec: ShapeSpec) -> str | None:
+    """Why contender ``name`` does not run on ``spec``'s kind of call, or
+    None. FlashInfer and FlashMLA compute plain shapes only (MLA 576/512,
+    every request L causal drafts); -page rows compare the paged entry
+    point with the token-indexed one on the same values, and FlashMLA at
+    page 64; tree, ragged and head-dim rows the package's kernels and the
+    reference."""
+    kind = ", ".join(
+        what
+        for what, on in (
+            (f"head dims {spec.head_dims[0]}/{spec.head_dims[1]}", not spec.mla),
+            ("ragged drafts", spec.ragged),
+            (f"{spec.mask} mask", spec.mask != "causal"),
+        )
+        if on
+    )
+    if spec.page_size:
+        if name not in PAGED_CONTENDERS:
+            return f"-page rows time {', '.join(PAGED_CONTENDERS)}"
+        if name == "flashmla" and spec.page_size != FLASHMLA_PAGE:
+            return f"FlashMLA's dense decode reads {FLASHMLA_PAGE}-token pages"
+        return None
+    if name == "paged":
+        return "only on -page<N> rows"
+    if kind and name in ("flashinfer", "flashmla", "mha"):
+        return f"not this call ({kind})"
+    return None
+
+
 def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str:
     """The contender, or why it is skipped."""
+    reason = not_applicable(name, batch.spec)
+    if reason is not None:
+        return reason
     if name in ("tuned", "default", "triton", "mha"):
         return kernel_contender(name, batch, ctx.arch)
+    if name == "paged":
+        return paged_contender(batch, ctx.arch)
     if name == "torch_ref":
         tokens = sum(batch.prefix_lens)
         if tokens > ctx.torch_ref_max_tokens:
@@ -1178,6 +1510,7 @@ def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
         pool_min_bytes=ctx.pool_min_bytes,
         max_rotations=ctx.max_rotations,
         kv_bytes=spec.kv_bytes,
+        width=spec.head_dims[0],
     )
     rows = []
     for name in ctx.contenders:
@@ -1196,9 +1529,25 @@ def run_shape(spec: ShapeSpec, ctx: RunContext) -> list[dict[str, Any]]:
         spec, prefix_lens, rotations=rotations, slots=slots, device=ctx.device, seed=ctx.seed
     )
     if ctx.device.type == "cuda":
+        # Before capture: graphs must not allocate.
         mla_verify.prepare_workspace(
-            spec.batch_size, spec.num_heads, spec.draft_len, device=ctx.device
+            spec.batch_size,
+            spec.num_heads,
+            spec.draft_len,
+            batch.k_buffer.dtype,
+            device=ctx.device,
+            head_dims=spec.head_dims,
         )
+        if batch.paged:
+            mla_verify.prepare_paged_workspace(
+                spec.batch_size,
+                spec.num_heads,
+                spec.draft_len,
+                max(block_table.shape[1] for _, block_table, _ in batch.paged),
+                spec.page_size,
+                batch.k_buffer.dtype,
+                device=ctx.device,
+            )
     ref = batch.sets[0].reference()
     logger.info(
         "%s: %d prefix tokens (min %d, max %d), pool %.2f GB, %d rotation set(s)",
@@ -1442,7 +1791,8 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
     """The short table printed last: tuned time and roofline share, and how
     many times slower each other contender is."""
     others = [c for c in CONTENDERS if c != "tuned"]
-    header = f"{'shape':<26}{'tuned us':>10}{'%roof':>7}{'%BW':>7}" + "".join(
+    width = max([26] + [len(shape) + 2 for shape in _by_shape(rows)])
+    header = f"{'shape':<{width}}{'tuned us':>10}{'%roof':>7}{'%BW':>7}" + "".join(
         f"{c + '/t':>13}" for c in others
     )
     lines = [header, "-" * len(header)]
@@ -1450,7 +1800,7 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
         t = contenders.get("tuned")
         ok = t is not None and t["status"] == "ok"
         cells = [
-            f"{shape:<26}",
+            f"{shape:<{width}}",
             f"{_fmt(t['median_us'], 1) if ok else (t['status'] if t else '-'):>10}",
             f"{_pct(t['frac_roofline']) if ok else '-':>7}",
             f"{_pct(t['frac_copy_bw']) if ok else '-':>7}",
@@ -1564,8 +1914,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
             "shape specs: H<heads>L<drafts>B<batch> + C<ctx> | Rlognormal<mean> | "
-            "Rlong<long>[x<short>], e.g. H16L4B32C16384, H16L4B32Rlognormal16K, "
-            "H16L4B64Rlong65536x512.\nquick set: " + " ".join(QUICK_SHAPES)
+            f"Rlong<long>[x<short>], then optional suffixes {SUFFIXES}, e.g. "
+            "H16L4B32C16384, H16L4B32Rlognormal16K-tree, H16L4B64Rlong65536x512-page64."
+            "\nquick set: " + " ".join(QUICK_SHAPES)
         ),
     )
     parser.add_argument(

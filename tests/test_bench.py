@@ -268,3 +268,244 @@ def test_shipped_results_csv_has_the_bench_columns():
     with shipped.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows and all(r["git_commit"] and r["device"] for r in rows)
+
+
+# --- kinds of call: tree masks, ragged drafts, head dims, paged caches ---------------------
+
+KINDS = {
+    "H16L4B32C16K-tree": ("H16L4B32C16384-tree", (576, 512), False, "tree", 0),
+    "H16L4B32C16K-treefull": ("H16L4B32C16384-treefull", (576, 512), False, "treefull", 0),
+    "H16L4B32C16K-ragged": ("H16L4B32C16384-ragged", (576, 512), True, "causal", 0),
+    "H4L4B32C16K-d256": ("H4L4B32C16384-d256", (256, 256), False, "causal", 0),
+    "H4L4B32C16K-d128-fp8": ("H4L4B32C16384-d128-fp8", (128, 128), False, "causal", 0),
+    "H16L4B32C16K-page64": ("H16L4B32C16384-page64", (576, 512), False, "causal", 64),
+    "H8L2B64Rlong64K-page1": ("H8L2B64Rlong65536x512-page1", (576, 512), False, "causal", 1),
+    # any order in, one order out
+    "h16l4b32c16k-FP8-tree-ragged-d256": (
+        "H16L4B32C16384-d256-ragged-tree-fp8",
+        (256, 256),
+        True,
+        "tree",
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("text, expected", KINDS.items(), ids=KINDS.keys())
+def test_shape_spec_suffixes_name_the_kind_of_call(text, expected):
+    spec = bench.parse_shape(text)
+    assert (spec.name, spec.head_dims, spec.ragged, spec.mask, spec.page_size) == expected
+    assert bench.parse_shape(spec.name) == spec
+
+
+BAD_KINDS = {
+    "H16L4B32C16K-tree-tree": "-tree given twice",
+    "H16L4B32C16K-tree-treefull": "-treefull with -tree",
+    "H16L4B32C16K-d256-d128": "-d128 with -d256",
+    "H16L4B32C16K-page64-page1": "-page1 with -page64",
+    "H16L4B32C16K-page2": "unknown suffix '-page2'",
+    "H16L4B32C16K-d512": "unknown suffix '-d512'",
+    "H16L4B32C16K-causal": "unknown suffix '-causal'",
+    "H16L1B32C16K-ragged": "-ragged needs L >= 2",
+    "H16L4B32C16K-page64-tree": "-page64 is the paged entry point",
+    "H16L4B32C16K-ragged-page1": "-page1 is the paged entry point",
+    "H16L4B32C16K-d256-page16": "-page16 is the paged entry point",
+    "H16L4B32C16K-page64-fp8": "paged rows are bf16",
+    "H16L4B32C16K-tree-": "expected H<heads>",
+}
+
+
+@pytest.mark.parametrize("text, match", BAD_KINDS.items(), ids=BAD_KINDS.keys())
+def test_bad_kind_suffix_is_refused(text, match):
+    with pytest.raises(ValueError, match="shape") as info:
+        bench.parse_shape(text)
+    assert match in str(info.value)
+
+
+def test_kinds_share_their_plain_shapes_lengths_and_draw_fixed_ragged_counts():
+    for suffix in ("-tree", "-ragged", "-d256", "-page64"):
+        spec = bench.parse_shape(f"H16L4B32Rlognormal2048{suffix}")
+        assert bench.prefix_lengths(spec) == bench.prefix_lengths(
+            bench.parse_shape("H16L4B32Rlognormal2048")
+        )
+    ragged = bench.parse_shape("H16L4B32C100-ragged")
+    counts = bench.draft_counts(ragged)
+    assert len(counts) == 32 and set(counts) <= {1, 2, 3, 4} and len(set(counts)) > 1
+    assert counts == bench.draft_counts(bench.parse_shape("H16L4B32C100-tree-ragged"))
+    assert bench.draft_counts(bench.parse_shape("H16L4B32C100-tree")) == [4] * 32
+
+
+# --- work counts ------------------------------------------------------------------------
+
+
+def test_plain_work_is_the_mla_formula():
+    lens = [600, 400]
+    work = bench.shape_work(16, 4, lens)
+    tokens = 8
+    assert work.bytes == 2 * (1000 * 576 + tokens * 16 * (576 + 512) + tokens * (576 + 512))
+    assert work.flops == 2 * 16 * 4 * 1000 * (576 + 512)
+    spec = bench.parse_shape("H16L4B2C500")
+    assert bench.spec_work(spec, [500, 500]) == bench.shape_work(16, 4, [500, 500])
+
+
+@pytest.mark.parametrize("dims", [(256, 256), (128, 128)], ids=["d256", "d128"])
+def test_head_dims_change_bytes_per_token_and_flops(dims):
+    dqk, dv = dims
+    lens = [600, 400]
+    work = bench.shape_work(8, 4, lens, head_dims=dims)
+    tokens = 8
+    # K once (V is its view), q and out of the heads, k_extend and v_extend
+    assert work.bytes == 2 * (1000 * dqk + tokens * 8 * (dqk + dv) + tokens * (dqk + dv))
+    assert work.flops == 2 * 8 * 4 * 1000 * (dqk + dv)
+    spec = bench.parse_shape(f"H8L4B2C500-d{dqk}-fp8")
+    fp8 = bench.spec_work(spec, [500, 500])
+    assert bench.shape_work(8, 4, [500, 500], 2, head_dims=dims).bytes - fp8.bytes == 1000 * dqk
+
+
+def test_ragged_work_counts_each_requests_drafts():
+    lens, counts = [600, 400, 50], [1, 4, 2]
+    work = bench.shape_work(16, 4, lens, draft_counts=counts)
+    rows = 7
+    assert work.bytes == 2 * (1050 * 576 + rows * 16 * (576 + 512) + rows * (576 + 512))
+    assert work.flops == 2 * 16 * (1 * 600 + 4 * 400 + 2 * 50) * (576 + 512)
+    spec = bench.parse_shape("H16L4B3C50-ragged")
+    assert bench.spec_work(spec, [50] * 3) == bench.shape_work(
+        16, 4, [50] * 3, draft_counts=bench.draft_counts(spec)
+    )
+
+
+def test_tree_work_adds_the_mask_bytes_the_kernel_reads():
+    lens, counts = [600, 400], [3, 4]
+    causal = bench.shape_work(16, 4, lens, draft_counts=counts)
+    tree = bench.shape_work(16, 4, lens, draft_counts=counts, mask="tree")
+    full = bench.shape_work(16, 4, lens, draft_counts=counts, mask="treefull")
+    assert tree.bytes - causal.bytes == 3 * 3 + 4 * 4  # the draft blocks
+    assert full.bytes - causal.bytes == 3 * (600 + 3) + 4 * (400 + 4)  # every row's bits
+    assert causal.flops == tree.flops == full.flops
+
+
+def test_paged_work_reads_the_drafts_from_the_cache():
+    lens = [600, 400]
+    token = bench.shape_work(16, 4, lens)
+    paged = bench.shape_work(16, 4, lens, paged=True)
+    # 8 drafts: 576 cache elements each instead of k_extend + v_extend (576 + 512)
+    assert token.bytes - paged.bytes == 2 * 8 * 512
+    assert paged.flops == token.flops
+
+
+# --- each kind through the bench's own path, tiny, against the reference ---------------
+
+# shape -> the contenders launched (each launch takes about a second in the
+# interpreter): every package contender on the richest kind, ``tuned`` (and
+# ``paged``) on the others; paged shapes check each rotation set's cache.
+SMOKE = {
+    "H2L3B3Rlognormal9-ragged-tree": ("tuned", "default", "triton", "torch_ref"),
+    "H2L2B2C9-treefull": ("tuned", "torch_ref"),
+    "H2L2B2C9-d256": ("tuned", "torch_ref"),
+    "H2L2B2C9-d128-fp8": ("tuned",),
+    "H2L2B2Rlong70x3-page64": ("tuned", "paged"),
+    "H2L2B2C5-page1": ("paged",),
+}
+
+
+@pytest.mark.parametrize("text", SMOKE, ids=SMOKE.keys())
+def test_each_kind_of_call_is_checked_against_the_reference(text, device):
+    """build_batch and prepare_contender, as run_shape calls them: the
+    contenders launched compute the reference's output; those the kind does
+    not admit are skipped with a reason."""
+    import mla_verify
+
+    spec = bench.parse_shape(text)
+    lens = bench.prefix_lengths(spec)
+    rotations = 2 if spec.page_size else 1
+    batch = bench.build_batch(
+        spec,
+        lens,
+        rotations=rotations,
+        slots=rotations * (sum(lens) + spec.batch_size * spec.draft_len) + 11,
+        device=torch.device(device),
+        seed=5,
+    )
+    assert batch.q.shape[0] == sum(bench.draft_counts(spec))
+    assert batch.k_buffer.shape[-1] == spec.head_dims[0]
+    assert (batch.sets[0].custom_mask is not None) == (spec.mask != "causal")
+    assert batch.sets[0].skip_prefix_custom_mask == (spec.mask != "treefull")
+    assert len(batch.paged) == (rotations if spec.page_size else 0)
+    ctx = types.SimpleNamespace(
+        device=torch.device(device),
+        arch=mla_verify.current_arch() if device == "cuda" else "sm90",
+        flashinfer=bench.FlashInfer(False, None),
+        flashmla=bench.FlashMLA(False),
+        torch_ref_max_tokens=1 << 20,
+        seed=5,
+    )
+    ref = batch.sets[0].reference()
+    for name in bench.CONTENDERS:
+        if bench.not_applicable(name, spec) is None and name not in SMOKE[text]:
+            continue
+        row = {}
+        contender = bench.prepare_contender(name, batch, ref, ctx, row)
+        if name not in SMOKE[text]:
+            assert contender is None and row["status"] == "skipped" and row["reason"], name
+            continue
+        assert contender is not None and row["rel_err"] < 6e-3, (name, row)
+        if name == "paged":  # each rotation set's cache holds that set's values
+            for vb, launch in zip(batch.sets[1:], contender.launches[1:], strict=True):
+                contender.out.fill_(float("nan"))
+                launch()
+                assert bench.check_output(contender.output(), vb.reference()).ok
+
+
+def test_flashmla_reads_the_pages_the_paged_call_reads():
+    spec = bench.parse_shape("H2L2B2C70-page64")
+    lens = bench.prefix_lengths(spec)
+    batch = bench.build_batch(
+        spec, lens, rotations=2, slots=2 * (sum(lens) + 4) + 3, device=torch.device("cpu"), seed=1
+    )
+    seen = []
+
+    def flash_mla_with_kvcache(q, kv_cache, block_table, cache_seqlens, dv, *args, **kwargs):
+        seen.append((kv_cache, block_table, cache_seqlens))
+        return torch.zeros(q.shape[:3] + (dv,)), None
+
+    flashmla = bench.FlashMLA(False)
+    flashmla.module = types.SimpleNamespace(
+        get_mla_metadata=lambda *args: (None, None), flash_mla_with_kvcache=flash_mla_with_kvcache
+    )
+    contender = flashmla.contender(batch, seed=0)
+    for launch in contender.launches:
+        launch()
+    assert len(seen) == 2
+    for (kv_cache, block_table, seqlens), paged in zip(seen, batch.paged):
+        assert kv_cache is paged[0] and block_table is paged[1]
+        assert torch.equal(seqlens, paged[2])
+
+
+def test_contenders_run_only_where_they_compute_the_call():
+    def runs(text):
+        spec = bench.parse_shape(text)
+        return {c for c in bench.CONTENDERS if bench.not_applicable(c, spec) is None}
+
+    package = {"tuned", "default", "triton", "torch_ref"}
+    assert runs("H16L4B32C16K") == set(bench.CONTENDERS) - {"paged"}
+    assert runs("H16L4B32C16K-fp8") == set(bench.CONTENDERS) - {"paged"}  # skipped later, for KV
+    for kind in ("-tree", "-treefull", "-ragged", "-d256", "-d128"):
+        assert runs(f"H16L4B32C16K{kind}") == package, kind
+    assert runs("H16L4B32C16K-page64") == {"paged", "tuned", "flashmla"}
+    for page in (1, 16, 32, 128):
+        assert runs(f"H16L4B32C16K-page{page}") == {"paged", "tuned"}
+
+
+def test_memory_estimate_counts_each_kinds_tensors():
+    def need(text, flashmla=True):
+        spec = bench.parse_shape(text)
+        return bench.estimate_bytes(spec, bench.prefix_lengths(spec), 10_000, 2, flashmla=flashmla)
+
+    # FlashMLA's 64-token pages are the -page64 row's own: one paged copy, not two
+    assert need("H16L4B32C1000-page64") == need("H16L4B32C1000")
+    assert need("H16L4B32C1000", flashmla=False) < need("H16L4B32C1000")
+    assert need("H16L4B32C1000-page1") > need("H16L4B32C1000", flashmla=False)
+    # a 256-wide pool instead of 576, and fewer q/out columns
+    assert need("H16L4B32C1000-d256") < need("H16L4B32C1000", flashmla=False)
+    tree = need("H16L4B32C1000-tree") - need("H16L4B32C1000", flashmla=False)
+    assert tree == 4 * 32 * (1000 + 4)  # the mask, every row's bits
