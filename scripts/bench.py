@@ -1,6 +1,8 @@
 """Benchmark of MLA target-verify attention: the project's one source of speed numbers.
 
     python scripts/bench.py --quick                        # 12 shapes, a few minutes
+    python scripts/bench.py --extra --rep-ms 10 --rounds 2 --out bench_out/extra
+                                                           # tree, ragged, 256/256, paged
     python scripts/bench.py --shapes H16L4B32C16K H16L4B32Rlognormal16K --out bench_out/two
     python scripts/bench.py                                # the full grid (long)
 
@@ -171,6 +173,31 @@ QUICK_SHAPES = (
     "H128L4B32C16384",  # compute-bound, H*L = 512
     "H128L4B1C65536",  # one long request, many heads
     "H128L4B64C2048",
+)
+# Every kind of call besides the plain one, next to the plain rows it is
+# compared with (the same shape and values): tree masks and ragged drafts
+# (issue 25: within 10% of the plain row's efficiency), ordinary attention
+# at 256/256 for 16/8/4 local heads (Qwen3.5 at TP 2/4/8), and the paged
+# entry point at page 64 (against FlashMLA on the same pages) and page 1
+# (against the token-indexed call on the same values; issue 26). The plain
+# rows of H16L4B32C16K and H128L4B32C16K are their -page rows' `tuned`.
+EXTRA_SHAPES = (
+    "H64L4B32C16384",  # the plain row of the H64 tree/ragged rows
+    "H16L4B32C16384-tree",
+    "H16L4B32C16384-treefull",  # the prefix mask bits read: their cost against -tree
+    "H16L4B32C16384-ragged",
+    "H64L4B32C16384-tree",
+    "H64L4B32C16384-ragged",
+    "H128L4B32C16384-ragged-tree",
+    "H4L4B32C16384-d256",
+    "H8L4B32C16384-d256",
+    "H16L4B32C16384-d256",
+    "H16L4B32C16384-page64",
+    "H16L4B32C16384-page1",
+    "H128L4B32C16384-page64",
+    "H128L4B32C16384-page1",
+    "H8L2B64C65536-page64",
+    "H8L2B64C65536-page1",
 )
 GRID_HEADS = (8, 16, 32, 64, 128)
 GRID_DRAFTS = (1, 2, 4, 8)
@@ -1720,6 +1747,64 @@ def tuned_geomeans(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[float | No
     return out
 
 
+def describe_call(spec: ShapeSpec) -> str:
+    """The kind of call a shape times, in words."""
+    dqk, dv = spec.head_dims
+    parts = ["absorbed MLA 576/512" if spec.mla else f"head dims {dqk}/{dv}, V a view of K"]
+    if spec.ragged:
+        counts = draft_counts(spec)
+        parts.append(f"ragged drafts 1..{spec.draft_len} ({sum(counts)} in all)")
+    else:
+        parts.append(f"{spec.draft_len} drafts a request")
+    parts.append(
+        {
+            "causal": "causal",
+            "tree": "tree mask, prefix visible (skip_prefix_custom_mask=True)",
+            "treefull": "tree mask, every prefix bit read (skip_prefix_custom_mask=False)",
+        }[spec.mask]
+    )
+    if spec.page_size:
+        parts.append(f"paged cache, {spec.page_size}-token pages")
+    parts.append(f"{spec.kv_dtype} KV")
+    return ", ".join(parts)
+
+
+def paged_vs_flashmla(rows: Sequence[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(shape, t_flashmla / t_paged) on every -page64 shape where both are
+    ok (> 1: the package's paged call is faster; issue 26's target)."""
+    out = []
+    for shape, c in _by_shape(rows).items():
+        paged, flashmla = c.get("paged"), c.get("flashmla")
+        if paged and flashmla and paged["status"] == flashmla["status"] == "ok":
+            out.append((shape, flashmla["median_us"] / paged["median_us"]))
+    return out
+
+
+def kind_vs_plain(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, float]]:
+    """(shape, plain shape, its tuned % roofline over the plain row's) for
+    every tree or ragged shape whose plain row ran (the plain shape's own
+    row, or the tuned row of one of its -page rows: the same call on the
+    same values); 1 means as efficient (issue 25: within 10%)."""
+    tuned = {
+        shape: c["tuned"]
+        for shape, c in _by_shape(rows).items()
+        if "tuned" in c and c["tuned"]["status"] == "ok" and c["tuned"]["frac_roofline"]
+    }
+    plain: dict[str, dict[str, Any]] = {}
+    for shape, row in tuned.items():
+        spec = parse_shape(shape)
+        if spec.plain:
+            plain.setdefault(_plain_name(spec), row)
+    out = []
+    for shape, row in tuned.items():
+        spec = parse_shape(shape)
+        base = plain.get(_plain_name(spec))
+        if spec.mla and not spec.plain and base is not None:
+            ratio = row["frac_roofline"] / base["frac_roofline"]
+            out.append((shape, base["shape"], ratio))
+    return out
+
+
 def summary_markdown(
     rows: Sequence[dict[str, Any]], meta: dict[str, Any], ceilings: Ceilings
 ) -> str:
@@ -1754,6 +1839,29 @@ def summary_markdown(
     ]
     for name, (gm, n) in tuned_geomeans(rows).items():
         lines.append(f"| {name} | {_fmt(gm, 3)} | {n} |")
+    pairs = paged_vs_flashmla(rows)
+    if pairs:
+        lines += [
+            "",
+            "## Paged: t_flashmla / t_paged on the same pages",
+            "",
+            f"Geomean {_fmt(geomean([r for _, r in pairs]), 3)}, "
+            f"lowest {_fmt(min(r for _, r in pairs), 3)} (> 1: verify_mla_paged is faster).",
+            "",
+            "| shape | t_flashmla / t_paged |",
+            "|---|---|",
+        ]
+        lines += [f"| {shape} | {_fmt(ratio, 3)} |" for shape, ratio in pairs]
+    kinds = kind_vs_plain(rows)
+    if kinds:
+        lines += [
+            "",
+            "## Tree and ragged rows: tuned % roofline over the plain row's",
+            "",
+            "| shape | plain row | ratio |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {shape} | {base} | {_fmt(ratio, 3)} |" for shape, base, ratio in kinds]
     for shape, contenders in _by_shape(rows).items():
         any_row = next(iter(contenders.values()))
         lines += [
@@ -1763,7 +1871,8 @@ def summary_markdown(
             f"H={any_row['num_heads']} L={any_row['draft_len']} bs={any_row['batch_size']}, "
             f"{any_row['ctx_kind']} prefixes: {any_row['prefix_tokens']} tokens "
             f"(min {any_row['prefix_min']}, max {any_row['prefix_max']}); "
-            f"{_fmt(any_row['bytes'] / 1e6, 1)} MB, {_fmt(any_row['flops'] / 1e12, 3)} TFLOP",
+            f"{_fmt(any_row['bytes'] / 1e6, 1)} MB, {_fmt(any_row['flops'] / 1e12, 3)} TFLOP; "
+            f"{describe_call(parse_shape(shape))}",
             "",
             "| contender | status | median us | p20-p80 us | % copy BW | TFLOP/s | % roofline "
             "| t/t_tuned | rel err | config |",
@@ -1822,6 +1931,13 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
             f"{name} {_fmt(gm, 3)} ({n} shapes)" for name, (gm, n) in tuned_geomeans(rows).items()
         )
     )
+    pairs = paged_vs_flashmla(rows)
+    if pairs:
+        lines.append(
+            f"paged vs FlashMLA (page 64, same pages): t_flashmla / t_paged geomean "
+            f"{_fmt(geomean([r for _, r in pairs]), 3)}, lowest "
+            f"{_fmt(min(r for _, r in pairs), 3)} ({len(pairs)} shapes)"
+        )
     lines.append(
         f"ceilings: copy {_scaled(ceilings.copy_bw, 1e12, 2)} TB/s, "
         f"matmul {_scaled(ceilings.matmul_rate, 1e12, 0)} TFLOP/s"
@@ -1897,6 +2013,8 @@ def select_shapes(args: argparse.Namespace) -> list[ShapeSpec]:
         shapes = [parse_shape(s) for s in args.shapes]
     elif args.quick:
         shapes = [parse_shape(s) for s in QUICK_SHAPES]
+    elif args.extra:
+        shapes = [parse_shape(s) for s in EXTRA_SHAPES]
     else:
         shapes = full_grid()
     if args.shard:
@@ -1916,7 +2034,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "shape specs: H<heads>L<drafts>B<batch> + C<ctx> | Rlognormal<mean> | "
             f"Rlong<long>[x<short>], then optional suffixes {SUFFIXES}, e.g. "
             "H16L4B32C16384, H16L4B32Rlognormal16K-tree, H16L4B64Rlong65536x512-page64."
-            "\nquick set: " + " ".join(QUICK_SHAPES)
+            "\nquick set: " + " ".join(QUICK_SHAPES) + "\nextra set: " + " ".join(EXTRA_SHAPES)
         ),
     )
     parser.add_argument(
@@ -1930,10 +2048,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="also write this run alone here: results.csv, results.json, summary.md, plot",
     )
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
         "--quick", action="store_true", help=f"the {len(QUICK_SHAPES)}-shape subset (a few minutes)"
     )
-    parser.add_argument("--shapes", nargs="+", metavar="SPEC", help="explicit shape specs")
+    which.add_argument(
+        "--extra",
+        action="store_true",
+        help=f"the {len(EXTRA_SHAPES)}-shape set of tree, ragged, 256/256 and paged rows "
+        "(about 4 minutes at --rep-ms 10 --rounds 2, most of it first compiles)",
+    )
+    which.add_argument("--shapes", nargs="+", metavar="SPEC", help="explicit shape specs")
     parser.add_argument(
         "--shard",
         metavar="K/N",

@@ -322,6 +322,22 @@ def test_bad_kind_suffix_is_refused(text, match):
     assert match in str(info.value)
 
 
+def test_extra_set_parses_and_lists(capsys):
+    assert bench.main(["--extra", "--list-shapes"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed == [bench.parse_shape(s).name for s in bench.EXTRA_SHAPES]
+    specs = [bench.parse_shape(s) for s in listed]
+    assert {s.mask for s in specs} == {"causal", "tree", "treefull"}
+    assert any(s.ragged for s in specs)
+    assert {s.head_dims for s in specs if s.num_heads in (4, 8, 16) and not s.mla} == {(256, 256)}
+    assert {s.page_size for s in specs} == {0, 1, 64}
+    # every tree/ragged row has its plain row in the set: its own, or a -page row's tuned
+    plain = {bench._plain_name(s) for s in specs if s.plain}
+    assert all(bench._plain_name(s) in plain for s in specs if s.mla)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--extra", "--quick"])
+
+
 def test_kinds_share_their_plain_shapes_lengths_and_draw_fixed_ragged_counts():
     for suffix in ("-tree", "-ragged", "-d256", "-page64"):
         spec = bench.parse_shape(f"H16L4B32Rlognormal2048{suffix}")
@@ -496,6 +512,36 @@ def test_contenders_run_only_where_they_compute_the_call():
         assert runs(f"H16L4B32C16K-page{page}") == {"paged", "tuned"}
 
 
+# --- the summary's comparisons --------------------------------------------------------------
+
+
+def _row(shape, contender, median_us, frac_roofline=None):
+    return {
+        "shape": shape,
+        "contender": contender,
+        "status": "ok",
+        "median_us": median_us,
+        "frac_roofline": frac_roofline,
+    }
+
+
+def test_summary_compares_paged_with_flashmla_and_kinds_with_plain_rows():
+    rows = [
+        _row("H16L4B32C16384-page64", "paged", 90.0, 0.8),
+        _row("H16L4B32C16384-page64", "tuned", 95.0, 0.5),
+        _row("H16L4B32C16384-page64", "flashmla", 99.0),
+        _row("H16L4B32C16384-page1", "paged", 100.0),
+        _row("H16L4B32C16384-tree", "tuned", 100.0, 0.45),
+        _row("H16L4B32C16384-d256", "tuned", 50.0, 0.3),
+        _row("H64L4B32C16384-ragged", "tuned", 100.0, 0.6),  # no plain row ran
+    ]
+    assert bench.paged_vs_flashmla(rows) == [("H16L4B32C16384-page64", pytest.approx(1.1))]
+    assert bench.kind_vs_plain(rows) == [
+        ("H16L4B32C16384-tree", "H16L4B32C16384-page64", pytest.approx(0.9))
+    ]
+    assert "ragged drafts 1..4" in bench.describe_call(bench.parse_shape("H16L4B32C16K-ragged"))
+
+
 def test_memory_estimate_counts_each_kinds_tensors():
     def need(text, flashmla=True):
         spec = bench.parse_shape(text)
@@ -509,3 +555,33 @@ def test_memory_estimate_counts_each_kinds_tensors():
     assert need("H16L4B32C1000-d256") < need("H16L4B32C1000", flashmla=False)
     tree = need("H16L4B32C1000-tree") - need("H16L4B32C1000", flashmla=False)
     assert tree == 4 * 32 * (1000 + 4)  # the mask, every row's bits
+
+
+def test_summary_and_table_render_the_new_kinds():
+    base = ok_row()
+    ceilings = bench.Ceilings(4.2e12, 780e12)
+    ctx = types.SimpleNamespace(ceilings=ceilings, arch="sm90", meta={})
+    rows = []
+    for text, contender, us in [
+        ("H16L4B2C500-page64", "tuned", 10.0),
+        ("H16L4B2C500-page64", "paged", 9.0),
+        ("H16L4B2C500-page64", "flashmla", 9.9),
+        ("H16L4B2C500-d256-ragged-treefull", "tuned", 8.0),
+        ("H16L4B2C500-ragged-tree", "tuned", 11.0),
+    ]:
+        spec = bench.parse_shape(text)
+        row = bench._base_row(spec, bench.prefix_lengths(spec), ctx)
+        row.update({k: base[k] for k in bench.CONFIG_FIELDS})
+        row.update(contender=contender, rel_err=1e-3, max_abs_err=1e-3)
+        bench.record_timing(row, bench._summarise([us] * 5, "cudagraph", 1), ctx)
+        rows.append(row)
+    bench.add_speedups(rows[:3])
+    meta = {k: base[k] for k in ("device", "torch", "triton", "cuda", "flashinfer", "flash_mla")}
+    meta.update(git_commit="abc1234", date_utc="2026-12-01T00:00:00+00:00")
+    text = bench.summary_markdown(rows, meta, ceilings)
+    assert "| H16L4B2C500-page64 | 1.100 |" in text  # t_flashmla / t_paged
+    assert "| H16L4B2C500-ragged-tree | H16L4B2C500-page64 |" in text
+    assert "H16L4B2C500-d256-ragged-treefull" in text and "every prefix bit read" in text
+    table = bench.stdout_table(rows, ceilings)
+    assert "paged vs FlashMLA (page 64, same pages): t_flashmla / t_paged geomean 1.100" in table
+    assert "H16L4B2C500-d256-ragged-treefull " in table
