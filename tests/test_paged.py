@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mla_verify
-from mla_verify import kernel_sm90, paged, plan, set_debug, verify_mla_paged, workspace
+from mla_verify import hopper, paged, plan, set_debug, verify_mla_paged, workspace
 from mla_verify.kernel import INTERPRETED
 from mla_verify.paged import PAGE_SIZES, token_pool
 from mla_verify.testing import _rows_as_float, check_close, make_paged_batch
@@ -268,7 +268,7 @@ GPU_SHAPES = [
 ON_HOPPER = (
     torch.cuda.is_available()
     and torch.cuda.get_device_capability() == (9, 0)
-    and kernel_sm90.AVAILABLE
+    and hopper.available()
 )
 GPU_KV = {
     "bf16": {},
