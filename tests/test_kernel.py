@@ -631,11 +631,13 @@ if hopper.available():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
+    _fp8_to_bf16 = hopper.gluon_kernel().fp8_to_bf16  # a kernel calls jitted functions by name
+
     @gluon.jit
     def _widen_codes(CODES, OUT):
         layout: gl.constexpr = gl.BlockedLayout([4], [32], [2], [0])
         offs = gl.arange(0, 256, layout=layout)
-        gl.store(OUT + offs, hopper.gluon_kernel().fp8_to_bf16(gl.load(CODES + offs)))
+        gl.store(OUT + offs, _fp8_to_bf16(gl.load(CODES + offs)))
 
 
 @pytest.mark.gpu
