@@ -12,16 +12,21 @@ One file per arch, ``<arch>.json``::
                                     "tuned_us": 12.3, "default_us": 15.0,
                                     "context_lens": [2048, 16384],
                                     "tuned_us_by_context": [8.1, 18.7],
-                                    "default_us_by_context": [9.9, 22.7]}}}}}
+                                    "default_us_by_context": [9.9, 22.7],
+                                    "triton": {"config": {...}, "tuned_us": 20.5, ...}}}}}}
 
 An entry of head dims other than absorbed MLA's (576, 512) names them,
 ``"head_dims": [256, 256]``, and its key says so: ``H16_L4_bf16_D256``;
 entries without the field are MLA's.
 
 Bucket keys are batch sizes as decimal strings; ``tuned_us``/``default_us``
-(geometric means over the contexts) may be null (reported, unmeasured
-configs). ``context_lens`` and the per-context times, one per length, are
-optional.
+(geometric means over the contexts) may be null (unmeasured configs).
+``context_lens`` and the per-context times, one per length, are optional.
+``triton``, optional, is the Triton kernel's own winner where the bucket's
+config is another kernel (the Hopper one on sm90), with the same fields
+(its default: the Triton kernel's built-in config); tables without it read
+as before. ``Record`` is the one serialiser of a config and its times, for
+the tuner writing and the runtime reading.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import logging
 import math
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +55,9 @@ ENV_VAR = "MLA_VERIFY_CONFIG_DIR"
 _TOP_KEYS = {"schema_version", "arch", "metadata", "entries"}
 _ENTRY_KEYS = {"num_heads", "draft_len", "kv_dtype", "buckets"}
 _ENTRY_OPTIONAL = {"head_dims"}
-_BUCKET_KEYS = {"config", "tuned_us", "default_us"}
-_BUCKET_OPTIONAL = {"context_lens", "tuned_us_by_context", "default_us_by_context"}
+_RECORD_KEYS = {"config", "tuned_us", "default_us"}
+_RECORD_OPTIONAL = {"context_lens", "tuned_us_by_context", "default_us_by_context"}
+TRITON_KEY = "triton"  # a bucket's Triton winner beside its config
 
 
 class TableError(ValueError):
@@ -70,6 +76,60 @@ class LoadedEntry:
     source: str  # path of the file it came from
     stale: bool  # measured with different kernel code than this one
     head_dims: tuple[int, int] = MLA_HEAD_DIMS  # (q/k, v)
+    # batch size -> the Triton kernel's config, in the buckets that know one
+    # (their "triton" record, or their config where it is the Triton kernel's)
+    triton: dict[int, VerifyConfig] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One config and its times, as a bucket (or its Triton winner) holds
+    them. Times in microseconds, None where not measured; per-context times
+    follow ``context_lens``."""
+
+    config: VerifyConfig
+    tuned_us: float | None = None
+    default_us: float | None = None
+    context_lens: tuple[int, ...] = ()
+    tuned_us_by_context: tuple[float, ...] = ()
+    default_us_by_context: tuple[float, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "config": self.config.to_dict(),
+            "tuned_us": _round(self.tuned_us),
+            "default_us": _round(self.default_us),
+        }
+        if self.context_lens:
+            out["context_lens"] = list(self.context_lens)
+            out["tuned_us_by_context"] = [_round(t) for t in self.tuned_us_by_context]
+            out["default_us_by_context"] = [_round(t) for t in self.default_us_by_context]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        """A validated record (``validate_table`` has seen it)."""
+        return cls(
+            config=VerifyConfig.from_dict(data["config"]),
+            tuned_us=data["tuned_us"],
+            default_us=data["default_us"],
+            context_lens=tuple(data.get("context_lens", ())),
+            tuned_us_by_context=tuple(data.get("tuned_us_by_context", ())),
+            default_us_by_context=tuple(data.get("default_us_by_context", ())),
+        )
+
+
+def bucket_json(record: Record, triton: Record | None = None) -> dict[str, Any]:
+    """A bucket in the file format: its config and times, and the Triton
+    kernel's winner beside them where that is another config."""
+    out = record.to_json()
+    if triton is not None:
+        out[TRITON_KEY] = triton.to_json()
+    return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def entry_key(
@@ -127,8 +187,19 @@ def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
     )
     _check(ok, where, f"bucket key {key!r} is not a positive integer in decimal")
     where = f"{where}.buckets[{key}]"
-    _check_keys(bucket, _BUCKET_KEYS, _BUCKET_OPTIONAL, where)
-    config = bucket["config"]
+    _check_keys(bucket, _RECORD_KEYS, _RECORD_OPTIONAL | {TRITON_KEY}, where)
+    _validate_record(bucket, where)
+    if TRITON_KEY in bucket:
+        where = f"{where}.{TRITON_KEY}"
+        triton = bucket[TRITON_KEY]
+        _check_keys(triton, _RECORD_KEYS, _RECORD_OPTIONAL, where)
+        _validate_record(triton, where)
+        kernel = triton["config"].get("kernel", "triton")
+        _check(kernel == "triton", f"{where}.config.kernel", f"expected 'triton', got {kernel!r}")
+
+
+def _validate_record(record: dict[str, Any], where: str) -> None:
+    config = record["config"]
     _check(isinstance(config, dict), f"{where}.config", "expected an object")
     for name, value in config.items():
         if name == "kernel":  # the one field that is a name
@@ -140,15 +211,15 @@ def _validate_bucket(key: Any, bucket: Any, where: str) -> None:
         VerifyConfig.from_dict(config)
     except (TypeError, ValueError) as exc:
         raise TableError(f"{where}.config: {exc}") from None
-    _check_time(bucket["tuned_us"], f"{where}.tuned_us")
-    _check_time(bucket["default_us"], f"{where}.default_us")
-    if "context_lens" in bucket:
-        lens = bucket["context_lens"]
+    _check_time(record["tuned_us"], f"{where}.tuned_us")
+    _check_time(record["default_us"], f"{where}.default_us")
+    if "context_lens" in record:
+        lens = record["context_lens"]
         ok = isinstance(lens, list) and all(_is_int(n) and n >= 0 for n in lens)
         _check(ok, f"{where}.context_lens", f"expected a list of lengths, got {lens!r}")
     for name in ("tuned_us_by_context", "default_us_by_context"):
-        if name in bucket:
-            times, lens = bucket[name], bucket.get("context_lens")
+        if name in record:
+            times, lens = record[name], record.get("context_lens")
             ok = isinstance(times, list) and isinstance(lens, list) and len(times) == len(lens)
             _check(ok, f"{where}.{name}", f"expected one time per context_lens, got {times!r}")
             for i, t in enumerate(times):  # measured: the tuner writes no null here
@@ -294,10 +365,11 @@ def write_entries(
     entries: dict[str, Any],
 ) -> None:
     """Merge ``entries`` (entry key -> entry, in the file format) into the
-    table at ``path`` and set its metadata to ``metadata``. Safe for several
-    processes writing the same file: the read-merge-write runs under a lock
-    file ``<path>.lock`` and the write is atomic. Raises ``TableError`` if the
-    result would not be a valid table."""
+    table at ``path`` and set its metadata to ``metadata``; measured entries
+    replace an unmeasured table whole, and the other way round. Safe for
+    several processes writing the same file: the read-merge-write runs under
+    a lock file ``<path>.lock`` and the write is atomic. Raises
+    ``TableError`` if the result would not be a valid table."""
     path = Path(path)
     _check(path.stem == arch, "write_entries", f"file {path.name} must be named {arch}.json")
     new = {"schema_version": SCHEMA_VERSION, "arch": arch, "metadata": metadata, "entries": entries}
@@ -305,6 +377,8 @@ def write_entries(
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(f"{path}.lock"):
         old = read_table(path) if path.exists() else None
+        if old and _measured(old["metadata"]) != _measured(metadata):
+            old = None  # measured and unmeasured buckets never share a table
         merged = _merge_entries(old["entries"] if old else {}, entries)
         table = _canonical(arch, metadata, merged)
         _atomic_write(path, json.dumps(table, indent=2) + "\n")
@@ -341,9 +415,13 @@ def config_dirs() -> list[tuple[str, Path]]:
     return dirs
 
 
+def _measured(metadata: dict[str, Any]) -> bool:
+    return metadata.get("measured", True) is not False
+
+
 def _staleness(metadata: dict[str, Any], kernel_hash: str) -> str | None:
     """Why a table's timings may no longer hold, or None if they do."""
-    if metadata.get("measured", True) is False:
+    if not _measured(metadata):
         return None  # reported configs, not timings of a particular kernel build
     table_hash = metadata.get("kernel_hash")
     if table_hash is None:
@@ -357,15 +435,22 @@ def _loaded_entries(path: Path, table: dict[str, Any], stale: bool) -> dict[str,
     out = {}
     for key, entry in table["entries"].items():
         buckets = sorted(entry["buckets"].items(), key=lambda kv: int(kv[0]))
+        records = {int(b): Record.from_json(v) for b, v in buckets}
+        tritons = {int(b): Record.from_json(v[TRITON_KEY]) for b, v in buckets if TRITON_KEY in v}
         out[key] = LoadedEntry(
             num_heads=entry["num_heads"],
             draft_len=entry["draft_len"],
             kv_dtype=entry["kv_dtype"],
-            buckets={int(b): VerifyConfig.from_dict(v["config"]) for b, v in buckets},
-            times={int(b): (v["tuned_us"], v["default_us"]) for b, v in buckets},
+            buckets={b: r.config for b, r in records.items()},
+            times={b: (r.tuned_us, r.default_us) for b, r in records.items()},
             source=str(path),
             stale=stale,
             head_dims=tuple(entry.get("head_dims", MLA_HEAD_DIMS)),
+            triton={
+                b: tritons[b].config if b in tritons else r.config
+                for b, r in records.items()
+                if b in tritons or r.config.kernel == "triton"
+            },
         )
     return out
 

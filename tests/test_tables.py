@@ -4,6 +4,7 @@ loading with precedence and staleness. CPU only."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -139,6 +140,15 @@ def test_validate_accepts_good_and_unmeasured_tables():
     tables.validate_table(unmeasured)
     amd = table("gfx950", [entry(8, 4, "bf16", {1: bucket(cfg(waves_per_eu=2, kpack=2))})])
     tables.validate_table(amd, expected_arch="gfx950")
+    tables.validate_table(with_triton(), expected_arch="sm90")
+
+
+def with_triton() -> dict:
+    """A table whose bucket 1 keeps the Triton kernel's winner beside a
+    Hopper kernel config."""
+    hopper = bucket(cfg(16, 5, num_warps=8, kernel="gluon_sm90_sv"))
+    hopper["triton"] = bucket(cfg(16, 3, BLOCK_N=32), tuned=20.0, default=25.0)
+    return table(entries=[entry(128, 4, "bf16", {1: hopper, 32: bucket(cfg(splits=2))})])
 
 
 def _set(path: list, value: object):
@@ -219,6 +229,23 @@ BAD_TABLES = {
         "default_us_by_context[0]: expected a positive number, got None",
     ),
     "times_by_context_zero": (_set([*B, "default_us_by_context"], [0.0]), "[0]"),
+    "triton_not_object": (_set([*B, "triton"], 3), "buckets[1].triton: expected an object"),
+    "triton_missing_times": (
+        _set([*B, "triton"], {"config": cfg()}),
+        "triton: missing keys ['default_us', 'tuned_us']",
+    ),
+    "triton_nested": (
+        _set([*B, "triton"], bucket(cfg()) | {"triton": bucket(cfg())}),
+        "triton: unknown keys ['triton']",
+    ),
+    "triton_is_hopper": (
+        _set([*B, "triton"], bucket(cfg(16, 5, num_warps=8, kernel="gluon_sm90"))),
+        "triton.config.kernel: expected 'triton', got 'gluon_sm90'",
+    ),
+    "triton_bad_config": (
+        _set([*B, "triton"], bucket(cfg() | {"BLOCK_N": 48})),
+        "triton.config: VerifyConfig.BLOCK_N",
+    ),
 }
 
 
@@ -246,6 +273,30 @@ def test_read_table_round_trips(tmp_path: Path):
     data = table(entries=[entry(64, 4, "bf16", {1: bucket(cfg()), 32: bucket(hopper)})])
     path = write_json(tmp_path / "sm90.json", data)
     assert tables.read_table(path) == data
+    path = write_json(tmp_path / "sm90.json", with_triton())
+    assert tables.read_table(path) == with_triton()
+
+
+def test_records_round_trip_through_the_one_serialiser():
+    """The tuner writes buckets with ``bucket_json`` and the loader reads
+    them with ``Record.from_json``: one code path, times rounded once."""
+    measured = tables.Record(
+        VerifyConfig.from_dict(cfg(16, 5, num_warps=8, kernel="gluon_sm90")),
+        tuned_us=10.004,
+        default_us=12.0,
+        context_lens=(2048, 16384),
+        tuned_us_by_context=(8.1, 18.7),
+        default_us_by_context=(9.9, 22.7),
+    )
+    triton = tables.Record(VerifyConfig.from_dict(cfg(16, 3)), tuned_us=20.0, default_us=25.0)
+    data = tables.bucket_json(measured, triton)
+    assert data["tuned_us"] == 10.0 and data["triton"]["config"] == cfg(16, 3)
+    assert "context_lens" not in data["triton"]  # written only where measured per context
+    assert tables.Record.from_json(data) == dataclasses.replace(measured, tuned_us=10.0)
+    assert tables.Record.from_json(data["triton"]) == triton
+    unmeasured = tables.bucket_json(tables.Record(VerifyConfig.from_dict(cfg())))
+    assert unmeasured == {"config": cfg(), "tuned_us": None, "default_us": None}
+    tables.validate_table(table(entries=[entry(8, 1, "bf16", {1: data, 2: unmeasured})]))
 
 
 BAD_FILES = {
@@ -304,6 +355,23 @@ def test_write_entries_merges_per_entry_and_bucket(tmp_path: Path):
     buckets = data["entries"]["H128_L4_bf16"]["buckets"]
     splits = {b: v["config"]["NUM_KV_SPLITS"] for b, v in buckets.items()}
     assert splits == {"1": 1, "8": 3, "64": 64}
+
+
+def test_measured_and_unmeasured_buckets_never_share_a_table(tmp_path: Path):
+    """Tuning on the hardware into a model-derived table (``--out configs``)
+    replaces it whole: an interrupted run must not leave derived buckets
+    under a measured table's metadata."""
+    path = tmp_path / "gfx950.json"
+    derived = dict([entry(8, 1, "bf16", {1: bucket(cfg(), None, None)})])
+    derived |= dict([entry(8, 2, "bf16", {1: bucket(cfg(), None, None)})])
+    tables.write_entries(path, "gfx950", meta("gfx950", measured=False), derived)
+    measured = dict([entry(8, 1, "bf16", {2: bucket(cfg(splits=3))})])
+    tables.write_entries(path, "gfx950", meta("gfx950"), measured)
+    data = tables.read_table(path)
+    assert data["entries"] == measured
+    more = dict([entry(8, 2, "bf16", {1: bucket(cfg(splits=5))})])
+    tables.write_entries(path, "gfx950", meta("gfx950"), more)  # measured ones merge as before
+    assert tables.read_table(path)["entries"] == measured | more
 
 
 def test_write_entries_rejects_bad_input(tmp_path: Path):
@@ -421,6 +489,25 @@ def test_load_tables_builds_entries(dirs):
     }
     assert e.times == {1: (10.0, 12.0), 32: (10.0, 12.0)}
     assert e.source == str(dirs.user / "sm90.json")
+    # Triton configs all, as the buckets hold nothing else
+    assert e.triton == e.buckets
+
+
+def test_load_tables_keeps_the_triton_winners(dirs):
+    """A bucket's Triton winner where its config is the Hopper kernel's; its
+    own config where that is the Triton kernel's."""
+    write_json(dirs.user / "sm90.json", with_triton())
+    e = tables.load_tables(HASH)["sm90"]["H128_L4_bf16"]
+    assert e.buckets[1].kernel == "gluon_sm90_sv"
+    assert e.triton == {
+        1: VerifyConfig.from_dict(cfg(16, 3, BLOCK_N=32)),
+        32: VerifyConfig.from_dict(cfg(splits=2)),
+    }
+    hopper_only = copy.deepcopy(with_triton())
+    del hopper_only["entries"]["H128_L4_bf16"]["buckets"]["1"]["triton"]
+    write_json(dirs.user / "sm90.json", hopper_only)
+    e = tables.load_tables(HASH)["sm90"]["H128_L4_bf16"]
+    assert list(e.triton) == [32]  # bucket 1 knows no Triton config
 
 
 def test_load_tables_precedence_is_per_entry(dirs):
