@@ -1,5 +1,6 @@
-"""Launch configuration of the verify kernel: the frozen config object, the
-built-in default heuristic (split by vendor) and the tuner's search space.
+"""Launch configuration of the verify kernel: the frozen config object and
+the built-in default heuristic (split by vendor). The tuner's search space
+is ``search_space``.
 
 Field names are spelled exactly as the kernel's constexpr / launch arguments,
 so ``launch(..., config)`` feeds them straight through.
@@ -164,9 +165,11 @@ def default_num_kv_splits(
     num_heads: int, batch_size: int, block_h: int, rows: int, arch: str
 ) -> int:
     """Units that bring the grid to about one full wave: one CTA per SM for
-    64-row tiles (registers pin occupancy at 1), two for smaller tiles."""
+    64-row tiles (registers pin occupancy at 1), two for smaller tiles; on
+    AMD one a CU whatever the rows (the Triton kernel's tiles that do not
+    spill there take over 256 VGPRs a lane or 8 waves, see ``aot``)."""
     sms = arch_sm_count(arch)
-    ctas_per_sm = 1 if rows >= 64 else 2
+    ctas_per_sm = 1 if rows >= 64 or is_amd_arch(arch) else 2
     head_blocks = math.ceil(num_heads / block_h)
     programs = max(1, batch_size * head_blocks)
     # Rounded down: 1.2 waves cost more than 0.97 (PERF_NOTES: +31-34%).
@@ -187,21 +190,44 @@ def default_config(
     (columns for fp8 KV), one wave of 64-row CTAs: the Hopper kernel beat
     the tuned Triton kernel on 12 of 13 benchmark shapes, and score/value
     beat columns on all 12 shapes measured (BENCHMARKS.md). Elsewhere (and
-    for other head dims, which the Hopper kernel does not take) rows per
-    program follow H*L (16 rows for small products, 64 for large); 64-row
-    tiles need 8 warps for their [64, 512] fp32 accumulator.
+    for other head dims, which the Hopper kernel does not take) the Triton
+    kernel's default, ``triton_default_config``.
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype = kv_dtype_name(kv_dtype)
     if arch == "sm90" and draft_len <= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS:
         kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
         return hopper_config(num_heads, draft_len, batch_size, kernel)
+    return triton_default_config(num_heads, draft_len, batch_size, arch, kv_dtype, head_dims)
+
+
+def triton_default_config(
+    num_heads: int,
+    draft_len: int,
+    batch_size: int,
+    arch: str,
+    kv_dtype: str = "bf16",
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+) -> VerifyConfig:
+    """The Triton kernel's built-in config on ``arch`` (on sm90 too, where
+    it is not the default for MLA): rows per program follow H*L (16 rows
+    for small products, 64 for large). On NVIDIA 64-token tiles, 8 warps
+    for the [64, 512] fp32 accumulator of 64 rows. On AMD 16-token tiles on
+    4 waves, the tile that compiles without spilling registers for every
+    row count up to 64 on gfx942 and gfx950 (checked ahead of time in CI);
+    64-token tiles spill there at any row count.
+    """
+    num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
+    kv_dtype_name(kv_dtype)  # validated; the tile is the same for every KV dtype
+    del head_dims  # the same rule for every head dims
     rows = min(MAX_ROWS, max(16, triton.next_power_of_2(num_heads * draft_len)))
     block_h = max(1, min(num_heads, rows // draft_len))
     rows = rows_per_program(block_h, draft_len)
     splits = default_num_kv_splits(num_heads, batch_size, block_h, rows, arch)
     if is_amd_arch(arch):
-        return reported_amd_config(num_heads, batch_size)
+        return VerifyConfig(
+            BLOCK_H=block_h, BLOCK_N=16, NUM_KV_SPLITS=splits, num_warps=4, num_stages=2
+        )
     return VerifyConfig(
         BLOCK_H=block_h,
         BLOCK_N=64,
@@ -230,10 +256,13 @@ def hopper_config(
 
 
 def reported_amd_config(num_heads: int, batch_size: int) -> VerifyConfig:
-    """The configuration publicly reported as validated on MI355X (gfx950):
-    4 heads per program, BLOCK_N 64, 8 warps, one stage, and as many splits
-    per request as bring the grid to 512 programs, at most 32 (expressed in
-    our NUM_KV_SPLITS, which counts work units: splits + 1 past one)."""
+    """The configuration publicly reported as validated on MI355X (gfx950)
+    for the SGLang kernel this one grew from, the baseline to beat: 4 heads
+    per program, BLOCK_N 64, 8 warps, one stage, and as many splits per
+    request as bring the grid to 512 programs, at most 32 (expressed in our
+    NUM_KV_SPLITS, which counts work units: splits + 1 past one). Not our
+    AMD default: this kernel spills registers with it on gfx942 and gfx950
+    (``aot``)."""
     block_h = min(4, num_heads)
     programs = batch_size * math.ceil(num_heads / block_h)
     chunks = max(1, min(32, 512 // programs))
@@ -244,95 +273,3 @@ def reported_amd_config(num_heads: int, batch_size: int) -> VerifyConfig:
         num_warps=8,
         num_stages=1,
     )
-
-
-def tile_candidates(
-    num_heads: int,
-    draft_len: int,
-    arch: str,
-    kv_dtype: str = "bf16",
-    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
-) -> list[VerifyConfig]:
-    """Stage-1 tile shapes the tuner tries (NUM_KV_SPLITS left at 1; the
-    tuner searches splits separately). On sm90, where the Hopper kernel
-    runs (MLA, bf16 or fp8 e4m3 KV), only its schedules: columns, and
-    score/value for bf16; Triton tiles won none of the 864 buckets of the
-    2026-11-29 tables (BENCHMARKS.md). Elsewhere Triton tiles, pruned where
-    the answer is known: accumulator registers and shared memory for the KV
-    ring."""
-    out: list[VerifyConfig] = []
-    mla = tuple(head_dims) == MLA_HEAD_DIMS
-    if arch == "sm90" and mla and kv_dtype in hopper.KV_DTYPES and draft_len <= MAX_ROWS:
-        out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
-        if runs_score_value("gluon_sm90_sv", kv_dtype):
-            out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
-        if hopper.available():
-            return out
-    block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in (16, 32, 64)})
-    amd = is_amd_arch(arch)
-    # A stage's KV tile: MLA's K (V its view); K and V, each a cache of its
-    # own, in ordinary attention.
-    qk, v = head_dims
-    ring_cols = qk if mla else qk + v
-    for block_h in block_hs:
-        rows = rows_per_program(block_h, draft_len)
-        if rows > MAX_ROWS:
-            continue
-        for block_n in (32, 64):
-            for num_warps in (4, 8):
-                # fp32 accumulator words per thread; > 128 spills.
-                if rows * v // (32 * num_warps) > 128:
-                    continue
-                for num_stages in (1, 2) if amd else (1, 2, 3):
-                    # The KV ring: num_stages tiles of BLOCK_N x ring_cols bf16.
-                    if num_stages * block_n * ring_cols * 2 > 220 * 1024:
-                        continue
-                    out.append(
-                        VerifyConfig(
-                            BLOCK_H=block_h,
-                            BLOCK_N=block_n,
-                            NUM_KV_SPLITS=1,
-                            num_warps=num_warps,
-                            num_stages=num_stages,
-                        )
-                    )
-    return out
-
-
-def split_candidates(
-    num_heads: int, batch_size: int, block_h: int, arch: str, kernel: str = "triton"
-) -> list[int]:
-    """NUM_KV_SPLITS worth timing: chunks for about 0.5 to 4 waves of the grid.
-    One value for the Hopper kernel on sm90, which plans its own balanced
-    shares and ignores the field (the value stays for a Triton fallback)."""
-    if _plans_shares(arch, kernel):
-        return [default_num_kv_splits(num_heads, batch_size, block_h, MAX_ROWS, arch)]
-    sms = arch_sm_count(arch)
-    programs = batch_size * math.ceil(num_heads / block_h)
-    cands = {1}
-    for waves in (0.5, 1, 2, 3, 4):
-        cands.add(units_for_chunks(round(sms * waves / programs)))
-    return sorted(cands)
-
-
-# Share floors the tuner tries on top of the kernel's default (None, 4),
-# one each side: the best floor of small batches ranged over 1-4 on the
-# H200, and 8 won 17-33 of the 864 buckets of the 2026-11-29 tables
-# (BENCHMARKS.md).
-MIN_SHARE_CANDIDATES = (2, 8)
-
-
-def min_share_candidates(arch: str, kernel: str) -> list[int | None]:
-    """MIN_SHARE values worth timing: the default alone, except for the
-    Hopper kernel on sm90, whose small batches run on more, shorter shares
-    with a lower floor (more CTAs, more partials to merge) or on fewer,
-    longer ones with a higher floor."""
-    if _plans_shares(arch, kernel):
-        return [None, *MIN_SHARE_CANDIDATES]
-    return [None]
-
-
-def _plans_shares(arch: str, kernel: str) -> bool:
-    """Whether ``kernel`` on ``arch`` runs the Hopper kernel, which plans
-    its own shares (NUM_KV_SPLITS plays no part, MIN_SHARE does)."""
-    return kernel in HOPPER_KERNELS and arch == "sm90" and hopper.available()

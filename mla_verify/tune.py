@@ -5,12 +5,12 @@ Per (heads H, draft length L, KV dtype, head dims) entry the search runs in
 two steps (head dims other than MLA's are timed with V a cache of its own,
 as engines pass it):
   1. tile search at one representative batch size: every stage-1 tile from
-     ``config.tile_candidates`` (BLOCK_H, BLOCK_N, num_warps, num_stages),
+     ``search_space.tile_candidates`` (BLOCK_H, BLOCK_N, num_warps, num_stages),
      each with the default split rule; the fastest ``--top-k`` go on;
-  2. per batch bucket: those tiles x ``config.split_candidates`` (one value
+  2. per batch bucket: those tiles x ``search_space.split_candidates`` (one value
      for the Hopper kernel, which plans its own shares), and the built-in
      default, timed side by side in the same run; then the fastest with
-     each of ``config.min_share_candidates`` (the Hopper kernel's share
+     each of ``search_space.min_share_candidates`` (the Hopper kernel's share
      floor);
   3. the fastest and the default timed again, side by side (``confirm``).
 A bucket keeps a tuned config only where step 3 finds it faster than the
@@ -53,11 +53,8 @@ from .config import (
     VerifyConfig,
     default_config,
     default_num_kv_splits,
-    min_share_candidates,
     reported_amd_config,
     rows_per_program,
-    split_candidates,
-    tile_candidates,
 )
 from .device import check_arch, current_arch
 from .kernel import KERNEL_HASH
@@ -74,6 +71,7 @@ from .problem import (
     check_range,
     kv_dtype_from_name,
 )
+from .search_space import min_share_candidates, split_candidates, tile_candidates
 
 logger = logging.getLogger("mla_verify.tune")
 

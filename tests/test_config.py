@@ -1,4 +1,5 @@
-"""The config object and the built-in choices: which kernel runs where."""
+"""The config object, the built-in choices (which kernel runs where) and
+the tuner's search space."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ from mla_verify.config import (
     default_config,
     default_num_kv_splits,
     hopper_config,
-    min_share_candidates,
+    rows_per_program,
     runs_score_value,
+    triton_default_config,
+)
+from mla_verify.plan import for_separate_v
+from mla_verify.search_space import (
+    amd_option_candidates,
+    min_share_candidates,
     split_candidates,
     tile_candidates,
 )
-from mla_verify.plan import for_separate_v
 
 
 def test_kernel_field_is_validated_and_named():
@@ -57,7 +63,64 @@ def test_default_on_sm90_is_the_hopper_kernel_with_64_rows(heads, draft_len, kv_
 
 @pytest.mark.parametrize("arch", ["sm80", "sm100", "gfx950"])
 def test_default_elsewhere_is_the_triton_kernel(arch):
+    assert default_config(64, 4, 32, arch) == triton_default_config(64, 4, 32, arch)
     assert default_config(64, 4, 32, arch).kernel == "triton"
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_triton_default_on_sm90_is_not_the_hopper_tile(kv_dtype):
+    config = triton_default_config(128, 4, 32, "sm90", kv_dtype)
+    assert config.kernel == "triton"
+    assert (config.BLOCK_H, config.BLOCK_N, config.num_warps) == (16, 64, 8)  # 64 rows
+    assert triton_default_config(128, 4, 32, "sm80", kv_dtype) == config
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("heads,draft_len", [(8, 1), (16, 4), (128, 4), (128, 8), (12, 3)])
+def test_amd_default_runs_16_token_tiles_on_4_waves(arch, heads, draft_len):
+    # The tile that spills no register on either arch (tests/test_aot.py
+    # compiles it for every shipped shape); one program a CU, so one wave
+    # of programs is the CU count.
+    config = triton_default_config(heads, draft_len, 1, arch)
+    assert (config.BLOCK_N, config.num_warps, config.num_stages) == (16, 4, 2)
+    assert rows_per_program(config.BLOCK_H, draft_len) <= 64
+    chunks = config.NUM_KV_SPLITS - 1
+    assert chunks * -(-heads // config.BLOCK_H) <= {"gfx942": 304, "gfx950": 256}[arch]
+
+
+def test_portable_search_is_the_triton_kernel_on_every_arch():
+    for arch in ("sm90", "sm80", "gfx942", "gfx950"):
+        tiles = tile_candidates(16, 4, arch, "bf16", kernel="triton")
+        assert tiles and {c.kernel for c in tiles} == {"triton"}, arch
+    with pytest.raises(ValueError, match=r"kernel: expected one of \(None, 'triton'\), got 'x'"):
+        tile_candidates(16, 4, "sm90", "bf16", kernel="x")
+
+
+def test_amd_search_space_spans_row_tiles_16_to_128_and_stages_1_to_2():
+    tiles = tile_candidates(128, 4, "gfx950", "bf16")
+    assert {rows_per_program(c.BLOCK_H, 4) for c in tiles} == {16, 32, 64, 128}
+    assert {c.num_stages for c in tiles} == {1, 2}
+    assert 16 in {c.BLOCK_N for c in tiles}
+    # A [128, 512] fp32 accumulator over 4 waves of 64 lanes (256 words a
+    # lane) is left out without compiling it.
+    assert all(rows_per_program(c.BLOCK_H, 4) * 512 // (64 * c.num_warps) <= 128 for c in tiles)
+
+
+def test_amd_compiler_options_are_searched_on_amd_only():
+    gfx950 = amd_option_candidates("gfx950")
+    assert gfx950[0] == {"waves_per_eu": None, "matrix_instr_nonkdim": None, "kpack": None}
+    assert {o["waves_per_eu"] for o in gfx950} == {None, 1, 2}
+    assert {o["matrix_instr_nonkdim"] for o in gfx950} == {None, 16, 32}
+    assert {o["kpack"] for o in gfx950} == {None}  # Triton resets kpack to 1 on gfx950
+    assert {o["kpack"] for o in amd_option_candidates("gfx942")} == {None, 2}
+    assert amd_option_candidates("sm90") == [{}]
+    for options in gfx950:  # every option is a field a config carries to the launch
+        config = VerifyConfig(
+            BLOCK_H=8, BLOCK_N=16, NUM_KV_SPLITS=1, num_warps=4, num_stages=2, **options
+        )
+        assert {k: v for k, v in options.items() if v is not None}.items() <= (
+            config.launch_options().items()
+        )
 
 
 def test_tuner_tries_the_hopper_kernel_only_where_it_runs():

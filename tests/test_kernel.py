@@ -14,7 +14,8 @@ import torch
 
 from mla_verify import VerifyConfig, hopper, kernel, plan, verify_mla_fwd
 from mla_verify import device as device_facts
-from mla_verify.config import HOPPER_KERNELS, hopper_config, tile_candidates
+from mla_verify.config import HOPPER_KERNELS, hopper_config
+from mla_verify.search_space import tile_candidates
 from mla_verify.testing import check_close, make_batch
 from mla_verify.workspace import get_workspace
 

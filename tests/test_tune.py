@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from mla_verify import lookup, tables, tune
-from mla_verify.config import MIN_SHARE_CANDIDATES, VerifyConfig
+from mla_verify.config import VerifyConfig
 from mla_verify.kernel import KERNEL_HASH
+from mla_verify.search_space import MIN_SHARE_CANDIDATES
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--heads", "2", "--draft-lens", "2", "--batch-sizes", "1,2", "--contexts", "40"]
