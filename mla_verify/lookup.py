@@ -35,6 +35,12 @@ c. No entry for the arch at all (or no candidate under rule b): the built-in
    ``default_config(H, L, batch, arch, dtype)``, with one warning per
    (arch, H, L, dtype) naming the command that tunes it.
 
+``kernel="triton"`` asks for the portable Triton kernel's best config
+instead of the arch's best: the same rules over the Triton configs the
+tables hold (a bucket's ``triton`` winner, or its config where that is the
+Triton kernel's), then ``triton_default_config`` (on sm90 the Triton
+kernel's own tile, not the Hopper kernel's).
+
 Where tables come from: each dir of ``$MLA_VERIFY_CONFIG_DIR`` (os.pathsep-
 separated), then the user dir (``platformdirs.user_data_dir("mla_verify")/
 configs``), then the tables shipped in the package. Merged per entry: the
@@ -58,7 +64,13 @@ from pathlib import Path
 import torch
 
 from . import hopper, tables
-from .config import HOPPER_KERNELS, MAX_KV_SPLITS, VerifyConfig, default_config
+from .config import (
+    HOPPER_KERNELS,
+    MAX_KV_SPLITS,
+    VerifyConfig,
+    default_config,
+    triton_default_config,
+)
 from .device import check_arch, current_arch
 from .kernel import KERNEL_HASH
 from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_dtype_name
@@ -70,9 +82,11 @@ logger = logging.getLogger(__name__)
 # shapes that pay are the same, only the bytes streamed differ.
 _DTYPE_FALLBACK = {"fp16": "bf16", "fp8_e4m3": "bf16", "fp8_e4m3fnuz": "bf16"}
 TUNE_COMMAND = "python -m mla_verify.tune --heads {H} --draft-lens {L} --kv-dtype {dtype}{dims}"
+# What ``kernel=`` may ask for: the arch's best (None), or the Triton kernel.
+LOOKUP_KERNELS = (None, "triton")
 
 _tables: dict[str, dict[str, LoadedEntry]] = tables.load_tables(KERNEL_HASH)
-_reported: set[tuple[str, str]] = set()  # (arch, entry key) already logged once
+_reported: set[tuple[str, str, str | None]] = set()  # (arch, key, kernel) logged once
 
 
 def reload_tables() -> None:
@@ -93,13 +107,18 @@ def resolve_config(
     batch_size: int,
     kv_dtype: torch.dtype | str = torch.bfloat16,
     arch: str | None = None,
+    kernel: str | None = None,
     *,
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> tuple[VerifyConfig, str]:
     """The config for one launch and where it came from, in words (a table
     entry and bucket, ``nearest: ...`` or ``built-in default``). See the
     module docstring for the rules. ``arch=None`` detects the current GPU;
-    ``head_dims`` is (q/k, v), absorbed MLA's by default."""
+    ``kernel=None`` gives the arch's best config, ``kernel="triton"`` the
+    best config of the portable Triton kernel; ``head_dims`` is (q/k, v),
+    absorbed MLA's by default."""
+    if kernel not in LOOKUP_KERNELS:
+        raise ValueError(f"kernel: expected one of {LOOKUP_KERNELS}, got {kernel!r}")
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     dtype = kv_dtype_name(kv_dtype)
     head_dims = check_head_dims(head_dims)
@@ -107,7 +126,7 @@ def resolve_config(
         arch = current_arch()
     elif arch not in _tables:  # a loaded table's arch is one by definition
         check_arch(arch)
-    return _resolve(arch, num_heads, draft_len, batch_size, dtype, head_dims)
+    return _resolve(arch, num_heads, draft_len, batch_size, dtype, head_dims, kernel)
 
 
 def block_config(
@@ -116,11 +135,15 @@ def block_config(
     batch_size: int,
     kv_dtype: torch.dtype | str = torch.bfloat16,
     arch: str | None = None,
+    kernel: str | None = None,
     *,
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> VerifyConfig:
     """The config for one launch (``resolve_config`` without the source)."""
-    return resolve_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims=head_dims)[0]
+    config, _ = resolve_config(
+        num_heads, draft_len, batch_size, kv_dtype, arch, kernel, head_dims=head_dims
+    )
+    return config
 
 
 @functools.cache  # an lru_cache without bound: shapes x batch sizes are few
@@ -131,13 +154,17 @@ def _resolve(
     batch_size: int,
     dtype: str,
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    kernel: str | None = None,
 ) -> tuple[VerifyConfig, str]:
-    entries = _tables.get(arch, {})
+    entries = {key: _view(entry, kernel) for key, entry in _tables.get(arch, {}).items()}
+    entries = {key: entry for key, entry in entries.items() if entry.buckets}
     key = entry_key(num_heads, draft_len, dtype, head_dims)
+    what = "" if kernel is None else f" {kernel}"
+    once = (arch, key, kernel)
     if key in entries:
         entry = entries[key]
         bucket = _nearest_bucket(entry.buckets, batch_size)
-        return entry.buckets[bucket], _describe(entry, bucket)
+        return entry.buckets[bucket], _describe(entry, bucket, kernel)
     same_dims = [e for e in entries.values() if e.head_dims == head_dims]
     near = _nearest_entry(same_dims, num_heads, draft_len, dtype)
     if near is not None:
@@ -145,25 +172,36 @@ def _resolve(
         config = adapt_config(
             near.buckets[bucket], near.num_heads, near.draft_len, num_heads, draft_len
         )
-        source = f"nearest: {_describe(near, bucket)}, adapted to {key}"
+        source = f"nearest: {_describe(near, bucket, kernel)}, adapted to {key}"
         _report_once(
-            logging.INFO, arch, key, "mla_verify: no %s entry %s; using %s", arch, key, source
+            logging.INFO, once, "mla_verify: no %s%s entry %s; using %s", arch, what, key, source
         )
         return config, source
     dims = "" if head_dims == MLA_HEAD_DIMS else " --head-dims {}x{}".format(*head_dims)
     command = TUNE_COMMAND.format(H=num_heads, L=draft_len, dtype=dtype, dims=dims)
     _report_once(
         logging.WARNING,
-        arch,
-        key,
-        "mla_verify: no tuned config for %s %s; using the built-in default, which may "
+        once,
+        "mla_verify: no tuned%s config for %s %s; using the built-in default, which may "
         "be slow. Tune it on a GPU of that arch with: %s",
+        what,
         arch,
         key,
         command,
     )
+    if kernel == "triton":
+        config = triton_default_config(num_heads, draft_len, batch_size, arch, dtype, head_dims)
+        return config, "built-in default (triton)"
     default = default_config(num_heads, draft_len, batch_size, arch, dtype, head_dims)
     return default, "built-in default"
+
+
+def _view(entry: LoadedEntry, kernel: str | None) -> LoadedEntry:
+    """The entry as ``kernel`` sees it: the Triton kernel's configs only,
+    for ``kernel="triton"``."""
+    if kernel is None:
+        return entry
+    return dataclasses.replace(entry, buckets=entry.triton)
 
 
 def _log2_distance(a: int, b: int) -> Fraction:
@@ -218,16 +256,18 @@ def adapt_config(
     return dataclasses.replace(config, BLOCK_H=block_h, NUM_KV_SPLITS=splits)
 
 
-def _describe(entry: LoadedEntry, bucket: int) -> str:
+def _describe(entry: LoadedEntry, bucket: int, kernel: str | None = None) -> str:
     key = entry_key(entry.num_heads, entry.draft_len, entry.kv_dtype, entry.head_dims)
     stale = ", stale" if entry.stale else ""
-    return f"{Path(entry.source).name} entry {key}, bucket {bucket} ({entry.source}{stale})"
+    what = "" if kernel is None else f" ({kernel})"
+    name = Path(entry.source).name
+    return f"{name} entry {key}, bucket {bucket}{what} ({entry.source}{stale})"
 
 
-def _report_once(level: int, arch: str, key: str, msg: str, *args: object) -> None:
+def _report_once(level: int, once: tuple[str, str, str | None], msg: str, *args: object) -> None:
     # Once per shape, not per batch size: a server sees many batch sizes.
-    if (arch, key) not in _reported:
-        _reported.add((arch, key))
+    if once not in _reported:
+        _reported.add(once)
         logger.log(level, msg, *args)
 
 

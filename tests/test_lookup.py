@@ -22,7 +22,13 @@ import torch
 
 from mla_verify import device as device_facts
 from mla_verify import lookup, tables
-from mla_verify.config import HOPPER_KERNELS, VerifyConfig, default_config, hopper_config
+from mla_verify.config import (
+    HOPPER_KERNELS,
+    VerifyConfig,
+    default_config,
+    hopper_config,
+    triton_default_config,
+)
 from mla_verify.kernel import KERNEL_HASH
 
 PACKAGE_DIR = Path(lookup.__file__).parent
@@ -299,6 +305,80 @@ def test_nearest_logs_one_info_per_shape(sm90, caplog):
     assert len(infos) == 2
     assert "H128_L3_bf16" in infos[0] and "H128_L5_bf16" in infos[1]
     assert lookup_records(caplog, logging.WARNING) == []
+
+
+# --- the portable kernel (kernel="triton") -------------------------------------------
+
+
+def write_with_triton(directory: Path, winners: dict[int, VerifyConfig | None]) -> Path:
+    """sm90 H128 L4 bf16: Hopper buckets, each with its Triton winner (or none)."""
+    buckets = {}
+    for bs, winner in winners.items():
+        hopper = tables.Record(hopper_config(128, 4, bs, "gluon_sm90_sv"), 10.0, 12.0)
+        triton = None if winner is None else tables.Record(winner, 20.0, 25.0)
+        buckets[str(bs)] = tables.bucket_json(hopper, triton)
+    body = {"num_heads": 128, "draft_len": 4, "kv_dtype": "bf16", "buckets": buckets}
+    path = directory / "sm90.json"
+    meta = {"arch": "sm90", "kernel_hash": KERNEL_HASH, "measured": True}
+    tables.write_entries(path, "sm90", meta, {"H128_L4_bf16": body})
+    lookup.reload_tables()
+    return path
+
+
+def test_triton_kernel_gets_the_tuned_triton_winner(dirs):
+    path = write_with_triton(dirs.shipped, {1: cfg(16, 33, **H128), 64: cfg(16, 3, **H128)})
+    config, source = lookup.resolve_config(128, 4, 64, arch="sm90", kernel="triton")
+    assert config == cfg(16, 3, **H128)
+    assert source == f"sm90.json entry H128_L4_bf16, bucket 64 (triton) ({path})"
+    assert lookup.block_config(128, 4, 2, arch="sm90", kernel="triton") == cfg(16, 33, **H128)
+    # kernel=None keeps its meaning: the arch's best, the Hopper kernel here
+    assert lookup.block_config(128, 4, 64, arch="sm90").kernel == "gluon_sm90_sv"
+    assert lookup.block_config(128, 4, 64, arch="sm90", kernel=None).kernel == "gluon_sm90_sv"
+
+
+def test_triton_kernel_takes_the_nearest_bucket_that_has_a_triton_winner(dirs):
+    write_with_triton(dirs.shipped, {1: cfg(16, 33, **H128), 64: None})
+    config, source = lookup.resolve_config(128, 4, 64, arch="sm90", kernel="triton")
+    assert config == cfg(16, 33, **H128) and "bucket 1 (triton)" in source
+
+
+def test_triton_kernel_adapts_a_nearest_triton_winner(dirs):
+    write_with_triton(dirs.shipped, {16: cfg(16, 17, **H128)})
+    config, source = lookup.resolve_config(128, 8, 16, arch="sm90", kernel="triton")
+    assert config == VerifyConfig(8, 32, 9, 8, 1)  # as test_unseen_draft_len_adapts_nearest
+    assert source.startswith("nearest: sm90.json entry H128_L4_bf16, bucket 16 (triton)")
+
+
+def test_triton_kernel_without_a_tuned_winner_gets_its_own_default(dirs, caplog):
+    """On sm90 the Triton kernel's built-in tile, not the Hopper one, with
+    one warning that says which kernel is untuned."""
+    write_with_triton(dirs.shipped, {1: None, 64: None})
+    with caplog.at_level(logging.WARNING, logger="mla_verify.lookup"):
+        for batch in (1, 64):
+            config, source = lookup.resolve_config(128, 4, batch, arch="sm90", kernel="triton")
+            assert config == triton_default_config(128, 4, batch, "sm90")
+            assert config.kernel == "triton" and source == "built-in default (triton)"
+        assert lookup.block_config(128, 4, 1, arch="sm90").kernel == "gluon_sm90_sv"
+    [warning] = lookup_records(caplog, logging.WARNING)
+    assert "no tuned triton config for sm90 H128_L4_bf16" in warning
+
+
+def test_triton_kernel_on_amd_is_the_tables_config(dirs):
+    write_table(dirs.shipped, "gfx950", [entry(16, 2, "bf16", {8: cfg(8, 5, BLOCK_N=16)})])
+    lookup.reload_tables()
+    assert lookup.block_config(16, 2, 8, arch="gfx950", kernel="triton") == cfg(8, 5, BLOCK_N=16)
+    assert lookup.block_config(16, 2, 8, arch="gfx950") == cfg(8, 5, BLOCK_N=16)
+    assert lookup.block_config(64, 4, 8, arch="gfx942", kernel="triton") == (
+        triton_default_config(64, 4, 8, "gfx942")
+    )
+
+
+@pytest.mark.parametrize("kernel", ["gluon_sm90", "cuda", ""])
+def test_kernel_argument_is_validated_and_named(sm90, kernel):
+    with pytest.raises(
+        ValueError, match=rf"kernel: expected one of \(None, 'triton'\), got '{kernel}'"
+    ):
+        lookup.block_config(128, 4, 1, arch="sm90", kernel=kernel)
 
 
 # --- built-in default -------------------------------------------------------------
