@@ -1,15 +1,37 @@
 """Ahead-of-time compilation of the kernels for a GPU that is not present.
 
-Triton compiles for any target on a CPU-only machine, so CI can check that
-every config of a shipped table compiles for its arch and fits its shared
-memory (LDS on AMD) without the hardware.
+Triton compiles for any target on a CPU-only machine, so CI and the tuner
+can check, without the hardware, that a config compiles for its arch, fits
+its shared memory (LDS on AMD) and spills no register. What a compiled
+stage 1 holds (``Resources``) is read from the compiled kernel:
+
+- AMD: the kernel metadata the backend writes into ``asm["amdgcn"]``
+  (``.vgpr_count``, ``.vgpr_spill_count``, ``.sgpr_spill_count``,
+  ``.private_segment_fixed_size``); LDS is ``metadata.shared``, as the
+  kernel's LDS is sized at launch (``.group_segment_fixed_size`` reads 0).
+- NVIDIA: registers and stack frame of the cubin (``cuobjdump
+  --dump-resource-usage``, shipped with Triton). These kernels make no
+  calls and hold no local arrays, so their stack frame is spilled
+  registers. Triton fills ``n_regs`` / ``n_spills`` only when it loads a
+  binary on a GPU.
+
+Compiling needs real kernels: run without ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
 from . import hopper, kernel
 from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
@@ -22,6 +44,175 @@ TARGETS: dict[str, tuple[GPUTarget, int]] = {
     "gfx950": (GPUTarget("hip", "gfx950", 64), 163840),
 }
 _TRITON_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8e4nv", "fp8_e4m3fnuz": "fp8e4b8"}
+# (config, draft_len, kv_dtype, arch, head_dims): what compile_prefix_kernel takes
+Job = tuple[VerifyConfig, int, str, str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one compiled stage-1 program holds.
+
+    shared     bytes of shared memory (LDS on AMD)
+    registers  a thread's registers (AMD: VGPRs a lane); None if unknown
+    spills     registers spilled (AMD: VGPRs + SGPRs); None where the
+               compiler does not count them (NVIDIA)
+    scratch    bytes of memory a thread spills to (AMD: private segment;
+               NVIDIA: stack frame); None if unknown
+    """
+
+    shared: int
+    registers: int | None
+    spills: int | None
+    scratch: int | None
+
+    def problems(self, arch: str) -> list[str]:
+        """Why this program does not fit ``arch``, in words; empty if it does."""
+        limit = TARGETS[arch][1]
+        found = []
+        if self.shared > limit:
+            found.append(f"{self.shared} B of shared memory, over the {limit} B of {arch}")
+        if self.spills or self.scratch:
+            spilled = [f"{self.spills} registers"] if self.spills else []
+            spilled += [f"{self.scratch} B of scratch a thread"] if self.scratch else []
+            found.append(f"spills ({', '.join(spilled)})")
+        return found
+
+
+_found: dict[Job, Resources | str] = {}  # this process's compiles, by compile key
+
+
+def compile_prefix_kernel(
+    config: VerifyConfig,
+    draft_len: int,
+    kv_dtype: str,
+    arch: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    *,
+    prefix_mask: bool = False,
+) -> Resources:
+    """Compile stage 1 for ``arch`` and read what it holds. Raises on a
+    compile error. MLA takes V as a view of K; other head dims a V cache of
+    its own, as engines pass them. ``prefix_mask``: the variant that reads a
+    custom mask's prefix bits. The split count and share floor are runtime
+    values: any will do."""
+    if not isinstance(kernel._prefix_kernel, JITFunction):  # decorated under the interpreter
+        raise RuntimeError("aot: TRITON_INTERPRET is set; compile in a process without it")
+    target, _ = TARGETS[arch]
+    qk, v = check_head_dims(head_dims)
+    mla = (qk, v) == MLA_HEAD_DIMS
+    kv = "*" + _TRITON_DTYPES[kv_dtype]
+    pointers = {"Q": "*bf16", "K_BUF": kv, "V_BUF": kv, "PART_O": "*fp32", "PART_LSE": "*fp32"}
+    pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES")}
+    # Without a mask the launch passes kv_indptr in the mask's place.
+    pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
+    on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
+    if on_hopper and mla and not prefix_mask and kv_dtype in hopper.KV_DTYPES:
+        score_value = runs_score_value(config.kernel, kv_dtype)
+        compiled = _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
+    else:
+        constexprs = dict(
+            DRAFT_LEN=draft_len,
+            BLOCK_H=config.BLOCK_H,
+            BLOCK_M=rows_per_program(config.BLOCK_H, draft_len),
+            BLOCK_N=config.BLOCK_N,
+            BLOCK_B=kernel.PLAN_BLOCK,
+            D_V=v,
+            D_ROPE=qk - v,
+            V_FROM_K=mla,
+            PREFIX_MASK=prefix_mask,
+            DOT_FP32=False,
+        )
+        src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)
+        compiled = triton.compile(src, target=target, options=config.launch_options())
+    if target.backend == "hip":
+        return _amd_resources(compiled)
+    return _nvidia_resources(compiled)
+
+
+def problems(
+    config: VerifyConfig,
+    draft_len: int,
+    kv_dtype: str,
+    arch: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+) -> list[str]:
+    """Why ``config`` does not fit ``arch`` (a compile error included), in
+    words; empty if it fits."""
+    (found,) = resources_many([(config, draft_len, kv_dtype, arch, head_dims)])
+    return [found] if isinstance(found, str) else found.problems(arch)
+
+
+def fits(
+    config: VerifyConfig,
+    draft_len: int,
+    kv_dtype: str,
+    arch: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+) -> bool:
+    """Whether ``config`` compiles for ``arch``, fits its shared memory and
+    spills no register."""
+    return not problems(config, draft_len, kv_dtype, arch, head_dims)
+
+
+def resources_many(jobs: Iterable[Job], workers: int = 1) -> list[Resources | str]:
+    """``compile_prefix_kernel`` of each job, in order, on ``workers``
+    processes; a compile error comes back as its message. Jobs that differ
+    only in runtime values (split count, share floor) compile once, and
+    each compile is remembered for the life of the process."""
+    keys = [(_compile_key(c), l, d, a, tuple(dims)) for c, l, d, a, dims in jobs]
+    todo = sorted(set(keys) - set(_found), key=repr)
+    if workers > 1 and len(todo) > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            _found.update(zip(todo, pool.map(_resources_or_error, todo, chunksize=1)))
+    else:
+        _found.update((job, _resources_or_error(job)) for job in todo)
+    return [_found[key] for key in keys]
+
+
+def _compile_key(config: VerifyConfig) -> VerifyConfig:
+    return config.with_splits(1).with_min_share(None)
+
+
+def _resources_or_error(job: Job) -> Resources | str:
+    try:
+        return compile_prefix_kernel(*job)
+    except Exception as exc:  # a config that does not compile is a finding, not a crash
+        return f"does not compile: {type(exc).__name__}: {str(exc)[:500]}"
+
+
+def _amd_resources(compiled) -> Resources:
+    text = compiled.asm["amdgcn"]
+    meta = text[text.index("amdhsa.kernels:") :]  # one kernel's metadata
+    fields = {k: int(v) for k, v in re.findall(r"^\s*\.(\w+):\s+(\d+)\s*$", meta, re.M)}
+    return Resources(
+        shared=compiled.metadata.shared,
+        registers=fields["vgpr_count"],
+        spills=fields["vgpr_spill_count"] + fields["sgpr_spill_count"],
+        scratch=fields["private_segment_fixed_size"],
+    )
+
+
+def _nvidia_resources(compiled) -> Resources:
+    try:
+        tool = triton.knobs.nvidia.cuobjdump.path
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            usage = subprocess.run(
+                [tool, "--dump-resource-usage", f.name],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
+        registers = int(re.search(r"\bREG:(\d+)", usage).group(1))
+        stack = int(re.search(r"\bSTACK:(\d+)", usage).group(1))
+    except (AttributeError, OSError, subprocess.SubprocessError):  # no cuobjdump here
+        registers = stack = None
+    return Resources(
+        shared=compiled.metadata.shared, registers=registers, spills=None, scratch=stack
+    )
 
 
 def _signature(
@@ -51,51 +242,7 @@ def _signature(
     return ASTSource(fn, signature, consts, attrs)
 
 
-def compile_prefix_kernel(
-    config: VerifyConfig,
-    draft_len: int,
-    kv_dtype: str,
-    arch: str,
-    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
-    *,
-    prefix_mask: bool = False,
-) -> int:
-    """Compile stage 1 for ``arch``; returns its shared memory in bytes.
-    Raises on a compile error. MLA takes V as a view of K; other head dims
-    a V cache of its own, as engines pass them. ``prefix_mask``: the
-    variant that reads a custom mask's prefix bits."""
-    target, _ = TARGETS[arch]
-    qk, v = check_head_dims(head_dims)
-    mla = (qk, v) == MLA_HEAD_DIMS
-    kv = "*" + _TRITON_DTYPES[kv_dtype]
-    pointers = {"Q": "*bf16", "K_BUF": kv, "V_BUF": kv, "PART_O": "*fp32", "PART_LSE": "*fp32"}
-    pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES")}
-    # Without a mask the launch passes kv_indptr in the mask's place.
-    pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
-    constexprs = dict(
-        DRAFT_LEN=draft_len,
-        BLOCK_H=config.BLOCK_H,
-        BLOCK_M=rows_per_program(config.BLOCK_H, draft_len),
-        BLOCK_N=config.BLOCK_N,
-        BLOCK_B=kernel.PLAN_BLOCK,
-        D_V=v,
-        D_ROPE=qk - v,
-        V_FROM_K=mla,
-        PREFIX_MASK=prefix_mask,
-        DOT_FP32=False,
-    )
-    on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
-    if on_hopper and mla and not prefix_mask and kv_dtype in hopper.KV_DTYPES:
-        score_value = runs_score_value(config.kernel, kv_dtype)
-        return _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
-    src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)
-    compiled = triton.compile(src, target=target, options=config.launch_options())
-    return compiled.metadata.shared
-
-
-def _compile_hopper_kernel(
-    config: VerifyConfig, draft_len: int, target, pointers, score_value: bool
-) -> int:
+def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointers, score_value):
     fn = hopper.gluon_kernel()._prefix_kernel_sm90
     constexprs = dict(
         DRAFT_LEN=draft_len,
@@ -114,5 +261,4 @@ def _compile_hopper_kernel(
         constexprs,
         aligned & set(fn.arg_names),
     )
-    options = hopper.launch_options(score_value)
-    return triton.compile(src, target=target, options=options).metadata.shared
+    return triton.compile(src, target=target, options=hopper.launch_options(score_value))
