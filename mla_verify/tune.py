@@ -2,21 +2,30 @@
 the JSON table the runtime loads at import.
 
 Per (heads H, draft length L, KV dtype, head dims) entry the search runs in
-two steps (head dims other than MLA's are timed with V a cache of its own,
-as engines pass it):
+steps (head dims other than MLA's are timed with V a cache of its own, as
+engines pass it):
   1. tile search at one representative batch size: every stage-1 tile from
-     ``search_space.tile_candidates`` (BLOCK_H, BLOCK_N, num_warps, num_stages),
-     each with the default split rule; the fastest ``--top-k`` go on;
-  2. per batch bucket: those tiles x ``search_space.split_candidates`` (one value
-     for the Hopper kernel, which plans its own shares), and the built-in
-     default, timed side by side in the same run; then the fastest with
-     each of ``search_space.min_share_candidates`` (the Hopper kernel's share
-     floor);
+     ``search_space.tile_candidates`` (BLOCK_H, BLOCK_N, num_warps,
+     num_stages), each with the default split rule; the fastest ``--top-k``
+     go on. On AMD, tiles that overflow LDS or spill registers when compiled
+     ahead of time (``aot``) are never timed, and each finalist is also
+     timed with ``search_space.amd_option_candidates`` (waves_per_eu,
+     matrix_instr_nonkdim, kpack);
+  2. per batch bucket: those tiles x ``search_space.split_candidates`` (one
+     value for the Hopper kernel, which plans its own shares), and the
+     built-in default, timed side by side in the same run; then the fastest
+     with each of ``search_space.min_share_candidates`` (the Hopper
+     kernel's share floor);
   3. the fastest and the default timed again, side by side (``confirm``).
 A bucket keeps a tuned config only where step 3 finds it faster than the
 default by ``--margin`` on the geometric mean over the contexts, or faster
 on it by less while faster by the margin at one context and slower by it at
 none (``beats_default``); the table records both times either way.
+
+Where the arch's own kernel is not the Triton kernel (the Hopper kernel on
+sm90), the same steps run again over the Triton kernel's tiles against its
+built-in default, and the bucket keeps that winner beside the other
+(``"triton"``): the portable path is measured where there is hardware.
 
 Every candidate's output is checked against the float32 reference before it
 is timed. Timing: CUDA-graph replays, median, per ``--contexts`` prefix
@@ -55,8 +64,9 @@ from .config import (
     default_num_kv_splits,
     reported_amd_config,
     rows_per_program,
+    triton_default_config,
 )
-from .device import check_arch, current_arch
+from .device import check_arch, current_arch, is_amd_arch
 from .kernel import KERNEL_HASH
 from .problem import (
     HEAD_DIMS,
@@ -71,7 +81,12 @@ from .problem import (
     check_range,
     kv_dtype_from_name,
 )
-from .search_space import min_share_candidates, split_candidates, tile_candidates
+from .search_space import (
+    amd_option_candidates,
+    min_share_candidates,
+    split_candidates,
+    tile_candidates,
+)
 
 logger = logging.getLogger("mla_verify.tune")
 
@@ -93,7 +108,8 @@ FULL_GRID = {
 QUICK_GRID = {"heads": (16, 128), "draft_lens": (1, 4), "batch_sizes": (1, 32), "contexts": (4096,)}
 # Archs whose shipped table holds reported, not measured, configs.
 REPORTED_DEVICES = {"gfx950": "AMD Instinct MI355X"}
-TUNABLE_KV_DTYPES = ("bf16", "fp8_e4m3")
+# fp8_e4m3fnuz: MI300's (gfx942) fp8 flavour; gfx950 and NVIDIA take fp8_e4m3.
+TUNABLE_KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e4m3fnuz")
 
 TIMING_METHOD = (
     "CUDA-graph replays, median of 7, per launch, at each of the bucket's contexts "
@@ -130,6 +146,9 @@ class BucketResult:
     default: Timing
     contexts: list[int] = field(default_factory=list)
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
+    # The Triton kernel's winner against its own default, where ``config``
+    # is another kernel's (the Hopper kernel on sm90).
+    triton: BucketResult | None = None
 
     @property
     def key(self) -> str:
@@ -172,6 +191,7 @@ class Problems:
 
         mla = tuple(head_dims) == MLA_HEAD_DIMS
         kv_cols = head_dims[0] if mla else sum(head_dims)
+        self.batch_size = batch_size
         self.sets = []  # per context: batches rotated through one graph
         for ctx in contexts:
             elem = pool.element_size()
@@ -291,15 +311,67 @@ def _compile_worker(jobs: list[tuple[int, int, str, dict, tuple[int, int]]]) -> 
     return done
 
 
+def searched_tiles(
+    heads: int,
+    draft_len: int,
+    dtype_name: str,
+    arch: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    kernel: str | None = None,
+) -> list[VerifyConfig]:
+    """The tiles step 1 times (``search_space.tile_candidates``); on an AMD
+    arch the compiler targets (``aot.TARGETS``), only those that fit its
+    LDS and spill no register."""
+    tiles = tile_candidates(heads, draft_len, arch, dtype_name, head_dims, kernel=kernel)
+    return [tile for tile in tiles if _fits(tile, draft_len, dtype_name, arch, head_dims)]
+
+
+def _fits(
+    config: VerifyConfig, draft_len: int, dtype_name: str, arch: str, head_dims: tuple[int, int]
+) -> bool:
+    """Whether a candidate may be timed: on an AMD arch ``aot`` compiles
+    for, only if it fits LDS and spills no register."""
+    if not is_amd_arch(arch):
+        return True
+    from . import aot
+
+    return arch not in aot.TARGETS or aot.fits(config, draft_len, dtype_name, arch, head_dims)
+
+
+def _searches(
+    heads: int, draft_len: int, dtype_name: str, arch: str, head_dims: tuple[int, int]
+) -> list[str | None]:
+    """The kernels an entry's search covers: the arch's own (None), and the
+    Triton kernel beside it where the arch's own is another."""
+    tiles = tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
+    return [None] if all(t.kernel == "triton" for t in tiles) else [None, "triton"]
+
+
 def precompile(entries, arch: str, workers: int) -> None:
     """Compile every tile shape of every (H, L, kv dtype, head dims) entry
-    in parallel processes."""
+    in parallel processes (on AMD, first check them all ahead of time in
+    parallel too)."""
+    if is_amd_arch(arch):
+        from . import aot
+
+        if arch in aot.TARGETS:
+            checks = [
+                (tile, draft_len, dtype_name, arch, head_dims)
+                for heads, draft_len, dtype_name, head_dims in entries
+                for tile in tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
+            ]
+            aot.resources_many(checks, workers)  # remembered for searched_tiles
     jobs = []
     seen = set()
     for heads, draft_len, dtype_name, head_dims in entries:
-        for tile in tile_candidates(heads, draft_len, arch, dtype_name, head_dims) + [
-            default_config(heads, draft_len, 1, arch, dtype_name, head_dims)
-        ]:
+        tiles = []
+        for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims):
+            tiles += searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
+        tiles += [
+            default_config(heads, draft_len, 1, arch, dtype_name, head_dims),
+            triton_default_config(heads, draft_len, 1, arch, dtype_name, head_dims),
+        ]
+        for tile in tiles:
             # Triton specialises ints on divisibility by 16: H=8 and H=12
             # compile alike, as do 16, 32, 64, 128.
             spec = (
@@ -351,53 +423,29 @@ def tune_entry(
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
 ) -> None:
     key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
-    tiles = tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
+    shape = (heads, draft_len, dtype_name, arch, head_dims)
     rep_bs = min(batch_sizes, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
     rep = Problems(
         pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device, head_dims=head_dims
     )
-    ranked = []
-    for tile in tiles:
-        rows = rows_per_program(tile.BLOCK_H, draft_len)
-        splits = default_num_kv_splits(heads, rep_bs, tile.BLOCK_H, rows, arch)
-        t = check_and_time(tile.with_splits(splits), rep, timer)
-        if t is not None:
-            ranked.append((t.mean, tile))
-    ranked.sort(key=lambda x: x[0])
-    finalists = [tile for _, tile in ranked[:top_k]]
-    logger.debug("%s finalists: %s", key, [t.to_dict() for t in finalists])
+    finalists = {}
+    for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims):
+        tiles = searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
+        finalists[kernel] = _finalists(tiles, shape, rep, timer, top_k)
+        logger.debug("%s %s finalists: %s", key, kernel, [t.to_dict() for t in finalists[kernel]])
 
     for bs in batch_sizes:
         problems = Problems(
             pool, heads, draft_len, bs, contexts_for(bs, contexts), device, head_dims=head_dims
         )
-        default = default_config(heads, draft_len, bs, arch, dtype_name, head_dims)
-        # The first timing on new problems read up to 12% slow on the H200
-        # (BENCHMARKS.md); the default's first one only checks it.
-        if check_and_time(default, problems, timer) is None:
-            raise RuntimeError(f"{key} batch {bs}: the built-in default {default} failed")
-        default_t = check_and_time(default, problems, timer)
-        best, best_t = default, default_t
-        for tile in finalists:
-            for splits in split_candidates(heads, bs, tile.BLOCK_H, arch, tile.kernel):
-                cand = tile.with_splits(splits)
-                if cand == default:
-                    continue
-                t = check_and_time(cand, problems, timer)
-                if t is not None and t.mean < best_t.mean:
-                    best, best_t = cand, t
-        # Then the share floor of the fastest (the Hopper kernel's only).
-        for floor in min_share_candidates(arch, best.kernel)[1:]:
-            cand = best.with_min_share(floor)
-            t = check_and_time(cand, problems, timer)
-            if t is not None and t.mean < best_t.mean:
-                best, best_t = cand, t
-        if best != default:
-            best_t, default_t = confirm(best, default, problems, timer)
-            if not beats_default(best_t, default_t, margin):
-                best, best_t = default, default_t
-        on_bucket(
-            BucketResult(
+        found = {}
+        for kernel, tiles in finalists.items():
+            rule = triton_default_config if kernel == "triton" else default_config
+            default = rule(heads, draft_len, bs, arch, dtype_name, head_dims)
+            best, best_t, default_t = _tune_bucket(
+                tiles, default, problems, heads, bs, arch, timer, margin, f"{key} batch {bs}"
+            )
+            found[kernel] = BucketResult(
                 heads,
                 draft_len,
                 dtype_name,
@@ -408,7 +456,88 @@ def tune_entry(
                 problems.contexts,
                 head_dims,
             )
+        result = found[None]
+        result.triton = found.get("triton")
+        on_bucket(result)
+
+
+def _finalists(
+    tiles: Sequence[VerifyConfig],
+    shape: tuple[int, int, str, str, tuple[int, int]],
+    rep: Problems,
+    timer: Timer,
+    top_k: int,
+) -> list[VerifyConfig]:
+    """Step 1: the ``top_k`` fastest tiles at the representative batch, each
+    with the default split rule; on AMD each with its fastest compiler
+    options that fit. ``shape``: (H, L, kv dtype, arch, head dims)."""
+    heads, draft_len, dtype_name, arch, head_dims = shape
+
+    def with_default_splits(tile: VerifyConfig) -> VerifyConfig:
+        rows = rows_per_program(tile.BLOCK_H, draft_len)
+        return tile.with_splits(
+            default_num_kv_splits(heads, rep.batch_size, tile.BLOCK_H, rows, arch)
         )
+
+    ranked = []
+    for tile in tiles:
+        t = check_and_time(with_default_splits(tile), rep, timer)
+        if t is not None:
+            ranked.append((t.mean, tile))
+    ranked.sort(key=lambda x: x[0])
+    finalists = []
+    for mean, tile in ranked[:top_k]:
+        best, best_mean = tile, mean
+        for options in amd_option_candidates(arch)[1:]:
+            cand = dataclasses.replace(tile, **options)
+            if not _fits(cand, draft_len, dtype_name, arch, head_dims):
+                continue
+            t = check_and_time(with_default_splits(cand), rep, timer)
+            if t is not None and t.mean < best_mean:
+                best, best_mean = cand, t.mean
+        finalists.append(best)
+    return finalists
+
+
+def _tune_bucket(
+    finalists: Sequence[VerifyConfig],
+    default: VerifyConfig,
+    problems: Problems,
+    heads: int,
+    bs: int,
+    arch: str,
+    timer: Timer,
+    margin: float,
+    where: str,
+) -> tuple[VerifyConfig, Timing, Timing]:
+    """Steps 2 and 3 for one bucket: the finalists x split counts (then
+    share floors) against ``default``; the winner, its timing and the
+    default's."""
+    # The first timing on new problems read up to 12% slow on the H200
+    # (BENCHMARKS.md); the default's first one only checks it.
+    if check_and_time(default, problems, timer) is None:
+        raise RuntimeError(f"{where}: the built-in default {default} failed")
+    default_t = check_and_time(default, problems, timer)
+    best, best_t = default, default_t
+    for tile in finalists:
+        for splits in split_candidates(heads, bs, tile.BLOCK_H, arch, tile.kernel):
+            cand = tile.with_splits(splits)
+            if cand == default:
+                continue
+            t = check_and_time(cand, problems, timer)
+            if t is not None and t.mean < best_t.mean:
+                best, best_t = cand, t
+    # Then the share floor of the fastest (the Hopper kernel's only).
+    for floor in min_share_candidates(arch, best.kernel)[1:]:
+        cand = best.with_min_share(floor)
+        t = check_and_time(cand, problems, timer)
+        if t is not None and t.mean < best_t.mean:
+            best, best_t = cand, t
+    if best != default:
+        best_t, default_t = confirm(best, default, problems, timer)
+        if not beats_default(best_t, default_t, margin):
+            best, best_t = default, default_t
+    return best, best_t, default_t
 
 
 # ------------------------------------------------------------------------ CLI
@@ -638,11 +767,7 @@ def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> 
             for draft_len in args.draft_lens:
                 key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
                 buckets = {
-                    str(bs): {
-                        "config": reported_amd_config(heads, bs).to_dict(),
-                        "tuned_us": None,
-                        "default_us": None,
-                    }
+                    str(bs): tables.bucket_json(tables.Record(reported_amd_config(heads, bs)))
                     for bs in args.batch_sizes
                 }
                 entries[key] = {
@@ -658,14 +783,20 @@ def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> 
 
 
 def bucket_json(result: BucketResult) -> dict:
-    return {
-        "config": result.config.to_dict(),
-        "tuned_us": round(result.tuned_us, 2),
-        "default_us": round(result.default_us, 2),
-        "context_lens": result.contexts,
-        "tuned_us_by_context": [round(t, 2) for t in result.tuned.per_context],
-        "default_us_by_context": [round(t, 2) for t in result.default.per_context],
-    }
+    """A tuned bucket in the table's format (``tables.bucket_json``)."""
+    triton = None if result.triton is None else _record(result.triton)
+    return tables.bucket_json(_record(result), triton)
+
+
+def _record(result: BucketResult) -> tables.Record:
+    return tables.Record(
+        config=result.config,
+        tuned_us=result.tuned_us,
+        default_us=result.default_us,
+        context_lens=tuple(result.contexts),
+        tuned_us_by_context=result.tuned.per_context,
+        default_us_by_context=result.default.per_context,
+    )
 
 
 def _dims_field(head_dims: tuple[int, int]) -> dict:
@@ -674,10 +805,17 @@ def _dims_field(head_dims: tuple[int, int]) -> dict:
 
 
 def pending_work(args, out_path: Path) -> list[tuple[int, int, str, tuple[int, int], list[int]]]:
-    """(H, L, dtype, head dims, batch sizes still to tune) per entry, for resuming."""
+    """(H, L, dtype, head dims, batch sizes still to tune) per entry, for
+    resuming. A bucket is done where this kernel's measured table holds it;
+    an unmeasured (model-derived) table is all to do."""
     done: dict[str, set[int]] = {}
     existing = tables.read_table(out_path) if out_path.exists() else None
-    if existing and not args.redo and existing["metadata"].get("kernel_hash") == KERNEL_HASH:
+    if (
+        existing
+        and not args.redo
+        and existing["metadata"].get("kernel_hash") == KERNEL_HASH
+        and existing["metadata"].get("measured", True)
+    ):
         done = {k: {int(b) for b in e["buckets"]} for k, e in existing["entries"].items()}
     work = []
     for dtype_name, head_dims in itertools.product(args.kv_dtypes, args.head_dims):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mla_verify import lookup, tables, tune
-from mla_verify.config import VerifyConfig
+from mla_verify.config import HOPPER_KERNELS, VerifyConfig, triton_default_config
 from mla_verify.kernel import KERNEL_HASH
 from mla_verify.search_space import MIN_SHARE_CANDIDATES
 
@@ -111,6 +111,60 @@ def test_tuned_hopper_kernel_round_trips_through_the_table(table_env, device):
     assert lookup.resolve_config(2, 2, 2, arch="sm90")[0] == results[1].config
 
 
+def test_sm90_keeps_the_triton_winner_beside_the_hopper_one(table_env, device):
+    """On sm90 the Triton kernel is tuned too, against its own default, and
+    its winner sits beside the Hopper winner in the table and the lookup."""
+
+    def timer(config, batches):
+        if config.kernel != "triton":
+            return 40.0
+        return 100.0 - 20 * (config.BLOCK_N == 32)
+
+    results = run(TINY, table_env, device, timer=timer, arch="sm90")
+    for r in results:
+        assert r.config.kernel in HOPPER_KERNELS
+        assert (r.triton.config.kernel, r.triton.config.BLOCK_N) == ("triton", 32)
+        assert r.triton.tuned_us == pytest.approx(80.0)
+        # timed against the Triton kernel's default, BLOCK_N 64 on sm90
+        assert triton_default_config(2, 2, r.batch_size, "sm90").BLOCK_N == 64
+        assert r.triton.default_us == pytest.approx(100.0)
+    table = json.loads((table_env / "sm90.json").read_text())
+    tables.validate_table(table, expected_arch="sm90")
+    bucket = table["entries"]["H2_L2_bf16"]["buckets"]["2"]
+    assert bucket["triton"]["config"] == results[1].triton.config.to_dict()
+    assert bucket["triton"]["default_us_by_context"] == [100.0]
+    lookup.reload_tables()
+    assert lookup.block_config(2, 2, 2, arch="sm90") == results[1].config
+    assert lookup.block_config(2, 2, 2, arch="sm90", kernel="triton") == results[1].triton.config
+
+
+def test_amd_search_times_only_tiles_that_fit_and_tries_compiler_options(
+    table_env, device, monkeypatch
+):
+    """On an AMD arch a tile the compile check rejects is never timed (a
+    stand-in check here: the interpreter cannot compile), and the finalists
+    are timed with the AMD compiler options too."""
+    from mla_verify import aot
+
+    monkeypatch.setattr(
+        aot, "fits", lambda config, *args: config.BLOCK_N == 16 and config.waves_per_eu != 1
+    )
+    timed = []
+
+    def timer(config, batches):
+        timed.append(config)
+        return 100.0 - 10 * (config.matrix_instr_nonkdim == 16) - 5 * (config.num_stages == 2)
+
+    results = run(TINY, table_env, device, timer=timer, arch="gfx950")
+    assert timed and all(c.BLOCK_N == 16 and c.waves_per_eu != 1 for c in timed)
+    assert {c.waves_per_eu for c in timed} == {None, 2}
+    for r in results:
+        assert (r.config.matrix_instr_nonkdim, r.config.num_stages) == (16, 2)
+        assert r.triton is None  # the Triton kernel is the arch's own: one search
+    table = json.loads((table_env / "gfx950.json").read_text())
+    assert table["entries"]["H2_L2_bf16"]["buckets"]["1"]["config"]["matrix_instr_nonkdim"] == 16
+
+
 def test_default_kept_when_tuning_does_not_beat_it(table_env, device):
     flat = lambda config, batches: 50.0  # noqa: E731
     results = run(TINY, table_env, device, timer=flat)
@@ -189,6 +243,22 @@ def test_a_buckets_first_timing_is_not_the_defaults(table_env, device):
     for result in run(TINY, table_env, device, timer=timer):
         assert result.config == tune.default_config(2, 2, result.batch_size, "cpu_test")
         assert result.tuned_us == result.default_us == pytest.approx(100.0)
+
+
+def test_a_derived_table_in_the_output_is_all_to_tune(tmp_path):
+    """Tuning with --out configs on the hardware whose shipped table is
+    derived from the model (same kernel hash, unmeasured) tunes every
+    bucket; a measured table of this kernel resumes."""
+    args = tune.parse_args(TINY)
+    path = tmp_path / "gfx950.json"
+    body = {"num_heads": 2, "draft_len": 2, "kv_dtype": "bf16"}
+    body["buckets"] = {"1": tables.bucket_json(tables.Record(tune.default_config(2, 2, 1, "x")))}
+    for measured, todo in ((False, [1, 2]), (True, [2])):
+        meta = {"arch": "gfx950", "kernel_hash": KERNEL_HASH, "measured": measured}
+        if measured:
+            body["buckets"]["1"] |= {"tuned_us": 10.0, "default_us": 10.0}
+        tables.write_entries(path, "gfx950", meta, {"H2_L2_bf16": body})
+        assert tune.pending_work(args, path) == [(2, 2, "bf16", (576, 512), todo)]
 
 
 def test_resume_after_kill(table_env, device):
@@ -343,7 +413,7 @@ def test_shipped_tables_load_from_a_wheel(wheel, tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(str(site))
-    for line, arch in zip(lines[1:], ("sm90", "gfx950")):
+    for line, arch in zip(lines[1:], ("sm90", "gfx950"), strict=True):
         assert f"{arch}.json entry H128_L4_bf16, bucket 32 ({site}/mla_verify/configs/" in line
 
 
@@ -480,8 +550,14 @@ def test_check_warns_once_about_a_corrupt_table_and_a_missing_dir(tmp_path):
 
 
 BAD_ARGS = {
-    "kv_dtype_int8": (["--kv-dtype", "int8"], "--kv-dtype: expected one of bf16, fp8_e4m3, got"),
-    "kv_dtype_fp16": (["--kv-dtype", "fp16"], "--kv-dtype: expected one of bf16, fp8_e4m3, got"),
+    "kv_dtype_int8": (
+        ["--kv-dtype", "int8"],
+        "--kv-dtype: expected one of bf16, fp8_e4m3, fp8_e4m3fnuz, got",
+    ),
+    "kv_dtype_fp16": (
+        ["--kv-dtype", "fp16"],
+        "--kv-dtype: expected one of bf16, fp8_e4m3, fp8_e4m3fnuz, got",
+    ),
     "heads_0": (["--heads", "0"], "--heads: expected an int in 1..1024, got 0"),
     "draft_lens_17": (["--draft-lens", "4,17"], "--draft-lens: expected an int in 1..16, got 17"),
     "batch_sizes": (["--batch-sizes", "100000"], "--batch-sizes: expected an int in 1..65535"),
