@@ -27,6 +27,12 @@ sm90), the same steps run again over the Triton kernel's tiles against its
 built-in default, and the bucket keeps that winner beside the other
 (``"triton"``): the portable path is measured where there is hardware.
 
+Without a GPU, ``--write-reported ARCH`` writes a table for an AMD arch
+from a stated model instead (``perf_model``, ``tuning/amd.md``): per
+bucket the config it estimates fastest among the tiles that compile
+without overflowing LDS or spilling registers. Its metadata says it is not
+measured.
+
 Every candidate's output is checked against the float32 reference before it
 is timed. Timing: CUDA-graph replays, median, per ``--contexts`` prefix
 length, KV slots scattered over a pool larger than L2; candidates are ranked
@@ -57,12 +63,11 @@ from typing import NoReturn
 
 import torch
 
-from . import __version__, tables
+from . import __version__, perf_model, tables
 from .config import (
     VerifyConfig,
     default_config,
     default_num_kv_splits,
-    reported_amd_config,
     rows_per_program,
     triton_default_config,
 )
@@ -106,8 +111,8 @@ FULL_GRID = {
     "contexts": DEFAULT_CONTEXTS,
 }
 QUICK_GRID = {"heads": (16, 128), "draft_lens": (1, 4), "batch_sizes": (1, 32), "contexts": (4096,)}
-# Archs whose shipped table holds reported, not measured, configs.
-REPORTED_DEVICES = {"gfx950": "AMD Instinct MI355X"}
+# Archs whose table can be derived from a model, not measured (perf_model).
+REPORTED_DEVICES = {arch: gpu.device for arch, gpu in perf_model.MODELS.items()}
 # fp8_e4m3fnuz: MI300's (gfx942) fp8 flavour; gfx950 and NVIDIA take fp8_e4m3.
 TUNABLE_KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e4m3fnuz")
 
@@ -738,45 +743,77 @@ def table_metadata(arch: str, device_name: str, sm_count: int, args) -> dict:
 
 
 def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> Path:
-    """A table for hardware we cannot measure: every bucket holds the config
-    publicly reported as validated there; no times. Tuning on the hardware
-    replaces it (user tables take precedence; or tune with --out configs)."""
+    """A table for an AMD GPU we cannot measure, derived from a model
+    (``perf_model``) without a GPU: per bucket the config the model
+    estimates fastest among the Triton kernel's tiles that compile for
+    ``arch`` without overflowing LDS or spilling registers (each compiled
+    here ahead of time, on ``--jobs`` processes). No times; the metadata
+    says so and states the model. Tuning on the hardware replaces it (user
+    tables take precedence; or tune with --out configs)."""
     import triton
 
+    from . import aot
+
+    gpu = perf_model.MODELS[arch]
+    tiles = {
+        (heads, draft_len, dtype_name, head_dims): tile_candidates(
+            heads, draft_len, arch, dtype_name, head_dims, kernel="triton"
+        )
+        for dtype_name, head_dims in itertools.product(args.kv_dtypes, args.head_dims)
+        for heads in args.heads
+        for draft_len in args.draft_lens
+    }
+    jobs = [(tile, l, d, arch, dims) for (_, l, d, dims), found in tiles.items() for tile in found]
+    start = time.perf_counter()
+    workers = args.jobs or min(16, os.cpu_count() or 1)
+    compiled = dict(zip(jobs, aot.resources_many(jobs, workers)))
+    entries = {}
+    for (heads, draft_len, dtype_name, head_dims), candidates in tiles.items():
+        fitting = []
+        for tile in candidates:
+            found = compiled[tile, draft_len, dtype_name, arch, head_dims]
+            if isinstance(found, aot.Resources) and not found.problems(arch):
+                fitting.append((tile, found))
+        kv_bytes = kv_dtype_from_name(dtype_name).itemsize
+        buckets = {}
+        for bs in args.batch_sizes:
+            contexts = contexts_for(bs, args.contexts)
+            config, _ = perf_model.best_config(
+                fitting, gpu, heads, draft_len, bs, contexts, kv_bytes, head_dims
+            )
+            buckets[str(bs)] = tables.bucket_json(tables.Record(config))
+        key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
+        entries[key] = {
+            "num_heads": heads,
+            "draft_len": draft_len,
+            "kv_dtype": dtype_name,
+            **_dims_field(head_dims),
+            "buckets": buckets,
+        }
+        logger.info("%s: %d of %d tiles fit %s", key, len(fitting), len(candidates), arch)
+    logger.info("compiled and modelled in %.0f s", time.perf_counter() - start)
     metadata = {
-        "device": f"{REPORTED_DEVICES[arch]} (NOT MEASURED by this project)",
+        "device": f"{gpu.device} (NOT MEASURED by this project)",
         "arch": arch,
-        "multiprocessor_count": None,
+        "multiprocessor_count": gpu.compute_units,
         "triton": triton.__version__,
         "torch": torch.__version__,
         "mla_verify": __version__,
         "kernel_hash": KERNEL_HASH,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "timing": "none: no hardware to measure on",
+        "timing": "none: no hardware to measure on; configs chosen by a model, never timed",
         "measured": False,
+        "model": gpu.as_metadata()
+        | {"contexts": list(args.contexts), "max_problem_tokens": MAX_PROBLEM_TOKENS},
         "provenance": (
-            "The configuration publicly reported as validated on MI355X for the Triton "
-            "MLA verify kernel this project grew from: BLOCK_H 4, BLOCK_N 64, 8 warps, "
-            "1 stage, splits = 512 programs / (batch x head blocks), at most 32. "
-            "Replace it by running python -m mla_verify.tune on the hardware."
+            f"UNMEASURED: derived from a model, never timed on {arch} hardware. Per bucket, "
+            "the config with the lowest time the model in 'model' estimates "
+            "(mla_verify/perf_model.py, tuning/amd.md) among the Triton kernel's tiles "
+            f"that compile for {arch} with this triton without overflowing LDS or "
+            "spilling registers (compiled ahead of time, mla_verify/aot.py). Replace it "
+            "by tuning on the hardware: python -m mla_verify.tune (tuning/amd.md)."
         ),
-    }
-    entries = {}
-    for dtype_name, head_dims in itertools.product(args.kv_dtypes, args.head_dims):
-        for heads in args.heads:
-            for draft_len in args.draft_lens:
-                key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
-                buckets = {
-                    str(bs): tables.bucket_json(tables.Record(reported_amd_config(heads, bs)))
-                    for bs in args.batch_sizes
-                }
-                entries[key] = {
-                    "num_heads": heads,
-                    "draft_len": draft_len,
-                    "kv_dtype": dtype_name,
-                    **_dims_field(head_dims),
-                    "buckets": buckets,
-                }
+    } | ({"note": args.note} if getattr(args, "note", None) else {})
     path = out_dir / f"{arch}.json"
     tables.write_entries(path, arch, metadata, entries)
     return path

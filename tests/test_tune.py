@@ -1,5 +1,5 @@
 """The tuner end to end (CPU interpreter, injected timer), resuming after a
-kill, the reported-config table, and the shipped tables."""
+kill, the model-derived AMD tables, and the shipped tables."""
 
 from __future__ import annotations
 
@@ -301,15 +301,41 @@ def test_resume_after_kill(table_env, device):
     assert sorted(table["entries"]) == ["H2_L1_bf16", "H2_L2_bf16"]
 
 
-def test_reported_table_is_marked_unmeasured(tmp_path):
-    assert tune.main(["--write-reported", "gfx950", "--out", str(tmp_path), *TINY[:4]]) == 0
-    table = tables.read_table(tmp_path / "gfx950.json")
-    assert table["metadata"]["measured"] is False
-    assert "NOT MEASURED" in table["metadata"]["device"]
+@pytest.mark.slow
+def test_model_table_is_derived_without_a_gpu_and_marked_unmeasured(tmp_path):
+    """--write-reported derives a table for an AMD GPU from the model,
+    compiling every candidate ahead of time (a process without
+    TRITON_INTERPRET); its metadata says it is not measured and states the
+    model, and every bucket's config is one that fits."""
+    argv = ["--write-reported", "gfx942", "--out", str(tmp_path), "--jobs", "2"]
+    argv += ["--heads", "8", "--draft-lens", "2", "--batch-sizes", "1,64"]
+    argv += ["--kv-dtype", "bf16,fp8_e4m3fnuz"]
+    script = textwrap.dedent(
+        f"""
+        from mla_verify import aot, tables, tune
+        assert tune.main({argv!r}) == 0
+        table = tables.read_table({str(tmp_path / "gfx942.json")!r})
+        for entry in table["entries"].values():
+            for bucket in entry["buckets"].values():
+                config = tune.VerifyConfig.from_dict(bucket["config"])
+                assert aot.fits(config, entry["draft_len"], entry["kv_dtype"], "gfx942"), config
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = _pythonpath(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = tables.read_table(tmp_path / "gfx942.json")
+    meta = table["metadata"]
+    assert meta["measured"] is False
+    assert "NOT MEASURED" in meta["device"] and "UNMEASURED" in meta["provenance"]
+    assert meta["model"]["compute_units"] == 304 and meta["model"]["lds_bytes"] == 65536
+    assert sorted(table["entries"]) == ["H8_L2_bf16", "H8_L2_fp8_e4m3fnuz"]
     for entry in table["entries"].values():
         for bucket in entry["buckets"].values():
-            assert bucket["tuned_us"] is None and bucket["default_us"] is None
-            assert bucket["config"]["BLOCK_H"] == min(4, entry["num_heads"])
+            assert bucket == {"config": bucket["config"], "tuned_us": None, "default_us": None}
 
 
 # ------------------------------------------------------------ shipped tables

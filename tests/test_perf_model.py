@@ -1,0 +1,66 @@
+"""The model the AMD tables are derived from: what it charges for, and the
+choices it makes, on stand-in compile results (no compiler needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mla_verify.aot import Resources
+from mla_verify.config import VerifyConfig
+from mla_verify.perf_model import MODELS, best_config, estimate_us, programs_per_cu
+
+GFX950 = MODELS["gfx950"]
+FITS = Resources(shared=36864, registers=283, spills=0, scratch=0)  # 4 waves: one a CU
+
+
+def tile(block_h: int, block_n: int = 16, warps: int = 4, stages: int = 2) -> VerifyConfig:
+    return VerifyConfig(
+        BLOCK_H=block_h, BLOCK_N=block_n, NUM_KV_SPLITS=1, num_warps=warps, num_stages=stages
+    )
+
+
+def test_the_models_state_the_brief():
+    assert (GFX950.compute_units, GFX950.lds_bytes, GFX950.wave_size) == (256, 160 * 1024, 64)
+    assert GFX950.mfma == "16x16x32 bf16" and GFX950.hbm_bytes_per_s == 8e12
+    gfx942 = MODELS["gfx942"]
+    assert (gfx942.compute_units, gfx942.lds_bytes, gfx942.mfma) == (304, 65536, "16x16x16 bf16")
+    assert "hbm_latency_s" in GFX950.as_metadata()
+
+
+def test_programs_a_cu_holds_follow_lds_and_registers():
+    assert programs_per_cu(tile(8), FITS, GFX950) == 1  # over 256 VGPRs: one wave a SIMD
+    small = Resources(shared=16384, registers=128, spills=0, scratch=0)
+    assert programs_per_cu(tile(8), small, GFX950) == 4  # 4 waves a SIMD, 4 SIMDs, 4 waves each
+    big_lds = Resources(shared=100_000, registers=128, spills=0, scratch=0)
+    assert programs_per_cu(tile(8), big_lds, GFX950) == 1
+    assert programs_per_cu(tile(8), big_lds, MODELS["gfx942"]) == 0  # over its 64 KB
+
+
+def test_a_memory_bound_launch_runs_near_hbm_bandwidth():
+    # H8 L1 bs256 ctx 4096: 1.2 GB of bf16 latent rows, 151 us at 8 TB/s
+    config = tile(8).with_splits(1)
+    t = estimate_us(config, FITS, GFX950, 8, 1, 256, 4096, 2)
+    assert 151 <= t <= 151 * 1.1
+    # one pipeline stage keeps half the bytes in flight: slower
+    slower = estimate_us(tile(8, stages=1).with_splits(1), FITS, GFX950, 8, 1, 256, 4096, 2)
+    assert slower > 1.3 * t
+
+
+def test_small_batches_split_the_prefix_to_fill_the_cus():
+    config, _ = best_config([(tile(8), FITS)], GFX950, 8, 1, 1, [2048, 16384], 2)
+    assert config.NUM_KV_SPLITS == 64  # the most units: one request, 256 CUs
+    config, _ = best_config([(tile(8), FITS)], GFX950, 8, 1, 256, [2048, 4096], 2)
+    assert config.NUM_KV_SPLITS == 1  # 256 programs already fill the CUs
+
+
+def test_many_heads_take_the_largest_row_tile_that_fits():
+    # H128 L4: 64 rows (16 heads) read the prefix 8 times, 16 rows 32 times
+    tiles = [(tile(4), FITS), (tile(16), FITS)]
+    config, _ = best_config(tiles, GFX950, 128, 4, 64, [2048, 16384], 2)
+    assert config.BLOCK_H == 16
+
+
+def test_no_fitting_tile_is_an_error():
+    nothing = Resources(shared=200_000, registers=128, spills=0, scratch=0)
+    with pytest.raises(ValueError, match="no config fits gfx950 for H8 L1"):
+        best_config([(tile(8), nothing)], GFX950, 8, 1, 1, [2048], 2)
