@@ -189,9 +189,9 @@ def default_config(
     On sm90, for MLA's head dims, the Hopper kernel's score/value schedule
     (columns for fp8 KV), one wave of 64-row CTAs: the Hopper kernel beat
     the tuned Triton kernel on 12 of 13 benchmark shapes, and score/value
-    beat columns on all 12 shapes measured (BENCHMARKS.md). Elsewhere (and
-    for other head dims, which the Hopper kernel does not take) the Triton
-    kernel's default, ``triton_default_config``.
+    beat columns on all 12 shapes measured (the benchmark notes in git
+    history). Elsewhere (and for other head dims, which the Hopper kernel
+    does not take) the Triton kernel's default, ``triton_default_config``.
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype = kv_dtype_name(kv_dtype)

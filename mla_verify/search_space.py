@@ -33,7 +33,7 @@ NVIDIA_ROWS = (16, 32, 64)
 
 # Share floors the tuner tries on top of the kernel's default (None, 4),
 # one each side: the best floor of small batches ranged over 1-4 on the
-# H200, and 8 won a few buckets (BENCHMARKS.md).
+# H200, and 8 won a few buckets (tuning/README.md).
 MIN_SHARE_CANDIDATES = (2, 8)
 
 # AMD compiler options tried on the fastest tiles, beside Triton's own

@@ -519,7 +519,7 @@ def _tune_bucket(
     share floors) against ``default``; the winner, its timing and the
     default's."""
     # The first timing on new problems read up to 12% slow on the H200
-    # (BENCHMARKS.md); the default's first one only checks it.
+    # (tuning/README.md); the default's first one only checks it.
     if check_and_time(default, problems, timer) is None:
         raise RuntimeError(f"{where}: the built-in default {default} failed")
     default_t = check_and_time(default, problems, timer)

@@ -41,7 +41,7 @@ def test_named_documents_exist():
     missing = {
         (path.name, name)
         for path in sources
-        for name in re.findall(r"\b([A-Za-z_]+\.md)\b", path.read_text())
+        for name in re.findall(r"\b([A-Za-z_][A-Za-z_/]*\.md)\b", path.read_text())
         if not (REPO / name).exists() and not (path.parent / name).exists()
     }
     assert not missing
