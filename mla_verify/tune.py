@@ -344,15 +344,22 @@ def _fits(
 
 
 def _searches(
-    heads: int, draft_len: int, dtype_name: str, arch: str, head_dims: tuple[int, int]
+    heads: int,
+    draft_len: int,
+    dtype_name: str,
+    arch: str,
+    head_dims: tuple[int, int],
+    portable: bool = True,
 ) -> list[str | None]:
     """The kernels an entry's search covers: the arch's own (None), and the
-    Triton kernel beside it where the arch's own is another."""
+    Triton kernel beside it where the arch's own is another (unless
+    ``portable`` is off: ``--own-kernel-only``)."""
     tiles = tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
-    return [None] if all(t.kernel == "triton" for t in tiles) else [None, "triton"]
+    own_only = not portable or all(t.kernel == "triton" for t in tiles)
+    return [None] if own_only else [None, "triton"]
 
 
-def precompile(entries, arch: str, workers: int) -> None:
+def precompile(entries, arch: str, workers: int, portable: bool = True) -> None:
     """Compile every tile shape of every (H, L, kv dtype, head dims) entry
     in parallel processes (on AMD, first check them all ahead of time in
     parallel too)."""
@@ -370,7 +377,7 @@ def precompile(entries, arch: str, workers: int) -> None:
     seen = set()
     for heads, draft_len, dtype_name, head_dims in entries:
         tiles = []
-        for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims):
+        for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims, portable):
             tiles += searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
         tiles += [
             default_config(heads, draft_len, 1, arch, dtype_name, head_dims),
@@ -426,6 +433,7 @@ def tune_entry(
     margin: float,
     on_bucket: Callable[[BucketResult], None],
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    portable: bool = True,
 ) -> None:
     key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
     shape = (heads, draft_len, dtype_name, arch, head_dims)
@@ -434,7 +442,7 @@ def tune_entry(
         pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device, head_dims=head_dims
     )
     finalists = {}
-    for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims):
+    for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims, portable):
         tiles = searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
         finalists[kernel] = _finalists(tiles, shape, rep, timer, top_k)
         logger.debug("%s %s finalists: %s", key, kernel, [t.to_dict() for t in finalists[kernel]])
@@ -683,6 +691,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--redo", action="store_true", help="re-tune buckets already in the table")
     p.add_argument(
+        "--own-kernel-only",
+        action="store_true",
+        help="search only the arch's own kernel (the Hopper one on sm90), not the portable "
+        "Triton kernel beside it: its compiles take most of a full grid's time",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="validate the loaded tables against this machine and software",
@@ -885,7 +899,8 @@ def run_tuning(
     logger.info("%d buckets to tune in %d entries -> %s", total, len(work), out_path)
     if device == "cuda" and work:
         workers = args.jobs or min(16, os.cpu_count() or 1)
-        precompile([(h, l, d, dims) for h, l, d, dims, _ in work], arch, workers)
+        entries = [(h, l, d, dims) for h, l, d, dims, _ in work]
+        precompile(entries, arch, workers, portable=not args.own_kernel_only)
 
     metadata = table_metadata(arch, device_name, sm_count, args)
     results: list[BucketResult] = []
@@ -925,6 +940,7 @@ def run_tuning(
                     margin=args.margin,
                     on_bucket=record,
                     head_dims=head_dims,
+                    portable=not args.own_kernel_only,
                 )
             except (RuntimeError, ValueError) as exc:  # one bad entry must not end the run
                 logger.error("H%d L%d %s not tuned: %s", heads, draft_len, dtype_name, exc)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_verify import lookup, tables, tune
+from mla_verify import hopper, lookup, tables, tune
 from mla_verify.config import HOPPER_KERNELS, VerifyConfig, triton_default_config
 from mla_verify.kernel import KERNEL_HASH
 from mla_verify.search_space import MIN_SHARE_CANDIDATES
@@ -643,3 +643,14 @@ def test_head_dims_grid_tunes_entries_keyed_by_them(table_env, device):
     lookup.reload_tables()
     source = lookup.resolve_config(2, 2, 1, arch="cpu_test", head_dims=(128, 128))[1]
     assert "entry H2_L2_bf16_D128" in source
+
+
+def test_own_kernel_only_leaves_the_portable_search_out():
+    """On sm90 the Triton kernel is searched beside the Hopper kernel unless
+    --own-kernel-only asks for the Hopper kernel's alone."""
+    assert tune.parse_args(["--own-kernel-only"]).own_kernel_only
+    assert not tune.parse_args([]).own_kernel_only
+    if hopper.available():
+        assert tune._searches(16, 4, "bf16", "sm90", (576, 512)) == [None, "triton"]
+    assert tune._searches(16, 4, "bf16", "sm90", (576, 512), portable=False) == [None]
+    assert tune._searches(16, 4, "bf16", "gfx950", (576, 512)) == [None]
