@@ -647,8 +647,20 @@ def _kernel_source(jitted) -> str:
     # formatting left out), whether Triton compiles it or interprets it, so
     # the hash is the same on a GPU and in CI.
     src = textwrap.dedent(inspect.getsource(jitted.fn))
-    tree = ast.parse(src[re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE).start() :])
-    return ast.dump(tree)
+    return _syntax(ast.parse(src[re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE).start() :]))
+
+
+def _syntax(node) -> str:
+    # ast.dump, less the fields a Python version adds empty (3.12's
+    # type_params) or leaves out (3.13 omits empty ones): the same text for
+    # the same code on every Python.
+    if isinstance(node, ast.AST):
+        fields = ((name, getattr(node, name, None)) for name in node._fields)
+        inner = ",".join(f"{n}={_syntax(v)}" for n, v in fields if v is not None and v != [])
+        return f"{type(node).__name__}({inner})"
+    if isinstance(node, list):
+        return "[" + ",".join(_syntax(item) for item in node) + "]"
+    return repr(node)
 
 
 def _jitted(namespace: dict) -> list:

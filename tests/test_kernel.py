@@ -962,3 +962,12 @@ def test_gpu_graph_replay_with_new_draft_counts(mask):
     graph.replay()
     second.kv_indices = kv_indices[: second.kv_indices.numel()]
     check_close(out, second.reference(), what="replay after counts changed")
+
+
+def test_kernel_hash_reads_code_alone():
+    """The hash reads each jitted function's syntax tree with no decorator,
+    comment or formatting, and none of the empty fields some Python versions
+    add (3.12's type_params): the same code hashes alike everywhere."""
+    text = kernel._kernel_source(kernel._add_drafts)
+    assert text.startswith("Module(body=[FunctionDef(name='_add_drafts'")
+    assert "type_params" not in text and "decorator_list" not in text and "#" not in text
