@@ -78,7 +78,7 @@ def verify_mla_paged_out_op(
 
 
 @verify_mla_paged_out_op.register_fake
-def _(q, kv_cache, block_table, cache_seqlens, out, sm_scale=None, k_scale=1.0, v_scale=1.0):
+def _(*args, **kwargs):  # writes out in place: nothing to return
     return None
 
 
@@ -131,26 +131,7 @@ def verify_mla_fwd_op(
 
 
 @verify_mla_fwd_op.register_fake
-def _(
-    q_extend,
-    k_extend,
-    v_extend,
-    o_extend,
-    k_buffer,
-    v_buffer,
-    qo_indptr,
-    kv_indptr,
-    kv_indices,
-    custom_mask,
-    is_causal,
-    mask_indptr,
-    max_len_extend,
-    k_scale=1.0,
-    v_scale=1.0,
-    sm_scale=None,
-    skip_prefix_custom_mask=True,
-    max_bs=None,
-):
+def _(*args, **kwargs):  # writes o_extend in place: nothing to return
     return None
 
 

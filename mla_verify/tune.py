@@ -96,6 +96,9 @@ from .search_space import (
 logger = logging.getLogger("mla_verify.tune")
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 128)
+# Local heads of shared-KV models with other head dims (Qwen3.5's 32 heads at
+# tensor parallelism 8, 4, 2): the grid --heads defaults to for them.
+SHARED_KV_HEADS = (4, 8, 16)
 DEFAULT_DRAFT_LENS = (1, 2, 3, 4, 5, 6, 7, 8)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_CONTEXTS = (2048, 16384)
@@ -638,7 +641,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m mla_verify.tune",
         description="Tune mla_verify launch configs on this GPU and write its JSON table.",
     )
-    p.add_argument("--heads", type=_ints, help=f"per-rank head counts (default {DEFAULT_HEADS})")
+    p.add_argument(
+        "--heads",
+        type=_ints,
+        help=f"per-rank head counts (default {DEFAULT_HEADS}; {SHARED_KV_HEADS} when every "
+        "--head-dims is another than MLA's)",
+    )
     p.add_argument("--draft-lens", type=_ints, help=f"draft lengths (default {DEFAULT_DRAFT_LENS})")
     p.add_argument(
         "--head-dims",
@@ -727,6 +735,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.shapes_given = any(getattr(args, n) is not None for n in FULL_GRID if n != "contexts")
     _check_args(p, args)
     grid = QUICK_GRID if args.quick else FULL_GRID
+    if args.heads is None and not args.quick and MLA_HEAD_DIMS not in args.head_dims:
+        args.heads = list(SHARED_KV_HEADS)  # only other head dims: their models' heads
     for name, default in grid.items():
         if getattr(args, name) is None:
             setattr(args, name, list(default))

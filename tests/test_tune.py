@@ -362,13 +362,18 @@ def test_shipped_tables_cover_the_default_grid():
     which a tuning run may cover only in part) are tunable dtypes of the
     same grid, each with every batch bucket."""
     grid = {(h, l) for h in tune.DEFAULT_HEADS for l in tune.DEFAULT_DRAFT_LENS}
+    # Entries of other head dims (shared-KV models) take their own heads.
+    shared_kv_grid = {(h, l) for h in tune.SHARED_KV_HEADS for l in tune.DEFAULT_DRAFT_LENS}
     bf16 = {tables.entry_key(h, l, "bf16") for h, l in grid}
     for arch in ("sm90", "gfx950"):
         data = json.loads((REPO / "configs" / f"{arch}.json").read_text())
         assert bf16 <= set(data["entries"]), sorted(bf16 - set(data["entries"]))
         for key, entry in data["entries"].items():
+            mla = "head_dims" not in entry
             assert entry["kv_dtype"] in tune.TUNABLE_KV_DTYPES, key
-            assert (entry["num_heads"], entry["draft_len"]) in grid, key
+            assert (entry["num_heads"], entry["draft_len"]) in (grid if mla else shared_kv_grid), (
+                key
+            )
             assert sorted(map(int, entry["buckets"])) == list(tune.DEFAULT_BATCH_SIZES), key
 
 
@@ -654,3 +659,11 @@ def test_own_kernel_only_leaves_the_portable_search_out():
         assert tune._searches(16, 4, "bf16", "sm90", (576, 512)) == [None, "triton"]
     assert tune._searches(16, 4, "bf16", "sm90", (576, 512), portable=False) == [None]
     assert tune._searches(16, 4, "bf16", "gfx950", (576, 512)) == [None]
+
+
+def test_other_head_dims_default_to_shared_kv_heads():
+    """Qwen3.5-style entries default to its local heads; MLA's stay."""
+    assert tune.parse_args(["--head-dims", "256"]).heads == list(tune.SHARED_KV_HEADS)
+    assert tune.parse_args([]).heads == list(tune.DEFAULT_HEADS)
+    assert tune.parse_args(["--head-dims", "576x512,256"]).heads == list(tune.DEFAULT_HEADS)
+    assert tune.parse_args(["--head-dims", "256", "--heads", "32"]).heads == [32]
