@@ -165,11 +165,9 @@ def default_num_kv_splits(
     num_heads: int, batch_size: int, block_h: int, rows: int, arch: str
 ) -> int:
     """Units that bring the grid to about one full wave: one CTA per SM for
-    64-row tiles (registers pin occupancy at 1), two for smaller tiles; on
-    AMD one a CU whatever the rows (the Triton kernel's tiles that do not
-    spill there take over 256 VGPRs a lane or 8 waves, see ``aot``)."""
+    64-row tiles (registers pin occupancy at 1), two for smaller tiles."""
     sms = arch_sm_count(arch)
-    ctas_per_sm = 1 if rows >= 64 or is_amd_arch(arch) else 2
+    ctas_per_sm = 1 if rows >= 64 else 2
     head_blocks = math.ceil(num_heads / block_h)
     programs = max(1, batch_size * head_blocks)
     # Rounded down: 1.2 waves cost more than 0.97 (PERF_NOTES: +31-34%).

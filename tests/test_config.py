@@ -79,13 +79,10 @@ def test_triton_default_on_sm90_is_not_the_hopper_tile(kv_dtype):
 @pytest.mark.parametrize("heads,draft_len", [(8, 1), (16, 4), (128, 4), (128, 8), (12, 3)])
 def test_amd_default_runs_16_token_tiles_on_4_waves(arch, heads, draft_len):
     # The tile that spills no register on either arch (tests/test_aot.py
-    # compiles it for every shipped shape); one program a CU, so one wave
-    # of programs is the CU count.
+    # compiles it for every shipped shape).
     config = triton_default_config(heads, draft_len, 1, arch)
     assert (config.BLOCK_N, config.num_warps, config.num_stages) == (16, 4, 2)
     assert rows_per_program(config.BLOCK_H, draft_len) <= 64
-    chunks = config.NUM_KV_SPLITS - 1
-    assert chunks * -(-heads // config.BLOCK_H) <= {"gfx942": 304, "gfx950": 256}[arch]
 
 
 def test_portable_search_is_the_triton_kernel_on_every_arch():
