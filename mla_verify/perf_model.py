@@ -20,11 +20,15 @@ what the compiler reports (LDS and VGPRs a program, hence programs a CU):
               the bf16 peak
     stage 2 = the fp32 partials written and read back once at HBM bandwidth
 
-over a uniform batch, the geometric mean over the bucket's contexts.
+over a uniform batch, the geometric mean over the bucket's contexts. A
+tile whose second stage compiled to nothing (the same registers and LDS as
+with one: Triton's pipeliner left the loop alone, as on gfx942) counts once,
+at one stage: the model credits no stage the compiler did not build.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -151,7 +155,7 @@ def best_config(
     lowest estimate, the geometric mean over ``contexts``, and that
     estimate. ``tiles`` are the candidates that fit, with what they hold."""
     scored = []
-    for tile, resources in tiles:
+    for tile, resources in _distinct_kernels(tiles):
         for splits in split_candidates(num_heads, batch_size, tile.BLOCK_H, gpu.arch):
             config = tile.with_splits(splits)
             times = [
@@ -174,3 +178,18 @@ def best_config(
         raise ValueError(f"no config fits {gpu.arch} for H{num_heads} L{draft_len}")
     estimate, _, config = min(scored)
     return config, estimate
+
+
+def _distinct_kernels(
+    tiles: Sequence[tuple[VerifyConfig, Resources]],
+) -> list[tuple[VerifyConfig, Resources]]:
+    """``tiles`` less those that compile to the same kernel as the same tile
+    with fewer stages (same registers and LDS), which count at the fewest."""
+    seen = set()
+    out = []
+    for tile, resources in sorted(tiles, key=lambda tr: tr[0].num_stages):
+        kernel = (dataclasses.replace(tile, num_stages=1), resources.shared, resources.registers)
+        if kernel not in seen:
+            seen.add(kernel)
+            out.append((tile, resources))
+    return out

@@ -60,6 +60,18 @@ def test_many_heads_take_the_largest_row_tile_that_fits():
     assert config.BLOCK_H == 16
 
 
+def test_a_stage_the_compiler_did_not_build_earns_nothing():
+    # gfx942 compiles 1 and 2 stages of this loop alike: the same kernel,
+    # so the model keeps the one-stage config and its bytes in flight.
+    same = [(tile(8, stages=1), FITS), (tile(8, stages=2), FITS)]
+    config, alike = best_config(same, GFX950, 8, 1, 256, [2048, 4096], 2)
+    assert config.num_stages == 1
+    ring = Resources(shared=FITS.shared * 2, registers=FITS.registers, spills=0, scratch=0)
+    built = [(tile(8, stages=1), FITS), (tile(8, stages=2), ring)]
+    config, pipelined = best_config(built, GFX950, 8, 1, 256, [2048, 4096], 2)
+    assert config.num_stages == 2 and pipelined < alike
+
+
 def test_no_fitting_tile_is_an_error():
     nothing = Resources(shared=200_000, registers=128, spills=0, scratch=0)
     with pytest.raises(ValueError, match="no config fits gfx950 for H8 L1"):
