@@ -1,6 +1,7 @@
 """Every config of every shipped table compiles for its arch and fits its
-shared memory / LDS (as the Triton kernel's built-in AMD default), checked
-ahead of time on a machine without that GPU; what spills is reported."""
+shared memory / LDS, and on AMD spills no register (nor does the Triton
+kernel's built-in AMD default), checked ahead of time on a machine without
+that GPU."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _compile(arch: str, path: Path) -> list[list]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", SHIPPED)
-def test_shipped_configs_compile_and_fit(arch):
+def test_shipped_configs_compile_fit_and_do_not_spill(arch):
     assert arch in TARGETS, f"no compile target known for shipped table {arch}.json"
     rows = _compile(arch, REPO / "configs" / f"{arch}.json")
     assert rows, "no kernels compiled"
@@ -78,7 +79,10 @@ def test_shipped_configs_compile_and_fit(arch):
     too_big = [r for r in rows if r[3]["shared"] > limit]
     assert not too_big, f"over {limit} B of shared memory: {too_big}"
     spilling = [r for r in rows if r[3]["spills"] or r[3]["scratch"]]
-    print(f"{arch}: {len(spilling)} of {len(rows)} kernels spill")
+    if arch.startswith("gfx"):  # tables we derive, unmeasured: a spill is never a choice
+        assert not spilling, f"spill registers: {spilling}"
+    else:  # measured tables: a spilling kernel may still be the fastest, so say so
+        print(f"{arch}: {len(spilling)} of {len(rows)} kernels spill (measured, kept)")
 
 
 def test_spills_and_lds_are_read_from_the_compiled_kernel():

@@ -357,6 +357,18 @@ def test_shipped_table_is_valid_and_says_where_it_came_from(path):
                 assert bucket["tuned_us"] > 0 and bucket["default_us"] > 0
 
 
+@pytest.mark.parametrize("arch,fp8", [("gfx942", "fp8_e4m3fnuz"), ("gfx950", "fp8_e4m3")])
+def test_shipped_amd_tables_are_derived_for_both_dtypes_and_unmeasured(arch, fp8):
+    data = json.loads((REPO / "configs" / f"{arch}.json").read_text())
+    assert data["metadata"]["measured"] is False
+    assert "UNMEASURED" in data["metadata"]["provenance"]
+    assert data["metadata"]["model"]["arch"] == arch
+    grid = {(h, l) for h in tune.DEFAULT_HEADS for l in tune.DEFAULT_DRAFT_LENS}
+    assert set(data["entries"]) == {
+        tables.entry_key(h, l, d) for h, l in grid for d in ("bf16", fp8)
+    }
+
+
 def test_shipped_tables_cover_the_default_grid():
     """Every arch has the whole bf16 grid; other entries (another KV dtype,
     which a tuning run may cover only in part) are tunable dtypes of the
@@ -365,7 +377,7 @@ def test_shipped_tables_cover_the_default_grid():
     # Entries of other head dims (shared-KV models) take their own heads.
     shared_kv_grid = {(h, l) for h in tune.SHARED_KV_HEADS for l in tune.DEFAULT_DRAFT_LENS}
     bf16 = {tables.entry_key(h, l, "bf16") for h, l in grid}
-    for arch in ("sm90", "gfx950"):
+    for arch in ("sm90", "gfx942", "gfx950"):
         data = json.loads((REPO / "configs" / f"{arch}.json").read_text())
         assert bf16 <= set(data["entries"]), sorted(bf16 - set(data["entries"]))
         for key, entry in data["entries"].items():
@@ -423,7 +435,7 @@ def test_shipped_tables_load_from_a_wheel(wheel, tmp_path):
         import mla_verify
         from mla_verify import lookup
         print(mla_verify.__file__)
-        for arch in ("sm90", "gfx950"):
+        for arch in ("sm90", "gfx942", "gfx950"):
             print(lookup.resolve_config(128, 4, 32, arch=arch)[1])
         """
     )
@@ -444,7 +456,7 @@ def test_shipped_tables_load_from_a_wheel(wheel, tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(str(site))
-    for line, arch in zip(lines[1:], ("sm90", "gfx950"), strict=True):
+    for line, arch in zip(lines[1:], ("sm90", "gfx942", "gfx950"), strict=True):
         assert f"{arch}.json entry H128_L4_bf16, bucket 32 ({site}/mla_verify/configs/" in line
 
 
@@ -539,15 +551,15 @@ def test_show_without_shapes_describes_the_tables(capsys):
 def test_check_says_what_it_checked(capsys):
     assert tune.main(["--check"]) == 0
     out = capsys.readouterr().out
-    for arch in ("sm90", "gfx950"):
+    for arch in ("sm90", "gfx942", "gfx950"):
         entries = json.loads((REPO / "configs" / f"{arch}.json").read_text())["entries"]
         assert f"{arch}.json: {len(entries)} entries" in out
     summary = out.splitlines()[-1]
     assert "all good" not in out
     if not torch.cuda.is_available():
-        assert out.count("  configs not run (no GPU here)") == 2
+        assert out.count("  configs not run (no GPU here)") == 3
         assert "0 config(s) run against the reference, 0 failed" in summary
-        assert "configs not run (no GPU here): gfx950.json, sm90.json" in summary
+        assert "configs not run (no GPU here): gfx942.json, gfx950.json, sm90.json" in summary
     sm90 = json.loads((REPO / "configs" / "sm90.json").read_text())["metadata"]
     if sm90["torch"] != torch.__version__:
         assert f"torch {sm90['torch']} != {torch.__version__}" in out
