@@ -721,8 +721,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--write-reported",
         metavar="ARCH",
         choices=sorted(REPORTED_DEVICES),
-        help="write (unmeasured) the table of publicly reported configs for ARCH "
-        "over the grid, for hardware we cannot tune on",
+        help="write (unmeasured) a table for ARCH over the grid, derived from a stated "
+        "model (perf_model) among the tiles that compile without spilling, for hardware "
+        "we cannot tune on",
     )
     p.add_argument(
         "--note",
@@ -1006,7 +1007,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_reported:
         out_dir = args.out or tables.user_table_dir()
         path = write_reported_table(args, args.write_reported, out_dir)
-        print(f"wrote {path} (reported configs, not measured)")
+        print(f"wrote {path} (derived from a model, not measured)")
         return 0
     if not torch.cuda.is_available():
         print("python -m mla_verify.tune needs a GPU (this machine has none)", file=sys.stderr)
