@@ -28,3 +28,20 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """Runs a CLI's ``main(argv)`` that must refuse its input: exit status 2,
+    nothing on stdout, one line on stderr, which it returns."""
+
+    def run(main, argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert len(captured.err.splitlines()) == 1, captured.err
+        return captured.err
+
+    return run

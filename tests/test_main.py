@@ -91,15 +91,8 @@ BAD = {
 
 
 @pytest.mark.parametrize("argv, message", BAD.values(), ids=BAD.keys())
-def test_bad_input_is_one_line_and_exit_status_2(capsys, argv, message):
-    with pytest.raises(SystemExit) as info:
-        cli.main(argv)
-    assert info.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    lines = captured.err.splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith(f"python -m mla_verify: error: {message}")
+def test_bad_input_is_one_line_and_exit_status_2(cli_error, argv, message):
+    assert cli_error(cli.main, argv).startswith(f"python -m mla_verify: error: {message}")
 
 
 def test_every_option_has_help():
