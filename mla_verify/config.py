@@ -20,7 +20,7 @@ from .device import arch_sm_count, is_amd_arch
 from .problem import MLA_HEAD_DIMS, check_shape, kv_dtype_name
 
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
-# 8 warps' registers (see PERF_NOTES); 128 rows spills.
+# 8 warps' registers (measured on the H200); 128 rows spills.
 MAX_ROWS = 64
 MAX_KV_SPLITS = 64
 # Stage 1's implementations: the Triton kernel (any GPU) and the two
@@ -170,7 +170,7 @@ def default_num_kv_splits(
     ctas_per_sm = 1 if rows >= 64 else 2
     head_blocks = math.ceil(num_heads / block_h)
     programs = max(1, batch_size * head_blocks)
-    # Rounded down: 1.2 waves cost more than 0.97 (PERF_NOTES: +31-34%).
+    # Rounded down: 1.45 waves cost 31-34% more than one (measured on the H200).
     return units_for_chunks(max(1, sms * ctas_per_sm // programs))
 
 

@@ -62,16 +62,12 @@ class Workspace:
         ``v_dim`` values."""
         if rows <= self.part_lse.numel() and rows * v_dim <= self.part_o.numel():
             return
-        if capturing(self.device):
-            raise RuntimeError(
-                f"mla_verify: the workspace on {self.device} holds {self.part_lse.numel()} "
-                f"partial rows but this call needs {rows} of {v_dim} values; call "
-                "mla_verify.prepare_workspace(max_batch_size, num_heads, draft_len, ...) "
-                "before graph capture"
-            )
-        if self._used_in_capture:
-            # A captured graph may still write into the old buffers.
-            self._kept_for_graphs += [self.part_o, self.part_lse]
+        self._before_growth(
+            f"holds {self.part_lse.numel()} partial rows but this call needs {rows} of "
+            f"{v_dim} values; call mla_verify.prepare_workspace(max_batch_size, num_heads, "
+            "draft_len, ...) before graph capture",
+            [self.part_o, self.part_lse],
+        )
         rows = max(rows, self.part_lse.numel())
         n_o = max(rows * v_dim, self.part_o.numel())
         self.part_o = torch.empty(n_o, dtype=torch.float32, device=self.device)
@@ -91,21 +87,26 @@ class Workspace:
         """Make room for a paged call's translation (``paged_numel``)."""
         if index_numel <= self.paged_index.numel() and draft_bytes <= self.paged_drafts.numel():
             return
-        if capturing(self.device):
-            raise RuntimeError(
-                f"mla_verify: the paged buffers on {self.device} hold "
-                f"{self.paged_index.numel()} indices and {self.paged_drafts.numel()} draft bytes "
-                f"but this call needs {index_numel} and {draft_bytes}; call "
-                "mla_verify.prepare_paged_workspace(max_batch_size, num_heads, draft_len, "
-                "max_blocks, page_size, ...) before graph capture"
-            )
-        if self._used_in_capture:
-            self._kept_for_graphs += [self.paged_index, self.paged_drafts]
+        self._before_growth(
+            f"paged buffers hold {self.paged_index.numel()} indices and "
+            f"{self.paged_drafts.numel()} draft bytes but this call needs {index_numel} and "
+            f"{draft_bytes}; call mla_verify.prepare_paged_workspace(max_batch_size, num_heads, "
+            "draft_len, max_blocks, page_size, ...) before graph capture",
+            [self.paged_index, self.paged_drafts],
+        )
         index_numel = max(index_numel, self.paged_index.numel())
         draft_bytes = max(draft_bytes, self.paged_drafts.numel())
         self.paged_index = torch.empty(index_numel, dtype=torch.int32, device=self.device)
         self.paged_drafts = torch.empty(draft_bytes, dtype=torch.uint8, device=self.device)
         logger.debug("workspace on %s grown to %.1f MB", self.device, self.nbytes / 1e6)
+
+    def _before_growth(self, shortfall: str, old: list[torch.Tensor]) -> None:
+        # Growing allocates: refused during capture. Outside it, a captured
+        # graph may still write into the old buffers, so they are kept.
+        if capturing(self.device):
+            raise RuntimeError(f"mla_verify: the workspace on {self.device} {shortfall}")
+        if self._used_in_capture:
+            self._kept_for_graphs += old
 
     def paged_views(
         self,
