@@ -43,6 +43,8 @@ TARGETS: dict[str, tuple[GPUTarget, int]] = {
     "gfx942": (GPUTarget("hip", "gfx942", 64), 65536),
     "gfx950": (GPUTarget("hip", "gfx950", 64), 163840),
 }
+# Mask variants of stage 1 (compile_prefix_kernel).
+MASKS = ("none", "draft", "prefix")
 _TRITON_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8e4nv", "fp8_e4m3fnuz": "fp8e4b8"}
 # (config, draft_len, kv_dtype, arch, head_dims): what compile_prefix_kernel takes
 Job = tuple[VerifyConfig, int, str, str, tuple[int, int]]
@@ -88,13 +90,14 @@ def compile_prefix_kernel(
     arch: str,
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
     *,
-    prefix_mask: bool = False,
+    mask: str = "none",
 ) -> Resources:
     """Compile stage 1 for ``arch`` and read what it holds. Raises on a
     compile error. MLA takes V as a view of K; other head dims a V cache of
-    its own, as engines pass them. ``prefix_mask``: the variant that reads a
-    custom mask's prefix bits. The split count and share floor are runtime
-    values: any will do."""
+    its own, as engines pass them. ``mask``: "none", "draft" (a custom
+    mask's draft block: the Hopper kernel reads it, the Triton kernel's
+    stage 1 does not) or "prefix" (its prefix bits too). The split count and
+    share floor are runtime values: any will do."""
     if not isinstance(kernel._prefix_kernel, JITFunction):  # decorated under the interpreter
         raise RuntimeError("aot: TRITON_INTERPRET is set; compile in a process without it")
     target, _ = TARGETS[arch]
@@ -103,13 +106,19 @@ def compile_prefix_kernel(
     kv = "*" + _TRITON_DTYPES[kv_dtype]
     pointers = {"Q": "*bf16", "K_BUF": kv, "V_BUF": kv, "PART_O": "*fp32", "PART_LSE": "*fp32"}
     pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES")}
-    # Without a mask the launch passes kv_indptr in the mask's place.
-    pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
+    if mask not in MASKS:
+        raise ValueError(f"mask: expected one of {MASKS}, got {mask!r}")
+    prefix_mask = mask == "prefix"
     on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
-    if on_hopper and mla and not prefix_mask and kv_dtype in hopper.KV_DTYPES:
+    if on_hopper and mla and kv_dtype in hopper.KV_DTYPES:
+        # Without a mask the launch passes kv_indptr in the mask's place.
+        pointers |= {"MASK": "*i32" if mask == "none" else "*u8", "MASK_INDPTR": "*i32"}
         score_value = runs_score_value(config.kernel, kv_dtype)
-        compiled = _compile_hopper_kernel(config, draft_len, target, pointers, score_value)
+        compiled = _compile_hopper_kernel(
+            config, draft_len, target, pointers, score_value, mask != "none", prefix_mask
+        )
     else:
+        pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
         constexprs = dict(
             DRAFT_LEN=draft_len,
             BLOCK_H=config.BLOCK_H,
@@ -242,7 +251,15 @@ def _signature(
     return ASTSource(fn, signature, consts, attrs)
 
 
-def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointers, score_value):
+def _compile_hopper_kernel(
+    config: VerifyConfig,
+    draft_len: int,
+    target,
+    pointers,
+    score_value: bool,
+    draft_mask: bool,
+    prefix_mask: bool,
+):
     fn = hopper.gluon_kernel()._prefix_kernel_sm90
     constexprs = dict(
         DRAFT_LEN=draft_len,
@@ -251,6 +268,8 @@ def _compile_hopper_kernel(config: VerifyConfig, draft_len: int, target, pointer
         V_EXT_FROM_K=False,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)
+        PREFIX_MASK=prefix_mask,
+        DRAFT_MASK=draft_mask,
     )
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     aligned = set(pointers) | {name for name in fn.arg_names if name.startswith("stride_")}

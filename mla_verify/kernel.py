@@ -538,6 +538,7 @@ def _merge_shares_kernel(
     if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
         gdc_wait()
     if c0 != c1:  # else one CTA held the whole request and wrote its output
+        num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
         # CTA c0's part is its first segment when no earlier request has
         # work in its range (the previous drafts' first position is before
         # it), else its last (slot 2 c0 + 1); the later CTAs' is their
@@ -553,7 +554,7 @@ def _merge_shares_kernel(
             2 * c0,
             2,
             c1 - c0 + 1,
-            DRAFT_LEN,
+            num_rows,
             col0,
             DRAFT_LEN,
             L_PAD,
@@ -565,8 +566,9 @@ def _merge_shares_kernel(
         q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
         offs_d = col0 + tl.arange(0, D_BLOCK)
         ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
-        out = (acc / l_i[:, None]).to(O.dtype.element_ty)
-        tl.store(ptr_o, out, mask=(offs_i < DRAFT_LEN)[:, None])
+        # A row a mask hid every key from has sum 0 and output 0.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < num_rows)[:, None])
 
 
 @triton.jit
@@ -749,6 +751,9 @@ def launch(
             plan_block=PLAN_BLOCK,
             score_value=plan.score_value,
             launch_dependents=plan.dependent,
+            custom_mask=custom_mask if plan.draft_mask else None,
+            mask_indptr=mask_indptr if plan.draft_mask else None,
+            prefix_mask=plan.prefix_mask,
         )
         launch_merge_shares(
             o,

@@ -92,13 +92,19 @@ def _launch_dependents():
 
 @gluon.jit
 def _row_coords(
-    head_block, num_heads, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, layout: gl.constexpr
+    head_block,
+    num_heads,
+    num_rows,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    layout: gl.constexpr,
 ):
-    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i.
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i; a
+    # request of num_rows <= L drafts owns rows i < num_rows.
     offs_m = gl.arange(0, ROWS, layout=layout)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
+    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
     return offs_h, offs_i, mask_m
 
 
@@ -106,6 +112,7 @@ def _row_coords(
 def _tile_coords(
     head_block,
     num_heads,
+    num_rows,
     col0,
     WIDTH: gl.constexpr,
     BLOCK_H: gl.constexpr,
@@ -115,7 +122,7 @@ def _tile_coords(
     # _row_coords for a 2-D tile in `layout`, and its columns col0 ..
     # col0 + WIDTH - 1.
     offs_h, offs_i, mask_m = _row_coords(
-        head_block, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
+        head_block, num_heads, num_rows, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
     )
     cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     return offs_h, offs_i, mask_m, cols
@@ -124,7 +131,7 @@ def _tile_coords(
 @gluon.jit
 def _load_q(
     Q,
-    q_first,
+    request,
     head_block,
     num_heads,
     stride_q_tok,
@@ -135,8 +142,9 @@ def _load_q(
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
 ):
+    q_first, num_rows, _, _ = request
     offs_h, offs_i, mask_m, cols = _tile_coords(
-        head_block, num_heads, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
+        head_block, num_heads, num_rows, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
     )
     rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
     return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
@@ -193,10 +201,9 @@ def _gather_tile(
 
 
 @gluon.jit
-def _gather_drafts(
-    nope, rope, BASE, q_first, DRAFT_LEN: gl.constexpr, stride_tok, WITH_ROPE: gl.constexpr
-):
+def _gather_drafts(nope, rope, BASE, request, stride_tok, WITH_ROPE: gl.constexpr):
     # The drafts' own rows of k_extend / v_extend.
+    q_first, num_rows, _, _ = request
     nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
     rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
     _gather_tile(
@@ -206,7 +213,7 @@ def _gather_drafts(
         _tokens(q_first, nope_layout),
         _tokens(q_first, rope_layout),
         q_first,
-        q_first + DRAFT_LEN,
+        q_first + num_rows,
         stride_tok,
         WITH_ROPE,
     )
@@ -256,7 +263,8 @@ def _segment(share, b, base):
     # Request b's part of this CTA's share (positions base .. of the
     # batch are b's): its prefix tokens lo .. hi - 1, whether the
     # drafts' first position is in it, whether it is the whole request,
-    # its first query row, and where the next request's positions begin.
+    # the request (first query row, draft count, prefix length, index),
+    # and where the next request's positions begin.
     KV_INDPTR, QO_INDPTR, _, _, _, s0, s1, drafts = share
     kv_start = gl.load(KV_INDPTR + b)
     kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
@@ -267,12 +275,16 @@ def _segment(share, b, base):
     lo = gl.minimum(j_lo * TOKENS, hi)
     with_drafts = (j_lo <= tiles) & (j_hi > tiles)
     whole = (j_lo == 0) & with_drafts
+    # Ragged drafts: the counts are read here, on the device (q holds
+    # every request's rows back to back).
     q_first = gl.load(QO_INDPTR + b)
-    return kv_start, lo, hi, with_drafts, whole, q_first, base + tiles + drafts
+    num_rows = (gl.load(QO_INDPTR + b + 1) - q_first).to(gl.int32)
+    request = (q_first, num_rows, kv_len, b)
+    return kv_start, lo, hi, with_drafts, whole, request, base + tiles + drafts
 
 
 @gluon.jit
-def _dest(out_args, b, b0, whole, q_first):
+def _dest(out_args, b, b0, whole, request):
     # Where a segment's results go (_store_out, _store_lse): the output
     # for a whole request, else the CTA's slot for its first segment
     # (2 cta) or its last (2 cta + 1); any other is whole.
@@ -285,7 +297,7 @@ def _dest(out_args, b, b0, whole, q_first):
         stride_o_head,
         PART_O,
         PART_LSE,
-        q_first,
+        request,
         slot,
         head_block,
         num_heads,
@@ -297,7 +309,7 @@ def _stage_q(
     q_nope,
     q_rope,
     q_args,
-    q_first,
+    request,
     head_block,
     num_heads,
     BLOCK_H: gl.constexpr,
@@ -314,7 +326,7 @@ def _stage_q(
         q_nope.slice(half * HALF_V, HALF_V, dim=1).store(
             _load_q(
                 Q,
-                q_first,
+                request,
                 head_block,
                 num_heads,
                 stride_q_tok,
@@ -329,7 +341,7 @@ def _stage_q(
     q_rope.store(
         _load_q(
             Q,
-            q_first,
+            request,
             head_block,
             num_heads,
             stride_q_tok,
@@ -362,8 +374,7 @@ def _open_segment(
     # rows staged.
     _, _, _, _, _, _, head_block, num_heads = out_args
     segment = _segment(share, b, base)
-    q_first = segment[5]
-    _stage_q(q_nope, q_rope, q_args, q_first, head_block, num_heads, BLOCK_H, DRAFT_LEN, WARPS)
+    _stage_q(q_nope, q_rope, q_args, segment[5], head_block, num_heads, BLOCK_H, DRAFT_LEN, WARPS)
     return segment
 
 
@@ -396,8 +407,7 @@ def _produce_drafts(
     ready,
     empty,
     t,
-    q_first,
-    DRAFT_LEN: gl.constexpr,
+    request,
     V_EXT_FROM_K: gl.constexpr,
 ):
     # Tile t: the drafts' K; then their V unless it is K's view.
@@ -408,8 +418,7 @@ def _produce_drafts(
         kv_nope_ring.index(stage),
         kv_rope_ring.index(stage),
         K_EXT,
-        q_first,
-        DRAFT_LEN,
+        request,
         stride_ke_tok,
         True,
     )
@@ -421,8 +430,7 @@ def _produce_drafts(
             kv_nope_ring.index(stage),
             kv_rope_ring.index(stage),
             V_EXT,
-            q_first,
-            DRAFT_LEN,
+            request,
             stride_ve_tok,
             False,
         )
@@ -440,7 +448,6 @@ def _produce(
     kv_rope_ring,
     ready,
     empty,
-    DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     KV_FP8: gl.constexpr,
 ):
@@ -451,7 +458,7 @@ def _produce(
     _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+        kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         end = kv_start + hi
         nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
         rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
@@ -497,8 +504,7 @@ def _produce(
                     ready,
                     empty,
                     t0,
-                    q_first,
-                    DRAFT_LEN,
+                    request,
                     V_EXT_FROM_K,
                 )
                 t0 = _after_drafts(t0, V_EXT_FROM_K)
@@ -524,14 +530,19 @@ def _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s):
 
 
 @gluon.jit
-def _online_softmax(qk, scale, m_i):
+def _online_softmax(qk, scale, m_i, MASKED: gl.constexpr):
     # One tile of raw scores (-inf where masked) and their log2-domain
     # scale: P, the factor that rescales the earlier tiles' sums and
     # outputs, and the new running max (scaled). The scale goes into
     # one fma with the max (scale > 0, so it commutes with the max).
+    # MASKED: a mask may hide every key a row has seen so far; such a
+    # row keeps max -inf and shifts by 0, not NaN.
     m_new = gl.maximum(m_i, gl.max(qk, 1) * scale)
-    p = gl.exp2(qk * scale - m_new[:, None])
-    return p, gl.exp2(m_i - m_new), m_new
+    shift = m_new
+    if MASKED:
+        shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(qk * scale - shift[:, None])
+    return p, gl.exp2(m_i - shift), m_new
 
 
 @gluon.jit
@@ -547,18 +558,57 @@ def _mask_tail(qk, first, hi):
 
 
 @gluon.jit
-def _mask_drafts(qk, DRAFT_LEN: gl.constexpr):
-    # The drafts' tile: row (h, i) sees drafts 0..i.
-    layout: gl.constexpr = qk.type.layout
-    draft_of_row = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
-    draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
-    return gl.where(draft[None, :] <= draft_of_row[:, None], qk, float("-inf"))
+def _mask_rows(masks, request, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
+    # Where each tile row's mask bits begin (kernel.py's layout): row
+    # (h, i) of request b reads MASK[mask_indptr[b] + i * (P_b + E_b) + j],
+    # its P_b prefix keys first, then its E_b drafts.
+    _, MASK_INDPTR = masks
+    _, num_rows, kv_len, b = request
+    offs_i = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+    return gl.load(MASK_INDPTR + b).to(gl.int64) + offs_i.to(gl.int64) * (kv_len + num_rows)
 
 
 @gluon.jit
-def _softmax_step(qk, scale, m_i, l_elem, acc, o_rows: gl.constexpr):
+def _mask_bits(masks, rows, request, key0, key_end, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
+    # The mask bits of keys key0 .. key0 + 63 (those before key_end) of
+    # every tile row, from its start `rows` (_mask_rows); 0 elsewhere.
+    MASK, _ = masks
+    _, num_rows, _, _ = request
+    offs_i = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+    keys = key0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
+    seen = (offs_i < num_rows)[:, None] & (keys < key_end)[None, :]
+    return gl.load(MASK + rows[:, None] + keys[None, :], mask=seen, other=0)
+
+
+@gluon.jit
+def _mask_drafts(qk, masks, request, DRAFT_LEN: gl.constexpr, DRAFT_MASK: gl.constexpr):
+    # The drafts' tile: row (h, i) sees drafts 0..i, or those its mask
+    # bits show (DRAFT_MASK).
+    layout: gl.constexpr = qk.type.layout
+    if DRAFT_MASK:
+        _, num_rows, kv_len, _ = request
+        rows = _mask_rows(masks, request, DRAFT_LEN, layout) + kv_len
+        visible = _mask_bits(masks, rows, request, 0, num_rows, DRAFT_LEN, layout) != 0
+    else:
+        draft_of_row = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+        draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
+        visible = draft[None, :] <= draft_of_row[:, None]
+    return gl.where(visible, qk, float("-inf"))
+
+
+@gluon.jit
+def _row_sums(l_i, MASKED: gl.constexpr):
+    # The divisor of each row's output: a row a mask hid every key from
+    # has sum 0 and output 0 (and lse -inf).
+    if MASKED:
+        l_i = gl.where(l_i > 0.0, l_i, 1.0)
+    return l_i
+
+
+@gluon.jit
+def _softmax_step(qk, scale, m_i, l_elem, acc, o_rows: gl.constexpr, MASKED: gl.constexpr):
     # Columns: returns P and the rescaled state.
-    p, alpha, m_i = _online_softmax(qk, scale, m_i)
+    p, alpha, m_i = _online_softmax(qk, scale, m_i, MASKED)
     l_elem = l_elem * alpha[:, None] + p
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
     return p, m_i, l_elem, acc
@@ -632,6 +682,8 @@ def _consume_drafts(
     ready,
     empty,
     t,
+    masks,
+    request,
     draft_scale,
     m_i,
     l_elem,
@@ -639,27 +691,30 @@ def _consume_drafts(
     zero_s,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
 ):
     # Tile t holds the drafts' K (and tile t + 1 their V, unless V is a
-    # view of K). Row (h, i) sees drafts 0..i, scored without k_scale.
+    # view of K). Row (h, i) sees drafts 0..i (or as its mask says),
+    # scored without k_scale.
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
-    qk = _mask_drafts(qk, DRAFT_LEN)
-    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
+    qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
+    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
     acc = _add_pv(p, p_smem, _draft_values(kv_nope_ring, ready, t, V_EXT_FROM_K), acc)
     _release_drafts(empty, t, V_EXT_FROM_K)
     return m_i, l_elem, acc
 
 
 @gluon.jit
-def _load_draft_rows(dst, BASE, q_first, stride_tok, col0, DRAFT_LEN: gl.constexpr):
-    # Rows q_first .. q_first + L - 1 of k_extend / v_extend, columns
-    # col0 onwards, into dst (rows past L zero).
+def _load_draft_rows(dst, BASE, request, stride_tok, col0):
+    # The request's draft rows of k_extend / v_extend, columns col0
+    # onwards, into dst (the rows past them zero).
+    q_first, num_rows, _, _ = request
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
     rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, layout))
     ptrs = BASE + (q_first + rows).to(gl.int64)[:, None] * stride_tok + cols[None, :]
-    dst.store(gl.load(ptrs, mask=(rows < DRAFT_LEN)[:, None], other=0.0))
+    dst.store(gl.load(ptrs, mask=(rows < num_rows)[:, None], other=0.0))
 
 
 @gluon.jit
@@ -670,7 +725,8 @@ def _consume_loaded_drafts(
     wide_nope,
     wide_rope,
     p_smem,
-    q_first,
+    masks,
+    request,
     draft_scale,
     m_i,
     l_elem,
@@ -678,6 +734,7 @@ def _consume_loaded_drafts(
     zero_s,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
 ):
     # fp8 KV: the ring holds fp8 rows, so the consumers load the drafts
     # (bf16) into the widened tile themselves. The last prefix tile's
@@ -688,27 +745,25 @@ def _consume_loaded_drafts(
         _load_draft_rows(
             wide_nope.slice(half * HALF_V, HALF_V, dim=1),
             K_EXT,
-            q_first,
+            request,
             stride_ke_tok,
             half * HALF_V,
-            DRAFT_LEN,
         )
-    _load_draft_rows(wide_rope, K_EXT, q_first, stride_ke_tok, D_NOPE, DRAFT_LEN)
+    _load_draft_rows(wide_rope, K_EXT, request, stride_ke_tok, D_NOPE)
     fence_async_shared()
     _warps_barrier()
     qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
-    qk = _mask_drafts(qk, DRAFT_LEN)
-    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows)
+    qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
+    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
     if not V_EXT_FROM_K:
         _warps_barrier()  # both warpgroups' scores have read K's rows
         for half in gl.static_range(2):
             _load_draft_rows(
                 wide_nope.slice(half * HALF_V, HALF_V, dim=1),
                 V_EXT,
-                q_first,
+                request,
                 stride_ve_tok,
                 half * HALF_V,
-                DRAFT_LEN,
             )
     # _add_pv fences and waits for every warp's stores before its P V.
     return m_i, l_elem, _add_pv(p, p_smem, wide_nope, acc)
@@ -729,10 +784,13 @@ def _consume(
     empty,
     scales,
     out_args,
+    masks,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     KV_FP8: gl.constexpr,
+    PREFIX_MASK: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
 ):
     # Warpgroup g computes score columns 32g .. 32g + 31 and output
     # columns 256g .. 256g + 255 of all 64 rows.
@@ -750,7 +808,7 @@ def _consume(
     _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
+        kv_start, lo, hi, with_drafts, whole, request, base = _open_segment(
             share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
         )
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
@@ -758,10 +816,17 @@ def _consume(
         # cross-warpgroup reduction per tile instead of two.
         l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
+        if PREFIX_MASK:
+            mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
+            if PREFIX_MASK:
+                # Loaded before the wait, which hides their latency.
+                bits = _mask_bits(
+                    masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
+                )
             mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
             if KV_FP8:
                 # The previous tile's P V is done (_add_pv's last barrier):
@@ -776,7 +841,11 @@ def _consume(
                 fence_async_shared()  # the gathers wrote through the generic proxy
             qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
-            p, m_i, l_elem, acc = _softmax_step(qk, score_scale, m_i, l_elem, acc, o_rows)
+            if PREFIX_MASK:
+                qk = gl.where(bits != 0, qk, float("-inf"))
+            p, m_i, l_elem, acc = _softmax_step(
+                qk, score_scale, m_i, l_elem, acc, o_rows, PREFIX_MASK
+            )
             acc = _add_pv(p, p_smem, kv_nope, acc)
             if not KV_FP8:
                 mbarrier.arrive(empty.index(stage), count=1)
@@ -793,7 +862,8 @@ def _consume(
                     wide_nope,
                     wide_rope,
                     p_smem,
-                    q_first,
+                    masks,
+                    request,
                     draft_scale,
                     m_i,
                     l_elem,
@@ -801,6 +871,7 @@ def _consume(
                     zero_s,
                     DRAFT_LEN,
                     V_EXT_FROM_K,
+                    DRAFT_MASK,
                 )
             else:
                 m_i, l_elem, acc = _consume_drafts(
@@ -812,6 +883,8 @@ def _consume(
                     ready,
                     empty,
                     t0,
+                    masks,
+                    request,
                     draft_scale,
                     m_i,
                     l_elem,
@@ -819,22 +892,23 @@ def _consume(
                     zero_s,
                     DRAFT_LEN,
                     V_EXT_FROM_K,
+                    DRAFT_MASK,
                 )
                 t0 = _after_drafts(t0, V_EXT_FROM_K)
 
-        l_i = gl.sum(l_elem, 1)
-        dest = _dest(out_args, b, b0, whole, q_first)
+        l_i = _row_sums(gl.sum(l_elem, 1), PREFIX_MASK or DRAFT_MASK)
+        dest = _dest(out_args, b, b0, whole, request)
         _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
 
 @gluon.jit
-def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar):
+def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, MASKED: gl.constexpr):
     # Score/value: one tile's softmax. P goes into the tile's rope rows
     # (spent: only the score warpgroup read them, for the scores now
     # done) and the factor that rescales the earlier tiles into xchg,
     # for the value warpgroup.
-    p, alpha, m_i = _online_softmax(qk, scale, m_i)
+    p, alpha, m_i = _online_softmax(qk, scale, m_i, MASKED)
     kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
     xchg.index(stage).store(alpha)
     fence_async_shared()
@@ -855,9 +929,12 @@ def _consume_scores(
     bars,
     scales,
     out_args,
+    masks,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
+    PREFIX_MASK: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
     # the online softmax, and output columns 0 .. 255.
@@ -875,20 +952,29 @@ def _consume_scores(
     _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, q_first, base = _open_segment(
+        kv_start, lo, hi, with_drafts, whole, request, base = _open_segment(
             share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
         )
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+        if PREFIX_MASK:
+            mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
+            if PREFIX_MASK:
+                # Loaded before the tile's wait, which hides their latency.
+                bits = _mask_bits(
+                    masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
+                )
             qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
+            if PREFIX_MASK:
+                qk = gl.where(bits != 0, qk, float("-inf"))
             alpha, m_i, l_i = _hand_over(
-                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, PREFIX_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             # This tile's P V, and its stage freed, before waiting for the
@@ -907,13 +993,13 @@ def _consume_scores(
 
         if with_drafts:
             # Tile n holds the drafts' K (and tile n + 1 their V unless V
-            # is a view of K). Row (h, i) sees drafts 0..i, scored without
-            # k_scale.
+            # is a view of K). Row (h, i) sees drafts 0..i (or as its mask
+            # says), scored without k_scale.
             stage = t0 % STAGES
             qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
-            qk = _mask_drafts(qk, DRAFT_LEN)
+            qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
             alpha, m_i, l_i = _hand_over(
-                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar
+                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, DRAFT_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
@@ -929,11 +1015,12 @@ def _consume_scores(
 
         # The row sums, for the value warpgroup's normalisation, once it
         # has read the previous segment's.
+        l_i = _row_sums(l_i, PREFIX_MASK or DRAFT_MASK)
         mbarrier.wait(sums_free, ((b - b0) & 1) ^ 1)
         xchg.index(STAGES).store(l_i)
         _warps_barrier()
         mbarrier.arrive(sums_bar, count=1)
-        dest = _dest(out_args, b, b0, whole, q_first)
+        dest = _dest(out_args, b, b0, whole, request)
         out = acc / gl.convert_layout(l_i, o_rows)[:, None]
         _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN, WIDE=True)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
@@ -975,7 +1062,7 @@ def _consume_values(
     _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, q_first, base = _segment(share, b, base)
+        kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
@@ -1003,7 +1090,7 @@ def _consume_values(
         l_i = xchg.index(STAGES).load(o_rows)
         _warps_barrier()  # every warp has read the sums
         mbarrier.arrive(sums_free, count=1)
-        dest = _dest(out_args, b, b0, whole, q_first)
+        dest = _dest(out_args, b, b0, whole, request)
         _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
 
@@ -1031,12 +1118,12 @@ def _store_out(
         stride_o_head,
         PART_O,
         _,
-        q_first,
+        request,
         slot,
         head_block,
         num_heads,
     ) = dest
-    out_args = (O, stride_o_tok, stride_o_head, q_first, head_block, num_heads)
+    out_args = (O, stride_o_tok, stride_o_head, request, head_block, num_heads)
     if write_output:
         if WIDE:
             # 16-byte stores, not 4-byte ones, after a regrouping through
@@ -1050,7 +1137,7 @@ def _store_out(
     else:
         layout: gl.constexpr = out.type.layout
         offs_h, offs_i, mask_m, offs_d = _tile_coords(
-            head_block, num_heads, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
+            head_block, num_heads, request[1], col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
         part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
         gl.store(PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None])
@@ -1059,10 +1146,11 @@ def _store_out(
 @gluon.jit
 def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # The output rows of a whole request, in out's layout.
-    O, stride_o_tok, stride_o_head, q_first, head_block, num_heads = out_args
+    O, stride_o_tok, stride_o_head, request, head_block, num_heads = out_args
+    q_first, num_rows, _, _ = request
     layout: gl.constexpr = out.type.layout
     offs_h, offs_i, mask_m, offs_d = _tile_coords(
-        head_block, num_heads, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
+        head_block, num_heads, num_rows, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
     )
     o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
     gl.store(O + o_row[:, None] + offs_d[None, :], out, mask=mask_m[:, None])
@@ -1072,10 +1160,12 @@ def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.cons
 def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # The segment's log2-sum-exp per row, for stage 2's merge (none
     # when it wrote the output itself).
-    write_output, _, _, _, _, PART_LSE, _, slot, head_block, num_heads = dest
+    write_output, _, _, _, _, PART_LSE, request, slot, head_block, num_heads = dest
     if not write_output:
         layout: gl.constexpr = m_i.type.layout
-        offs_h, offs_i, mask_m = _row_coords(head_block, num_heads, BLOCK_H, DRAFT_LEN, layout)
+        offs_h, offs_i, mask_m = _row_coords(
+            head_block, num_heads, request[1], BLOCK_H, DRAFT_LEN, layout
+        )
         row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
         gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
@@ -1090,6 +1180,8 @@ def _prefix_kernel_sm90(
     QO_INDPTR,
     KV_INDPTR,
     KV_INDICES,
+    MASK,
+    MASK_INDPTR,
     PART_O,
     PART_LSE,
     stride_q_tok,
@@ -1111,6 +1203,8 @@ def _prefix_kernel_sm90(
     V_EXT_FROM_K: gl.constexpr,
     SCORE_VALUE: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
+    PREFIX_MASK: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
 ):
     if LAUNCH_DEPENDENTS:
         # Stage 2 may launch from the start (kernel.dependent_launch):
@@ -1167,6 +1261,7 @@ def _prefix_kernel_sm90(
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
         scales = (score_scale, draft_scale, v_scale)
+        masks = (MASK, MASK_INDPTR)
         out_args = (
             O,
             stride_o_tok,
@@ -1213,7 +1308,6 @@ def _prefix_kernel_sm90(
             kv_rope_ring,
             ready,
             empty,
-            DRAFT_LEN,
             V_EXT_FROM_K,
             KV_FP8,
         )
@@ -1247,9 +1341,12 @@ def _prefix_kernel_sm90(
                             bars,
                             scales,
                             out_args,
+                            masks,
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
+                            PREFIX_MASK,
+                            DRAFT_MASK,
                         ),
                     ),
                     (
@@ -1302,10 +1399,13 @@ def _prefix_kernel_sm90(
                             empty,
                             scales,
                             out_args,
+                            masks,
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
                             KV_FP8,
+                            PREFIX_MASK,
+                            DRAFT_MASK,
                         ),
                     ),
                     (_produce, produce_args),
@@ -1339,17 +1439,25 @@ def launch_prefix(
     plan_block: int,
     score_value: bool,
     launch_dependents: bool,
+    custom_mask=None,
+    mask_indptr=None,
+    prefix_mask: bool = False,
 ) -> None:
     """Stage 1 on sm90 with ``ctas`` shares per head block, each of at least
     ``min_share`` positions (fewer shares on a small batch): writes the
     output of every request a share holds whole, and the partials (prefix values
     scaled by ``v_scale``, drafts included) of the others, ``part_o`` /
     ``part_lse`` rows ``(slot, head, draft)`` for ``partial_slots(ctas)``
-    slots. ``score_value`` picks that schedule (bf16 KV only, see
-    ``SCORE_VALUE_KV_DTYPES``) over columns. ``launch_dependents``: stage 2
-    is a programmatic dependent launch and may go out at this grid's start."""
+    slots. Request b has ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most
+    ``draft_len``. ``custom_mask`` (uint8, kernel.py's layout, with
+    ``mask_indptr``) replaces the causal draft block, and its prefix bits
+    are read too where ``prefix_mask``. ``score_value`` picks that schedule
+    (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over columns.
+    ``launch_dependents``: stage 2 is a programmatic dependent launch and may
+    go out at this grid's start."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
+    draft_mask = custom_mask is not None
     num_heads = q.shape[1]
     grid = ((num_heads + block_h - 1) // block_h, ctas)
     _prefix_kernel_sm90[grid](
@@ -1361,6 +1469,10 @@ def launch_prefix(
         qo_indptr,
         kv_indptr,
         kv_indices,
+        # Without a mask the kernel takes kv_indptr in its place and never
+        # reads it.
+        custom_mask if draft_mask else kv_indptr,
+        mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
         q.stride(0),
@@ -1382,5 +1494,7 @@ def launch_prefix(
         V_EXT_FROM_K=v_extend_from_k,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=launch_dependents,
+        PREFIX_MASK=draft_mask and prefix_mask,
+        DRAFT_MASK=draft_mask,
         **hopper.launch_options(score_value),
     )

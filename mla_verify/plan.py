@@ -5,8 +5,8 @@ shapes, dtypes, strides and the config, never from tensor values.
 the call, else the Triton kernel with the same tile), the grid, the
 workspace slots, whether V is a view of K and which mask bits the kernels
 read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA
-calls with every request's full draft count and no mask; ragged drafts,
-tree masks and other head dims take the Triton kernel. ``share_plan`` is
+calls (ragged drafts and tree masks included); other head dims take the
+Triton kernel. ``share_plan`` is
 the host-side model of the Hopper kernel's share rule, which both kernels
 compute on the device and the tests hold them to.
 """
@@ -49,8 +49,8 @@ def uses_gluon_sm90(
     """Whether a Hopper config runs the Hopper kernel for this call's
     tensors (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, MLA head
     dims, V a view of K); otherwise the Triton kernel runs the same tile.
-    Metadata only; ``plan_call`` adds what the Hopper kernel needs of the
-    draft counts and the mask."""
+    Metadata only: both kernels read the draft counts and masks on the
+    device."""
     return (
         hopper.available()
         and not INTERPRETED
@@ -156,8 +156,6 @@ class Plan:
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
-    uniform          every request has draft_len rows (q holds
-                     batch_size x draft_len): the Hopper kernel may run
     prefix_mask      stage 1 reads the mask's prefix bits
     draft_mask       stage 2 reads the mask's draft block (else causal)
     """
@@ -173,7 +171,6 @@ class Plan:
     dependent: bool
     merge_blocks: int
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
-    uniform: bool = True
     prefix_mask: bool = False
     draft_mask: bool = False
 
@@ -207,23 +204,17 @@ def plan_call(
     the call has a custom mask; ``skip_prefix_mask``: its prefix bits are
     not read (every row sees the whole prefix).
 
-    A call whose q holds batch_size x draft_len rows is uniform: the draft
-    counts are at most draft_len and sum to q's rows, so each is draft_len.
-    Only uniform, unmasked calls may take the Hopper kernel, which reads
-    neither counts nor mask; the Triton kernel reads both on the device."""
+    Either kernel reads the draft counts (at most draft_len each) and the
+    mask on the device."""
     num_heads = q.shape[1]
     head_dims = (q.shape[-1], v_buffer.shape[-1])
     v_from_k = v_is_k_view(k_buffer, v_buffer)
     if not v_from_k:
         config = for_separate_v(config, head_dims)
     config = fit_grid(config, batch_size)
-    uniform = q.shape[0] == batch_size * draft_len
     share_ctas = 0
-    if (
-        config.kernel in HOPPER_KERNELS
-        and uniform
-        and not masked
-        and uses_gluon_sm90(q, k_buffer, draft_len, v_from_k, head_dims[1])
+    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
+        q, k_buffer, draft_len, v_from_k, head_dims[1]
     ):
         share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
     return Plan(
@@ -240,7 +231,6 @@ def plan_call(
             merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1
         ),
         head_dims=head_dims,
-        uniform=uniform,
         prefix_mask=masked and not skip_prefix_mask,
         draft_mask=masked,
     )

@@ -113,15 +113,15 @@ def test_spills_and_lds_are_read_from_the_compiled_kernel():
 VARIANTS_SCRIPT = textwrap.dedent(
     """
     import sys
-    from mla_verify.aot import compile_prefix_kernel
+    from mla_verify.aot import MASKS, compile_prefix_kernel
     from mla_verify.config import default_config
     from mla_verify.problem import HEAD_DIMS
     arch = sys.argv[1]
     for dims in HEAD_DIMS:
         config = default_config(16, 4, 8, arch, "bf16", dims)
-        for prefix_mask in (False, True):
-            compile_prefix_kernel(config, 4, "bf16", arch, dims, prefix_mask=prefix_mask)
-            print(dims, prefix_mask, "ok")
+        for mask in MASKS:
+            compile_prefix_kernel(config, 4, "bf16", arch, dims, mask=mask)
+            print(dims, mask, "ok")
     """
 )
 
@@ -129,8 +129,8 @@ VARIANTS_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(TARGETS))
 def test_every_head_dims_and_mask_variant_compiles(arch):
-    """Stage 1 for each supported head-dims pair, reading prefix mask bits
-    or not, compiles for each arch (the Triton kernel, or the Hopper one
+    """Stage 1 for each supported head-dims pair, with no mask, a draft-block
+    mask or prefix mask bits too, compiles for each arch (the Triton kernel, or the Hopper one
     where the default picks it)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -142,4 +142,4 @@ def test_every_head_dims_and_mask_variant_compiles(arch):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 6
+    assert proc.stdout.count("ok") == 9

@@ -248,10 +248,10 @@ def test_row_that_sees_no_key_gets_zero(device):
     assert bool((out[2] == 0).all())
 
 
-def test_hopper_kernel_takes_only_uniform_unmasked_calls(monkeypatch):
-    """The Hopper kernel reads neither draft counts nor masks: a ragged call
-    (q rows below batch x L) or a masked one plans the Triton kernel; the
-    plan says which mask bits the Triton kernel reads."""
+def test_hopper_kernel_takes_ragged_and_masked_calls(monkeypatch):
+    """Both kernels read the draft counts and the mask on the device: a
+    ragged call (q rows below batch x L) and a masked one plan the Hopper
+    kernel; the plan says which mask bits it reads."""
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
     config = hopper_config(8, 4, 2)
@@ -271,12 +271,13 @@ def test_hopper_kernel_takes_only_uniform_unmasked_calls(monkeypatch):
             skip_prefix_mask=b.skip_prefix_custom_mask,
         )
 
-    assert planned().hopper
+    assert planned().hopper and not planned().draft_mask
     ragged = planned(draft_counts=[4, 3])
-    assert not ragged.hopper and not ragged.uniform and not ragged.draft_mask
+    assert ragged.hopper and not ragged.draft_mask
     tree = planned(mask="tree")
-    assert not tree.hopper and tree.draft_mask and not tree.prefix_mask
-    assert planned(mask="tree", skip_prefix_custom_mask=False).prefix_mask
+    assert tree.hopper and tree.draft_mask and not tree.prefix_mask
+    prefix_bits = planned(mask="tree", skip_prefix_custom_mask=False)
+    assert prefix_bits.hopper and prefix_bits.draft_mask and prefix_bits.prefix_mask
 
 
 def test_hopper_kernel_is_mla_only(monkeypatch):
@@ -374,6 +375,45 @@ def test_merge_after_shares(
             weights = torch.softmax(part_lse[slots] * math.log(2), dim=0)
             merged = (weights[..., None] * part_o[slots]).sum(0).transpose(0, 1)
             check_close(out[rows], merged, what=f"request {b}: slots {slots}")
+
+
+def test_merge_after_shares_ragged_and_empty_rows(device):
+    """With ragged draft counts, stage 2 writes a split request's own rows
+    alone (q packs the requests back to back), and a row every partial of
+    which is empty (lse -inf: a mask hid all its keys) gets 0, not NaN."""
+    heads, draft_len, ctas, min_share = 3, 3, 12, 4
+    prefix_lens, counts = [2000, 64, 700], [1, 3, 2]
+    batch = make_batch(heads, draft_len, prefix_lens, draft_counts=counts, device=device)
+    pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
+    assert [len(p) > 1 for p in pieces] == [True, False, True]
+    gen = torch.Generator(device=device).manual_seed(0)
+    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
+    part_lse[pieces[2], 1, 1] = float("-inf")  # request 2, head 1, draft 1 saw nothing
+    part_o[pieces[2], 1, 1] = 0.0
+    out = batch.new_output()
+    kernel.launch_merge_shares(
+        out,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        part_o,
+        part_lse,
+        batch_size=batch.batch_size,
+        draft_len=draft_len,
+        share_ctas=ctas,
+        min_share=min_share,
+        column_blocks=4,
+        dependent=plan.dependent_launch(out.device),
+    )
+    first = [0, 1, 4]  # each request's first row of q and the output
+    for b in (0, 2):
+        slots = pieces[b]
+        weights = torch.softmax(part_lse[slots, :, : counts[b]] * math.log(2), dim=0)
+        merged = (weights.nan_to_num()[..., None] * part_o[slots, :, : counts[b]]).sum(0)
+        rows = slice(first[b], first[b] + counts[b])
+        check_close(out[rows], merged.transpose(0, 1), what=f"request {b}")
+    assert bool((out[5, 1] == 0).all())
+    assert torch.isnan(out[1:4]).all(), "request 1 is one share's: stage 1 writes it"
 
 
 @pytest.mark.parametrize(
@@ -842,37 +882,87 @@ def test_gpu_random_trees(seed):
     _run_and_check(batch, None, "cuda")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"draft_counts": [4, 2, 1]},
-        {"mask": "tree"},
-        {"mask": "causal", "hide_prefix": 0.2, "skip_prefix_custom_mask": False},
-        {"head_dims": (256, 256)},
-    ],
-    ids=["ragged", "tree", "prefix_bits", "d256"],
-)
-def test_gpu_hopper_config_runs_other_calls_on_the_triton_kernel(kwargs):
-    """Under a Hopper config, ragged, masked and non-MLA calls plan the
-    Triton kernel (the Hopper kernel reads neither counts nor masks) and
-    compute the same function."""
-    batch = make_batch(16, 4, [3000, 64, 1], device="cuda", **kwargs)
-    config = hopper_config(16, 4, 3)
-    planned = plan.plan_call(
+HOPPER_CALLS = [
+    # id, make_batch kwargs
+    ("ragged", {"draft_counts": [4, 2, 1, 3, 1]}),
+    ("tree", {"mask": "tree"}),
+    ("tree_ragged", {"mask": "tree", "draft_counts": [1, 4, 3, 2, 4]}),
+    ("causal_mask", {"mask": "causal"}),
+    ("prefix_bits", {"mask": "tree", "hide_prefix": 0.3, "skip_prefix_custom_mask": False}),
+    (
+        "prefix_bits_ragged",
+        {
+            "mask": "causal",
+            "hide_prefix": 0.2,
+            "skip_prefix_custom_mask": False,
+            "draft_counts": [3, 1, 4, 4, 2],
+        },
+    ),
+]
+
+
+def _hopper_plan(batch, config):
+    return plan.plan_call(
         batch.q,
         batch.k_extend,
         batch.v_extend,
         batch.k_buffer,
         batch.v_buffer,
-        batch_size=3,
-        draft_len=4,
+        batch_size=len(batch.prefix_lens),
+        draft_len=batch.draft_len,
         config=config,
         masked=batch.custom_mask is not None,
         skip_prefix_mask=batch.skip_prefix_custom_mask,
     )
-    assert not planned.hopper
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("kwargs", [c[1] for c in HOPPER_CALLS], ids=[c[0] for c in HOPPER_CALLS])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("schedule", HOPPER_KERNELS)
+def test_gpu_hopper_kernel_runs_ragged_and_masked_calls(schedule, kv_dtype, kwargs):
+    """Ragged drafts, tree masks and prefix mask bits run on the Hopper
+    kernel, in both schedules, with requests held whole by one CTA and
+    split over several (3000 tokens), empty prefixes included."""
+    scales = {} if kv_dtype == torch.bfloat16 else {"k_scale": 0.75, "v_scale": 1.25}
+    batch = make_batch(
+        16, 4, [3000, 64, 1, 0, 700], kv_dtype=kv_dtype, device="cuda", **scales, **kwargs
+    )
+    config = hopper_config(16, 4, 5, schedule)
+    assert _hopper_plan(batch, config).hopper
+    _run_and_check(batch, config, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("schedule", HOPPER_KERNELS)
+@pytest.mark.parametrize("prefix_len", [20, 5000], ids=["whole", "split"])
+def test_gpu_hopper_row_that_sees_no_key_gets_zero(schedule, prefix_len):
+    """On the Hopper kernel too, a row whose bits are all off gets 0, whether
+    one CTA holds its request or several do (then every partial of the row
+    is empty and the merge gets sum 0)."""
+    batch = make_batch(
+        16, 4, [prefix_len, 6], mask="tree", skip_prefix_custom_mask=False, device="cuda"
+    )
+    width = prefix_len + 4  # request 0's row: its prefix, then its drafts
+    start = int(batch.mask_indptr[0]) + 2 * width
+    batch.custom_mask[start : start + width] = False
+    config = hopper_config(16, 4, 2, schedule)
+    assert _hopper_plan(batch, config).hopper
+    ref = batch.reference()
+    assert bool((ref[2] == 0).all())
+    _run_and_check(batch, config, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+def test_gpu_hopper_config_runs_other_head_dims_on_the_triton_kernel():
+    """Under a Hopper config, a call with ordinary attention's head dims
+    plans the Triton kernel and computes the same function."""
+    batch = make_batch(16, 4, [3000, 64, 1], device="cuda", head_dims=(256, 256))
+    config = hopper_config(16, 4, 3)
+    assert not _hopper_plan(batch, config).hopper
     _run_and_check(batch, config, "cuda")
 
 
