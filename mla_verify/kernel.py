@@ -48,8 +48,8 @@ Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
 A row the mask hides every key of a chunk from holds weight 0 there; a row
 that sees no key at all gets output 0.
-Limits: one KV head; page size 1; the Hopper kernel takes MLA calls with
-E_b = L for every request and no mask (plan.py), this one every call.
+Limits: one KV head; page size 1; the Hopper kernel takes MLA calls
+(ragged and masked ones too: plan.py), this one every call.
 """
 
 from __future__ import annotations

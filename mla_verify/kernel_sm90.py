@@ -3,6 +3,9 @@
 warp-specialised gather. Host facts (tile, registers, shares) are in hopper.py.
 
 Tensors are kernel.py's; V is a view of K (MLA), KV bf16 or fp8 e4m3, q bf16.
+Like kernel.py it reads each request's draft count from qo_indptr (rows past
+it masked) and, with a custom mask, the draft block's bits in place of the
+causal mask, and each prefix tile's bits where they are read.
 
 Why a second kernel: plain Triton gives both warpgroups the whole score tile
 and overlaps nothing, which stalls it near a third of the matmul rate.
