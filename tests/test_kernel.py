@@ -299,6 +299,26 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
+def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks):
+    """Stage 2 after ``ctas`` shares of ``batch`` on the given partials,
+    into a NaN-filled output."""
+    out = batch.new_output()
+    kernel.launch_merge_shares(
+        out,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        part_o,
+        part_lse,
+        batch_size=batch.batch_size,
+        draft_len=batch.draft_len,
+        share_ctas=ctas,
+        min_share=min_share,
+        column_blocks=column_blocks,
+        dependent=plan.dependent_launch(out.device),
+    )
+    return out
+
+
 @pytest.mark.parametrize("column_blocks", [1, 4, 16])
 @pytest.mark.parametrize(
     "draft_len,ctas,min_share,prefix_lens,expected_pieces",
@@ -351,20 +371,7 @@ def test_merge_after_shares(
     gen = torch.Generator(device=device).manual_seed(0)
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
-    out = batch.new_output()
-    kernel.launch_merge_shares(
-        out,
-        batch.qo_indptr,
-        batch.kv_indptr,
-        part_o,
-        part_lse,
-        batch_size=batch.batch_size,
-        draft_len=draft_len,
-        share_ctas=ctas,
-        min_share=min_share,
-        column_blocks=column_blocks,
-        dependent=plan.dependent_launch(out.device),
-    )
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks)
 
     for b, slots in enumerate(pieces):
         rows = slice(b * draft_len, (b + 1) * draft_len)
@@ -391,20 +398,7 @@ def test_merge_after_shares_ragged_and_empty_rows(device):
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
     part_lse[pieces[2], 1, 1] = float("-inf")  # request 2, head 1, draft 1 saw nothing
     part_o[pieces[2], 1, 1] = 0.0
-    out = batch.new_output()
-    kernel.launch_merge_shares(
-        out,
-        batch.qo_indptr,
-        batch.kv_indptr,
-        part_o,
-        part_lse,
-        batch_size=batch.batch_size,
-        draft_len=draft_len,
-        share_ctas=ctas,
-        min_share=min_share,
-        column_blocks=4,
-        dependent=plan.dependent_launch(out.device),
-    )
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
     first = [0, 1, 4]  # each request's first row of q and the output
     for b in (0, 2):
         slots = pieces[b]
@@ -727,67 +721,6 @@ def test_gpu_pool_over_2_pow_31_elements():
     _run_and_check(batch, None, "cuda")
 
 
-@pytest.mark.gpu
-def test_gpu_graph_replay_after_lengths_change():
-    """Capture once; the engine then rewrites prefix lengths, slots and
-    contents in place (same batch size); replay gives the new answer."""
-    import mla_verify
-
-    heads, draft_len, bs = 16, 4, 8
-    first = make_batch(heads, draft_len, [4000] * bs, device="cuda", pool_slots=80_000, seed=1)
-    second = make_batch(
-        heads,
-        draft_len,
-        [7000, 1, 0, 513, 64, 9000, 3, 2048],
-        device="cuda",
-        pool_slots=80_000,
-        seed=2,
-    )
-    mla_verify.prepare_workspace(bs, heads, draft_len)
-    # Static buffers the graph reads, sized for the larger index list.
-    kv_indices = torch.zeros(80_000, dtype=torch.int32, device="cuda")
-    kv_indices[: first.kv_indices.numel()] = first.kv_indices
-    out = first.new_output()
-
-    def call():
-        verify_mla_fwd(
-            first.q,
-            first.k_extend,
-            first.v_extend,
-            out,
-            first.k_buffer,
-            first.v_buffer,
-            first.qo_indptr,
-            first.kv_indptr,
-            kv_indices,
-            None,
-            True,
-            None,
-            draft_len,
-            sm_scale=first.sm_scale,
-        )
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # compile and warm up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    out.fill_(float("nan"))
-    graph.replay()
-    check_close(out, first.reference(), what="first replay")
-
-    for name in ("q", "k_extend", "v_extend", "k_buffer", "kv_indptr"):
-        getattr(first, name).copy_(getattr(second, name))
-    kv_indices[: second.kv_indices.numel()] = second.kv_indices
-    out.fill_(float("nan"))
-    graph.replay()
-    second.kv_indices = kv_indices[: second.kv_indices.numel()]
-    check_close(out, second.reference(), what="replay after lengths changed")
-
-
 # Every call an engine makes besides the uniform causal MLA one: trees,
 # ragged draft counts, hidden prefix keys, ordinary attention's head dims.
 GPU_VERIFY_CASES = [
@@ -967,20 +900,23 @@ def test_gpu_hopper_config_runs_other_head_dims_on_the_triton_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mask", [None, "tree"])
-def test_gpu_graph_replay_with_new_draft_counts(mask):
-    """One captured graph replays a ragged batch after the engine rewrites
-    the draft counts, prefix lengths, slots and (tree) mask bits in place:
-    the kernels read them all on the device."""
+@pytest.mark.parametrize("kind", ["uniform", "ragged", "tree"])
+def test_gpu_graph_replay_after_lengths_change(kind):
+    """One captured graph replays after the engine rewrites prefix lengths,
+    slots and contents in place (same batch size), and for ragged and tree
+    batches the draft counts and mask bits too: the kernels read them all on
+    the device."""
     import mla_verify
 
     heads, draft_len, bs, slots = 16, 4, 8, 80_000
+    mask = "tree" if kind == "tree" else None
     masked = {"mask": mask, "hide_prefix": 0.1, "skip_prefix_custom_mask": False} if mask else {}
+    ragged = kind != "uniform"
     first = make_batch(
         heads,
         draft_len,
         [4000] * bs,
-        draft_counts=[4, 1, 3, 2, 4, 1, 2, 3],
+        draft_counts=[4, 1, 3, 2, 4, 1, 2, 3] if ragged else None,
         device="cuda",
         pool_slots=slots,
         seed=1,
@@ -990,7 +926,8 @@ def test_gpu_graph_replay_with_new_draft_counts(mask):
         heads,
         draft_len,
         [7000, 1, 0, 513, 64, 9000, 3, 2048],
-        draft_counts=[1, 4, 2, 3, 2, 3, 4, 1],  # as many rows in all: q keeps its shape
+        # As many rows in all: q keeps its shape.
+        draft_counts=[1, 4, 2, 3, 2, 3, 4, 1] if ragged else None,
         device="cuda",
         pool_slots=slots,
         seed=2,
@@ -1051,7 +988,7 @@ def test_gpu_graph_replay_with_new_draft_counts(mask):
     out.fill_(float("nan"))
     graph.replay()
     second.kv_indices = kv_indices[: second.kv_indices.numel()]
-    check_close(out, second.reference(), what="replay after counts changed")
+    check_close(out, second.reference(), what="replay after lengths and counts changed")
 
 
 def test_kernel_hash_reads_code_alone():
