@@ -26,6 +26,7 @@ logger = logging.getLogger("bench_plot")
 SHAPES_PER_FIGURE = 24
 COLORS = {
     "tuned": "#1f77b4",
+    "paged": "#17becf",
     "default": "#aec7e8",
     "mha": "#c7c7c7",
     "triton": "#9edae5",
@@ -59,7 +60,7 @@ def plot_roofline(
     out_dir: Path,
     *,
     title: str = "",
-    contenders: Sequence[str] = ("tuned", "triton", "flashinfer", "flashmla"),
+    contenders: Sequence[str] = ("tuned", "paged", "triton", "flashinfer", "flashmla"),
 ) -> list[Path]:
     """Write roofline.png (or roofline_01.png, ... past 24 shapes); returns the paths."""
     shapes, series, bound = _roofline_table(rows, contenders)
