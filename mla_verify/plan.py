@@ -6,9 +6,9 @@ the call, else the Triton kernel with the same tile), the grid, the
 workspace slots, whether V is a view of K and which mask bits the kernels
 read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA
 calls (ragged drafts and tree masks included); other head dims take the
-Triton kernel. ``share_plan`` is
-the host-side model of the Hopper kernel's share rule, which both kernels
-compute on the device and the tests hold them to.
+Triton kernel. ``share_plan`` is the host-side model of the Hopper
+kernel's share rule, which both kernels compute on the device and the
+tests hold them to.
 """
 
 from __future__ import annotations
@@ -157,7 +157,9 @@ class Plan:
     merge_blocks     column blocks of stage 2 after the shares
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
     prefix_mask      stage 1 reads the mask's prefix bits
-    draft_mask       stage 2 reads the mask's draft block (else causal)
+    draft_mask       the mask's draft block replaces the causal one (the
+                     Hopper kernel reads it in stage 1, the Triton path in
+                     stage 2)
     """
 
     config: VerifyConfig
