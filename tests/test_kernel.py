@@ -549,25 +549,38 @@ GPU_SHAPES = [
 ]
 
 
+# Each GPU test runs bf16 KV and fp8 KV (the latter with the scales a
+# calibrated fp8 cache carries: _gpu_batch).
+gpu_kv_dtypes = pytest.mark.parametrize(
+    "kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"]
+)
+
+
+def _gpu_batch(heads, draft_len, prefix_lens, kv_dtype, **kwargs):
+    """A GPU batch in a pool about twice its prefix tokens, with fp8 KV's
+    scales where kv_dtype is fp8."""
+    scales = {} if kv_dtype == torch.bfloat16 else {"k_scale": 0.75, "v_scale": 1.25}
+    return make_batch(
+        heads,
+        draft_len,
+        prefix_lens,
+        kv_dtype=kv_dtype,
+        device="cuda",
+        pool_slots=sum(prefix_lens) * 2 + 64,
+        **scales,
+        **kwargs,
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "heads,draft_len,prefix_lens",
     GPU_SHAPES,
     ids=[f"H{h}_L{l}_bs{len(p)}_max{max(p)}" for h, l, p in GPU_SHAPES],
 )
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@gpu_kv_dtypes
 def test_gpu_matches_reference(heads, draft_len, prefix_lens, kv_dtype):
-    batch = make_batch(
-        heads,
-        draft_len,
-        prefix_lens,
-        kv_dtype=kv_dtype,
-        device="cuda",
-        pool_slots=sum(prefix_lens) * 2,
-        k_scale=0.75 if kv_dtype != torch.bfloat16 else 1.0,
-        v_scale=1.25 if kv_dtype != torch.bfloat16 else 1.0,
-    )
-    _run_and_check(batch, None, "cuda")
+    _run_and_check(_gpu_batch(heads, draft_len, prefix_lens, kv_dtype), None, "cuda")
 
 
 ON_HOPPER = (
@@ -577,33 +590,19 @@ ON_HOPPER = (
 )
 
 
-# fp8 KV runs with the scales a calibrated fp8 cache carries.
-HOPPER_KV = {
-    "bf16": {},
-    "fp8": {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.25},
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
 @pytest.mark.parametrize("schedule", HOPPER_KERNELS)
-@pytest.mark.parametrize("kv", list(HOPPER_KV))
+@gpu_kv_dtypes
 @pytest.mark.parametrize(
     "heads,draft_len,prefix_lens",
     GPU_SHAPES,
     ids=[f"H{h}_L{l}_bs{len(p)}_max{max(p)}" for h, l, p in GPU_SHAPES],
 )
 def test_gpu_hopper_kernel_matches_reference(
-    heads, draft_len, prefix_lens, kv, schedule, monkeypatch
+    heads, draft_len, prefix_lens, kv_dtype, schedule, monkeypatch
 ):
-    batch = make_batch(
-        heads,
-        draft_len,
-        prefix_lens,
-        device="cuda",
-        pool_slots=sum(prefix_lens) * 2,
-        **HOPPER_KV[kv],
-    )
+    batch = _gpu_batch(heads, draft_len, prefix_lens, kv_dtype)
     # The call must take the Gluon kernel, not the Triton fallback.
     assert plan.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
     ref = batch.reference()
@@ -792,20 +791,9 @@ GPU_VERIFY_CASES = [
     [c[1:] for c in GPU_VERIFY_CASES],
     ids=[c[0] for c in GPU_VERIFY_CASES],
 )
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@gpu_kv_dtypes
 def test_gpu_verify_cases_match_reference(heads, draft_len, prefix_lens, kwargs, kv_dtype):
-    scales = {} if kv_dtype == torch.bfloat16 else {"k_scale": 0.75, "v_scale": 1.25}
-    batch = make_batch(
-        heads,
-        draft_len,
-        prefix_lens,
-        kv_dtype=kv_dtype,
-        device="cuda",
-        pool_slots=sum(prefix_lens) * 2 + 64,
-        **scales,
-        **kwargs,
-    )
-    _run_and_check(batch, None, "cuda")
+    _run_and_check(_gpu_batch(heads, draft_len, prefix_lens, kv_dtype, **kwargs), None, "cuda")
 
 
 @pytest.mark.gpu
@@ -852,16 +840,13 @@ def _hopper_plan(batch, config):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
 @pytest.mark.parametrize("kwargs", [c[1] for c in HOPPER_CALLS], ids=[c[0] for c in HOPPER_CALLS])
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@gpu_kv_dtypes
 @pytest.mark.parametrize("schedule", HOPPER_KERNELS)
 def test_gpu_hopper_kernel_runs_ragged_and_masked_calls(schedule, kv_dtype, kwargs):
     """Ragged drafts, tree masks and prefix mask bits run on the Hopper
     kernel, in both schedules, with requests held whole by one CTA and
     split over several (3000 tokens), empty prefixes included."""
-    scales = {} if kv_dtype == torch.bfloat16 else {"k_scale": 0.75, "v_scale": 1.25}
-    batch = make_batch(
-        16, 4, [3000, 64, 1, 0, 700], kv_dtype=kv_dtype, device="cuda", **scales, **kwargs
-    )
+    batch = _gpu_batch(16, 4, [3000, 64, 1, 0, 700], kv_dtype, **kwargs)
     config = hopper_config(16, 4, 5, schedule)
     assert _hopper_plan(batch, config).hopper
     _run_and_check(batch, config, "cuda")
