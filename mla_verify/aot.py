@@ -34,7 +34,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from . import hopper, kernel
-from .config import HOPPER_KERNELS, VerifyConfig, hopper_schedule, rows_per_program
+from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
 from .problem import MLA_HEAD_DIMS, check_head_dims
 
 # arch -> (Triton target, shared memory per block in bytes)
@@ -113,9 +113,9 @@ def compile_prefix_kernel(
     if on_hopper and mla and kv_dtype in hopper.KV_DTYPES:
         # Without a mask the launch passes kv_indptr in the mask's place.
         pointers |= {"MASK": "*i32" if mask == "none" else "*u8", "MASK_INDPTR": "*i32"}
-        schedule = hopper_schedule(config.kernel, kv_dtype)
+        score_value = runs_score_value(config.kernel, kv_dtype)
         compiled = _compile_hopper_kernel(
-            config, draft_len, target, pointers, schedule, mask != "none", prefix_mask
+            config, draft_len, target, pointers, score_value, mask != "none", prefix_mask
         )
     else:
         pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
@@ -256,7 +256,7 @@ def _compile_hopper_kernel(
     draft_len: int,
     target,
     pointers,
-    schedule: str,
+    score_value: bool,
     draft_mask: bool,
     prefix_mask: bool,
 ):
@@ -266,7 +266,7 @@ def _compile_hopper_kernel(
         BLOCK_H=config.BLOCK_H,
         BLOCK_B=kernel.PLAN_BLOCK,
         V_EXT_FROM_K=False,
-        SCHEDULE=schedule,
+        SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)
         PREFIX_MASK=prefix_mask,
         DRAFT_MASK=draft_mask,
@@ -280,4 +280,4 @@ def _compile_hopper_kernel(
         constexprs,
         aligned & set(fn.arg_names),
     )
-    return triton.compile(src, target=target, options=hopper.launch_options(schedule))
+    return triton.compile(src, target=target, options=hopper.launch_options(score_value))

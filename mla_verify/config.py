@@ -23,25 +23,17 @@ from .problem import MLA_HEAD_DIMS, check_shape, kv_dtype_name
 # 8 warps' registers (measured on the H200); 128 rows spills.
 MAX_ROWS = 64
 MAX_KV_SPLITS = 64
-# Stage 1's implementations: the Triton kernel (any GPU) and the Hopper
-# kernel, one name for each of its schedules (kernel_sm90's docstring).
-HOPPER_SCHEDULES = {
-    "gluon_sm90": "columns",
-    "gluon_sm90_sv": "score_value",
-    "gluon_sm90_ss": "seesaw",
-}
-HOPPER_KERNELS = tuple(HOPPER_SCHEDULES)
+# Stage 1's implementations: the Triton kernel (any GPU) and the two
+# schedules of the Hopper kernel (kernel_sm90's docstring).
+HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
 KERNELS = ("triton", *HOPPER_KERNELS)
 
 
-def hopper_schedule(kernel: str, kv_dtype: str) -> str:
-    """The Hopper kernel's schedule for a config's ``kernel``: the one it
-    names where the KV dtype allows it, otherwise columns (same tile and
-    plan): the two-warpgroup schedules take bf16 KV only."""
-    schedule = HOPPER_SCHEDULES.get(kernel, "columns")
-    if kv_dtype not in hopper.TWO_WARPGROUP_KV_DTYPES:
-        return "columns"
-    return schedule
+def runs_score_value(kernel: str, kv_dtype: str) -> bool:
+    """Whether a config's stage 1 runs the Hopper kernel's score/value
+    schedule: where it names it and the KV dtype allows it; otherwise a
+    "gluon_sm90_sv" config runs the columns schedule (same tile and plan)."""
+    return kernel == "gluon_sm90_sv" and kv_dtype in hopper.SCORE_VALUE_KV_DTYPES
 
 
 def rows_per_program(block_h: int, draft_len: int) -> int:
@@ -69,11 +61,9 @@ class VerifyConfig:
                    AMD-only compiler options; None leaves them to Triton
     kernel         stage 1's implementation: "triton" (any GPU), or the
                    Hopper kernel (64 rows, 64-token two-stage ring) with its
-                   consumers splitting score columns, "gluon_sm90", as a
-                   score and a value warpgroup, "gluon_sm90_sv", or as two
-                   warpgroups scoring alternate tiles, "gluon_sm90_ss"
-                   (the last two bf16 KV only; other KV dtypes run
-                   "gluon_sm90"); calls the Hopper
+                   consumers splitting score columns, "gluon_sm90", or as a
+                   score and a value warpgroup, "gluon_sm90_sv" (bf16 KV;
+                   other KV dtypes run "gluon_sm90"); calls the Hopper
                    kernel cannot compute run the Triton kernel with the same
                    tile
     MIN_SHARE      Hopper kernel only: positions (prefix tiles, and one
@@ -204,8 +194,7 @@ def default_config(
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype = kv_dtype_name(kv_dtype)
     if arch == "sm90" and draft_len <= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS:
-        two_warpgroups = hopper_schedule("gluon_sm90_sv", kv_dtype) == "score_value"
-        kernel = "gluon_sm90_sv" if two_warpgroups else "gluon_sm90"
+        kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
         return hopper_config(num_heads, draft_len, batch_size, kernel)
     return triton_default_config(num_heads, draft_len, batch_size, arch, kv_dtype, head_dims)
 

@@ -30,18 +30,13 @@ DRAFT_POSITIONS = 5
 # Registers: 12 warps x 168 fill the register file. The producer keeps 88
 # (two tiles' slot indices; 56 spilled them), the rest goes to the consumers
 # (setmaxnreg); with score/value the value warpgroup holds half the output
-# (128 words a thread) in 176, leaving the score warpgroup 240; the seesaw's
-# two warpgroups each hold half the output and a score tile.
+# (128 words a thread) in 176, leaving the score warpgroup 240.
 MAX_REGS = 168
 PRODUCER_REGS = 88
 VALUE_REGS = 176
-SEESAW_REGS = 208
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
-# The consumers' schedules (kernel_sm90's docstring); all but columns take
-# KV in q's dtype only.
-SCHEDULES = ("columns", "score_value", "seesaw")
-TWO_WARPGROUP_KV_DTYPES = ("bf16",)
+SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
 
 # The constants that shape the kernel, hashed with its jitted functions into
 # kernel.KERNEL_HASH.
@@ -56,7 +51,6 @@ SHAPE = (
     MAX_REGS,
     WARPGROUP,
     VALUE_REGS,
-    SEESAW_REGS,
     HALF_V,
     DRAFT_POSITIONS,
 )
@@ -98,9 +92,9 @@ def supports(
     )
 
 
-def launch_options(schedule: str) -> dict[str, int]:
+def launch_options(score_value: bool) -> dict[str, int]:
     """num_warps (the default partition's) and the register cap of a launch."""
-    warps = CONSUMER_WARPS if schedule == "columns" else WARPGROUP
+    warps = WARPGROUP if score_value else CONSUMER_WARPS
     return {"num_warps": warps, "maxnreg": MAX_REGS}
 
 

@@ -30,8 +30,8 @@ A long request among short ones thus gets many units (as FlashMLA plans on
 the GPU), with no host sync: both stages derive the plan and the draft
 counts from the indptrs on the device.
 
-On sm90, a config with a Hopper kernel name (config.HOPPER_SCHEDULES) runs
-stage 1 as the Gluon kernel of kernel_sm90.py instead, with its own
+On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
+as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
 plan: balanced shares of the batch's tiles on one wave of CTAs, each
 request's drafts folded in (kernel_sm90's docstring). NUM_KV_SPLITS then
 plays no part, MIN_SHARE sets the smallest share; stage 2 is then
@@ -749,7 +749,7 @@ def launch(
             v_scale=v_scale,
             v_extend_from_k=plan.v_extend_from_k,
             plan_block=PLAN_BLOCK,
-            schedule=plan.schedule,
+            score_value=plan.score_value,
             launch_dependents=plan.dependent,
             custom_mask=custom_mask if plan.draft_mask else None,
             mask_indptr=mask_indptr if plan.draft_mask else None,

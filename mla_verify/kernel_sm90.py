@@ -13,16 +13,11 @@ and overlaps nothing, which stalls it near a third of the matmul rate.
 Each CTA holds 64 query rows (BLOCK_H heads x L drafts). A producer (4 warps)
 gathers 64 prefix tokens at a time with cp.async into a two-stage shared
 ring, loading the next tile's slot indices a tile ahead. Two warpgroups
-consume, in one of three schedules:
+consume, in one of two schedules:
 
     columns      one 8-warp partition: S = Q K^T split by score columns,
                  online softmax, P through shared memory, O += P V with V the
                  same latent tile, 256 output columns a warpgroup. Runs fp8.
-    seesaw       each warpgroup scores every other tile (the whole 64 x 64
-                 score tile), hands its P and running max to the other,
-                 and adds P V of every tile for its 256 output columns; one
-                 warpgroup's softmax runs under the other's matrix
-                 products. bf16 KV only.
     score/value  the score warpgroup computes the whole score tile, the
                  softmax and columns 0-255, and hands P (into the tile's
                  spent rope rows) and the rescale factors to the value
@@ -74,7 +69,6 @@ PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
 DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
-SEESAW_REGS = gl.constexpr(hopper.SEESAW_REGS)
 HALF_V = gl.constexpr(hopper.HALF_V)
 D_NOPE = gl.constexpr(problem.D_NOPE)
 D_ROPE = gl.constexpr(problem.D_ROPE)
@@ -547,19 +541,11 @@ def _online_softmax(qk, scale, m_i, MASKED: gl.constexpr):
     # MASKED: a mask may hide every key a row has seen so far; such a
     # row keeps max -inf and shifts by 0, not NaN.
     m_new = gl.maximum(m_i, gl.max(qk, 1) * scale)
-    shift = _shift(m_new, MASKED)
-    p = gl.exp2(qk * scale - shift[:, None])
-    return p, gl.exp2(m_i - shift), m_new
-
-
-@gluon.jit
-def _shift(m_new, MASKED: gl.constexpr):
-    # What a tile's scores are shifted by: the running max, or 0 where a
-    # mask has hidden every key so far (max -inf).
     shift = m_new
     if MASKED:
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    return shift
+    p = gl.exp2(qk * scale - shift[:, None])
+    return p, gl.exp2(m_i - shift), m_new
 
 
 @gluon.jit
@@ -1111,519 +1097,6 @@ def _consume_values(
         _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
 
-@gluon.jit
-def _pair_sync(pair, phase):
-    # Seesaw: both warpgroups meet. Each arrives once its warps' shared
-    # stores are fenced for wgmma (the async proxy), then waits for the
-    # other; phase counts the meetings (two a segment).
-    fence_async_shared()
-    _warps_barrier()
-    mbarrier.arrive(pair, count=1)
-    mbarrier.wait(pair, phase & 1)
-
-
-@gluon.jit
-def _stage_q_half(
-    q_nope,
-    q_rope,
-    q_args,
-    request,
-    head_block,
-    num_heads,
-    BLOCK_H: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    G: gl.constexpr,
-):
-    # Seesaw: warpgroup G stages q's nope columns 256 G .. 256 G + 255,
-    # warpgroup 0 the rope columns too; the caller's _pair_sync shows
-    # them to both.
-    Q, stride_q_tok, stride_q_head = q_args
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPGROUP, 1], [1, 0])
-    q_nope.slice(G * HALF_V, HALF_V, dim=1).store(
-        _load_q(
-            Q,
-            request,
-            head_block,
-            num_heads,
-            stride_q_tok,
-            stride_q_head,
-            G * HALF_V,
-            HALF_V,
-            BLOCK_H,
-            DRAFT_LEN,
-            layout,
-        )
-    )
-    if G == 0:
-        q_rope.store(
-            _load_q(
-                Q,
-                request,
-                head_block,
-                num_heads,
-                stride_q_tok,
-                stride_q_head,
-                D_NOPE,
-                D_ROPE,
-                BLOCK_H,
-                DRAFT_LEN,
-                layout,
-            )
-        )
-
-
-@gluon.jit
-def _issue_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s):
-    # Seesaw: waits for ring tile `tile`, then issues its scores without
-    # waiting for them (the caller's warpgroup_mma_wait does).
-    stage = tile % STAGES
-    mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
-    fence_async_shared()  # the gathers wrote through the generic proxy
-    qk = warpgroup_mma(
-        q_nope, kv_nope_ring.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True
-    )
-    return warpgroup_mma(q_rope, kv_rope_ring.index(stage).permute((1, 0)), qk, is_async=True)
-
-
-@gluon.jit
-def _publish(p, m_i, stage, kv_rope_ring, xchg, p_bar):
-    # Seesaw: this warpgroup's P into its tile's rope rows (spent: only
-    # its own scores read them) and the new running max into xchg, for
-    # the other warpgroup.
-    kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
-    xchg.index(stage).store(m_i)
-    fence_async_shared()
-    _warps_barrier()  # all of the warpgroup's stores before the arrive
-    mbarrier.arrive(p_bar.index(stage), count=1)
-
-
-@gluon.jit
-def _take_max(xchg, p_bar, tile, m_i):
-    # Seesaw: the running max after the other warpgroup's tile `tile`,
-    # once it has published that tile's P, and the factor that rescales
-    # this warpgroup's state to it (_online_softmax's, always guarded:
-    # the owner's guard is the same wherever its max is finite).
-    stage = tile % STAGES
-    mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
-    m_new = xchg.index(stage).load(m_i.type.layout)
-    return m_new, gl.exp2(m_i - _shift(m_new, True))
-
-
-@gluon.jit
-def _half_values(v_tile, G: gl.constexpr):
-    # Warpgroup G's output columns of a value tile.
-    return v_tile.slice(G * HALF_V, HALF_V, dim=1)
-
-
-@gluon.jit
-def _take_tile(
-    kv_nope_ring,
-    kv_rope_ring,
-    xchg,
-    p_bar,
-    ready,
-    empty,
-    tile,
-    m_i,
-    l_i,
-    acc,
-    factor,
-    DRAFTS: gl.constexpr,
-    V_EXT_FROM_K: gl.constexpr,
-    G: gl.constexpr,
-):
-    # Seesaw: the other warpgroup's tile alone, once it is published: the
-    # rescale (times `factor`), then P V for this warpgroup's columns.
-    # DRAFTS: the drafts' tile, whose V may be the next ring tile.
-    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    m_i, alpha = _take_max(xchg, p_bar, tile, m_i)
-    acc = acc * gl.convert_layout(alpha * factor, o_rows)[:, None]
-    l_i = l_i * alpha
-    stage = tile % STAGES
-    if DRAFTS:
-        v_tile = _draft_values(kv_nope_ring, ready, tile, V_EXT_FROM_K)
-        acc = warpgroup_mma(kv_rope_ring.index(stage), _half_values(v_tile, G), acc)
-        _release_drafts(empty, tile, V_EXT_FROM_K)
-    else:
-        acc = warpgroup_mma(
-            kv_rope_ring.index(stage), _half_values(kv_nope_ring.index(stage), G), acc
-        )
-        mbarrier.arrive(empty.index(stage), count=1)
-    return m_i, l_i, acc
-
-
-@gluon.jit
-def _own_tile(
-    q_nope,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    xchg,
-    p_bar,
-    ready,
-    empty,
-    tile,
-    scores_mask,
-    masks,
-    request,
-    scale,
-    m_i,
-    l_i,
-    acc,
-    factor,
-    zero_s,
-    DRAFT_LEN: gl.constexpr,
-    DRAFTS: gl.constexpr,
-    V_EXT_FROM_K: gl.constexpr,
-    PREFIX_MASK: gl.constexpr,
-    DRAFT_MASK: gl.constexpr,
-    G: gl.constexpr,
-):
-    # Seesaw: one of this warpgroup's tiles alone (a segment's first, or
-    # its drafts): scores, softmax, P published, then P V for this
-    # warpgroup's columns after the rescale (times `factor`).
-    # scores_mask: (first key, end, prefix bits) of a prefix tile.
-    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    stage = tile % STAGES
-    qk = _issue_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
-    qk = warpgroup_mma_wait(0, deps=[qk])
-    if DRAFTS:
-        qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
-        p, alpha, m_i = _online_softmax(qk, scale, m_i, DRAFT_MASK)
-    else:
-        first, end, bits = scores_mask
-        qk = _mask_tail(qk, first, end)
-        if PREFIX_MASK:
-            qk = gl.where(bits != 0, qk, float("-inf"))
-        p, alpha, m_i = _online_softmax(qk, scale, m_i, PREFIX_MASK)
-    _publish(p, m_i, stage, kv_rope_ring, xchg, p_bar)
-    acc = acc * gl.convert_layout(alpha * factor, o_rows)[:, None]
-    l_i = l_i * alpha + gl.sum(p, 1)
-    if DRAFTS:
-        if not V_EXT_FROM_K:
-            # V's tile carries no P; an arrive keeps that stage's p_bar
-            # phases in step with the ring (nobody waits on it).
-            mbarrier.arrive(p_bar.index((tile + 1) % STAGES), count=1)
-        v_tile = _draft_values(kv_nope_ring, ready, tile, V_EXT_FROM_K)
-        acc = warpgroup_mma(kv_rope_ring.index(stage), _half_values(v_tile, G), acc)
-        _release_drafts(empty, tile, V_EXT_FROM_K)
-    else:
-        acc = warpgroup_mma(
-            kv_rope_ring.index(stage), _half_values(kv_nope_ring.index(stage), G), acc
-        )
-        mbarrier.arrive(empty.index(stage), count=1)
-    return m_i, l_i, acc
-
-
-@gluon.jit
-def _consume_seesaw(
-    share,
-    q_args,
-    q_nope,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    xchg,
-    bars,
-    scales,
-    out_args,
-    masks,
-    BLOCK_H: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    V_EXT_FROM_K: gl.constexpr,
-    PREFIX_MASK: gl.constexpr,
-    DRAFT_MASK: gl.constexpr,
-    G: gl.constexpr,
-):
-    # Seesaw, warpgroup G: it scores a segment's tiles G, G + 2, ... and
-    # adds P V for output columns 256 G .. 256 G + 255 of every tile. In
-    # the loop, a tile's scores go out first, the other warpgroup's
-    # previous tile's P V behind them, and this tile's softmax runs while
-    # that P V does: the two warpgroups' softmaxes alternate with each
-    # other's matrix products. The running max passes between them with
-    # each P; the row sums each keeps are added at the segment's end.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
-    )
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    ready, empty, p_bar, pair, sums = bars
-    score_scale, draft_scale, v_scale = scales
-    _, _, _, _, _, _, head_block, num_heads = out_args
-    _, _, b0, b1, base, _, _, _ = share
-    t0 = 0  # ring tiles of the earlier segments
-    for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
-        _stage_q_half(q_nope, q_rope, q_args, request, head_block, num_heads, BLOCK_H, DRAFT_LEN, G)
-        _pair_sync(pair, 0)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
-        mask_rows = l_i.to(gl.int64)  # read where PREFIX_MASK
-        if PREFIX_MASK:
-            mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
-        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        # Warpgroup 0's tile 0 follows no tile of the other's: it runs
-        # alone, before the loop.
-        first_tile: gl.constexpr = 2 - G
-        if G == 0:  # noqa: SIM102 (constexpr: not compiled for warpgroup 1)
-            if prefix_tiles > 0:
-                bits = _prefix_bits(
-                    masks, mask_rows, request, lo, hi, DRAFT_LEN, PREFIX_MASK, s_layout
-                )
-                m_i, l_i, acc = _own_tile(
-                    q_nope,
-                    q_rope,
-                    kv_nope_ring,
-                    kv_rope_ring,
-                    xchg,
-                    p_bar,
-                    ready,
-                    empty,
-                    t0,
-                    (lo, hi, bits),
-                    masks,
-                    request,
-                    score_scale,
-                    m_i,
-                    l_i,
-                    acc,
-                    1.0,
-                    zero_s,
-                    DRAFT_LEN,
-                    False,
-                    V_EXT_FROM_K,
-                    PREFIX_MASK,
-                    DRAFT_MASK,
-                    G,
-                )
-        for u in range(first_tile, prefix_tiles, 2):
-            tile = t0 + u
-            stage = tile % STAGES
-            other = (tile - 1) % STAGES
-            key0 = lo + u * TOKENS
-            bits = _prefix_bits(
-                masks, mask_rows, request, key0, hi, DRAFT_LEN, PREFIX_MASK, s_layout
-            )
-            # The other warpgroup's tile u - 1 first, then this one's
-            # scores behind it: its stage is freed as soon as its P V is
-            # done, and the producer refills it while the softmax runs.
-            # (Scores first held every stage a step longer, one tile in
-            # flight: 0.55-0.61x score/value.)
-            m_i, alpha = _take_max(xchg, p_bar, tile - 1, m_i)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            l_i = l_i * alpha
-            acc = warpgroup_mma(
-                kv_rope_ring.index(other),
-                _half_values(kv_nope_ring.index(other), G),
-                acc,
-                is_async=True,
-            )
-            qk = _issue_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
-            acc = warpgroup_mma_wait(1, deps=[acc])
-            mbarrier.arrive(empty.index(other), count=1)
-            qk = warpgroup_mma_wait(0, deps=[qk])
-            qk = _mask_tail(qk, key0, hi)
-            if PREFIX_MASK:
-                qk = gl.where(bits != 0, qk, float("-inf"))
-            p, alpha, m_i = _online_softmax(qk, score_scale, m_i, PREFIX_MASK)
-            _publish(p, m_i, stage, kv_rope_ring, xchg, p_bar)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            l_i = l_i * alpha + gl.sum(p, 1)
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage), _half_values(kv_nope_ring.index(stage), G), acc
-            )
-            mbarrier.arrive(empty.index(stage), count=1)
-        # The other warpgroup's last prefix tile, when no tile of this
-        # one's followed it.
-        if prefix_tiles > 0:  # noqa: SIM102 (one runtime condition a branch)
-            if prefix_tiles % 2 == G:
-                m_i, l_i, acc = _take_tile(
-                    kv_nope_ring,
-                    kv_rope_ring,
-                    xchg,
-                    p_bar,
-                    ready,
-                    empty,
-                    t0 + prefix_tiles - 1,
-                    m_i,
-                    l_i,
-                    acc,
-                    1.0,
-                    False,
-                    V_EXT_FROM_K,
-                    G,
-                )
-        t0 += prefix_tiles
-        if with_drafts:
-            # The KV cache's value scale applies to the prefix alone: it
-            # joins the rescale before the drafts' P V.
-            if prefix_tiles % 2 == G:
-                m_i, l_i, acc = _own_tile(
-                    q_nope,
-                    q_rope,
-                    kv_nope_ring,
-                    kv_rope_ring,
-                    xchg,
-                    p_bar,
-                    ready,
-                    empty,
-                    t0,
-                    (lo, hi, mask_rows),
-                    masks,
-                    request,
-                    draft_scale,
-                    m_i,
-                    l_i,
-                    acc,
-                    v_scale,
-                    zero_s,
-                    DRAFT_LEN,
-                    True,
-                    V_EXT_FROM_K,
-                    PREFIX_MASK,
-                    DRAFT_MASK,
-                    G,
-                )
-            else:
-                m_i, l_i, acc = _take_tile(
-                    kv_nope_ring,
-                    kv_rope_ring,
-                    xchg,
-                    p_bar,
-                    ready,
-                    empty,
-                    t0,
-                    m_i,
-                    l_i,
-                    acc,
-                    v_scale,
-                    True,
-                    V_EXT_FROM_K,
-                    G,
-                )
-            t0 = _after_drafts(t0, V_EXT_FROM_K)
-        else:
-            acc = acc * v_scale
-
-        # The row sums: this warpgroup's tiles' and the other's.
-        sums.index(G).store(l_i)
-        _pair_sync(pair, 1)
-        # (Guarded whatever the mask: DRAFT_MASK may be a runtime value.)
-        l_i = _row_sums(l_i + sums.index(1 - G).load(s_rows), True)
-        dest = _dest(out_args, b, b0, whole, request)
-        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
-        _store_out(out, G * HALF_V, dest, BLOCK_H, DRAFT_LEN)
-        if G == 0:
-            _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
-
-
-@gluon.jit
-def _prefix_bits(
-    masks,
-    mask_rows,
-    request,
-    key0,
-    hi,
-    DRAFT_LEN: gl.constexpr,
-    PREFIX_MASK: gl.constexpr,
-    layout: gl.constexpr,
-):
-    # A prefix tile's mask bits where they are read (PREFIX_MASK), loaded
-    # before the tile's wait, which hides their latency; else nothing.
-    bits = mask_rows
-    if PREFIX_MASK:
-        bits = _mask_bits(masks, mask_rows, request, key0, hi, DRAFT_LEN, layout)
-    return bits
-
-
-# The seesaw's second warpgroup runs in a worker partition, and a worker
-# receives its constexpr arguments as runtime values: its warpgroup index
-# and whether it reads prefix mask bits (which decides what its registers
-# hold) are literals here, one wrapper for each. Its other flags branch at
-# run time (the helpers use `if`, never Python).
-@gluon.jit
-def _consume_seesaw_other(
-    share,
-    q_args,
-    q_nope,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    xchg,
-    bars,
-    scales,
-    out_args,
-    masks,
-    BLOCK_H,
-    DRAFT_LEN,
-    V_EXT_FROM_K,
-    DRAFT_MASK,
-):
-    _consume_seesaw(
-        share,
-        q_args,
-        q_nope,
-        q_rope,
-        kv_nope_ring,
-        kv_rope_ring,
-        xchg,
-        bars,
-        scales,
-        out_args,
-        masks,
-        BLOCK_H,
-        DRAFT_LEN,
-        V_EXT_FROM_K,
-        False,
-        DRAFT_MASK,
-        1,
-    )
-
-
-@gluon.jit
-def _consume_seesaw_other_prefix_mask(
-    share,
-    q_args,
-    q_nope,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    xchg,
-    bars,
-    scales,
-    out_args,
-    masks,
-    BLOCK_H,
-    DRAFT_LEN,
-    V_EXT_FROM_K,
-    DRAFT_MASK,
-):
-    _consume_seesaw(
-        share,
-        q_args,
-        q_nope,
-        q_rope,
-        kv_nope_ring,
-        kv_rope_ring,
-        xchg,
-        bars,
-        scales,
-        out_args,
-        masks,
-        BLOCK_H,
-        DRAFT_LEN,
-        V_EXT_FROM_K,
-        True,
-        DRAFT_MASK,
-        1,
-    )
-
-
 @constexpr_function
 def _row_pieces_layout():
     # The wgmma accumulator's rows and warps for 256 columns, each
@@ -1731,7 +1204,7 @@ def _prefix_kernel_sm90(
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
-    SCHEDULE: gl.constexpr,
+    SCORE_VALUE: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
@@ -1744,11 +1217,10 @@ def _prefix_kernel_sm90(
         # reads a partial.
         _launch_dependents()
     KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
-    COLUMNS: gl.constexpr = SCHEDULE == "columns"
-    gl.static_assert(COLUMNS or not KV_FP8, "score/value and seesaw: bf16 KV only")
-    # Warps of the default partition: the consumers (columns) or one
-    # warpgroup.
-    MAIN_WARPS: gl.constexpr = CONSUMER_WARPS if COLUMNS else WARPGROUP
+    gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
+    # Warps of the default partition: the consumers (columns) or the
+    # score warpgroup.
+    MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
@@ -1827,8 +1299,8 @@ def _prefix_kernel_sm90(
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for stage in gl.static_range(STAGES):
             mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
-            # Score/value and seesaw: both warpgroups release each stage.
-            mbarrier.init(empty.index(stage), count=1 if COLUMNS else 2)
+            # Score/value: both warpgroups release each stage.
+            mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
         produce_args = (
             share,
             K_BUF,
@@ -1842,125 +1314,7 @@ def _prefix_kernel_sm90(
             V_EXT_FROM_K,
             KV_FP8,
         )
-        if SCHEDULE == "seesaw":
-            # Per stage the running max after the P handed over; the two
-            # warpgroups' row sums.
-            xchg = gl.allocate_shared_memory(
-                gl.float32, [STAGES, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
-            )
-            sums = gl.allocate_shared_memory(
-                gl.float32, [2, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
-            )
-            p_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            pair = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            for stage in gl.static_range(STAGES):
-                mbarrier.init(p_bar.index(stage), count=1)
-            mbarrier.init(pair, count=2)
-            fence_async_shared()
-            # (The argument tuples are written out in each call: a tuple
-            # assigned to a name first turns its constexprs into runtime
-            # values.)
-            if PREFIX_MASK:
-                gl.warp_specialize(
-                    [
-                        (
-                            _consume_seesaw,
-                            (
-                                share,
-                                q_args,
-                                q_nope,
-                                q_rope,
-                                kv_nope_ring,
-                                kv_rope_ring,
-                                xchg,
-                                (ready, empty, p_bar, pair, sums),
-                                scales,
-                                out_args,
-                                masks,
-                                BLOCK_H,
-                                DRAFT_LEN,
-                                V_EXT_FROM_K,
-                                PREFIX_MASK,
-                                DRAFT_MASK,
-                                0,
-                            ),
-                        ),
-                        (
-                            _consume_seesaw_other_prefix_mask,
-                            (
-                                share,
-                                q_args,
-                                q_nope,
-                                q_rope,
-                                kv_nope_ring,
-                                kv_rope_ring,
-                                xchg,
-                                (ready, empty, p_bar, pair, sums),
-                                scales,
-                                out_args,
-                                masks,
-                                BLOCK_H,
-                                DRAFT_LEN,
-                                V_EXT_FROM_K,
-                                DRAFT_MASK,
-                            ),
-                        ),
-                        (_produce, produce_args),
-                    ],
-                    [WARPGROUP, PRODUCER_WARPS],
-                    [SEESAW_REGS, PRODUCER_REGS],
-                )
-            else:
-                gl.warp_specialize(
-                    [
-                        (
-                            _consume_seesaw,
-                            (
-                                share,
-                                q_args,
-                                q_nope,
-                                q_rope,
-                                kv_nope_ring,
-                                kv_rope_ring,
-                                xchg,
-                                (ready, empty, p_bar, pair, sums),
-                                scales,
-                                out_args,
-                                masks,
-                                BLOCK_H,
-                                DRAFT_LEN,
-                                V_EXT_FROM_K,
-                                PREFIX_MASK,
-                                DRAFT_MASK,
-                                0,
-                            ),
-                        ),
-                        (
-                            _consume_seesaw_other,
-                            (
-                                share,
-                                q_args,
-                                q_nope,
-                                q_rope,
-                                kv_nope_ring,
-                                kv_rope_ring,
-                                xchg,
-                                (ready, empty, p_bar, pair, sums),
-                                scales,
-                                out_args,
-                                masks,
-                                BLOCK_H,
-                                DRAFT_LEN,
-                                V_EXT_FROM_K,
-                                DRAFT_MASK,
-                            ),
-                        ),
-                        (_produce, produce_args),
-                    ],
-                    [WARPGROUP, PRODUCER_WARPS],
-                    [SEESAW_REGS, PRODUCER_REGS],
-                )
-        elif SCHEDULE == "score_value":
+        if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
             # the final row sums.
             xchg = gl.allocate_shared_memory(
@@ -2086,7 +1440,7 @@ def launch_prefix(
     v_scale: float,
     v_extend_from_k: bool,
     plan_block: int,
-    schedule: str,
+    score_value: bool,
     launch_dependents: bool,
     custom_mask=None,
     mask_indptr=None,
@@ -2100,14 +1454,12 @@ def launch_prefix(
     slots. Request b has ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most
     ``draft_len``. ``custom_mask`` (uint8, kernel.py's layout, with
     ``mask_indptr``) replaces the causal draft block, and its prefix bits
-    are read too where ``prefix_mask``. ``schedule`` is one of
-    ``hopper.SCHEDULES`` (all but columns: KV in q's dtype only).
+    are read too where ``prefix_mask``. ``score_value`` picks that schedule
+    (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over columns.
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
     go out at this grid's start."""
-    if schedule not in hopper.SCHEDULES:
-        raise ValueError(f"schedule: expected one of {hopper.SCHEDULES}, got {schedule!r}")
-    if schedule != "columns" and k_buffer.dtype != q.dtype:
-        raise ValueError(f"{schedule}: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
+    if score_value and k_buffer.dtype != q.dtype:
+        raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     draft_mask = custom_mask is not None
     num_heads = q.shape[1]
     grid = ((num_heads + block_h - 1) // block_h, ctas)
@@ -2143,9 +1495,9 @@ def launch_prefix(
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
         V_EXT_FROM_K=v_extend_from_k,
-        SCHEDULE=schedule,
+        SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=launch_dependents,
         PREFIX_MASK=draft_mask and prefix_mask,
         DRAFT_MASK=draft_mask,
-        **hopper.launch_options(schedule),
+        **hopper.launch_options(score_value),
     )

@@ -21,7 +21,7 @@ import torch
 import triton
 
 from . import hopper
-from .config import HOPPER_KERNELS, VerifyConfig, hopper_schedule
+from .config import HOPPER_KERNELS, VerifyConfig, runs_score_value
 from .device import has_dependent_launch, is_cuda_sm90, sm_count
 from .kernel import (
     INTERPRETED,
@@ -152,7 +152,7 @@ class Plan:
     v_extend_from_k  likewise for the drafts
     share_ctas       the Hopper kernel's shares per head block (one wave of
                      CTAs); 0 where the Triton kernel runs
-    schedule         the Hopper kernel's schedule (hopper.SCHEDULES)
+    score_value      the Hopper kernel runs its score/value schedule
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
@@ -169,7 +169,7 @@ class Plan:
     v_from_k: bool
     v_extend_from_k: bool
     share_ctas: int
-    schedule: str
+    score_value: bool
     dependent: bool
     merge_blocks: int
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
@@ -227,7 +227,7 @@ def plan_call(
         v_from_k=v_from_k,
         v_extend_from_k=v_is_k_view(k_extend, v_extend),
         share_ctas=share_ctas,
-        schedule=hopper_schedule(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
+        score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
         dependent=dependent_launch(q.device),
         merge_blocks=(
             merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1

@@ -19,8 +19,8 @@ from .config import (
     VerifyConfig,
     default_num_kv_splits,
     hopper_config,
-    hopper_schedule,
     rows_per_program,
+    runs_score_value,
     units_for_chunks,
 )
 from .device import arch_sm_count, is_amd_arch
@@ -60,8 +60,8 @@ def tile_candidates(
 
     ``kernel=None``: the arch's own kernel. On sm90, where the Hopper
     kernel runs (MLA, bf16 or fp8 e4m3 KV), its schedules only: columns,
-    and score/value and seesaw for bf16 (Triton tiles won none of the sm90
-    buckets against it); elsewhere the Triton kernel's tiles. ``kernel="triton"``:
+    and score/value for bf16 (Triton tiles won none of the sm90 buckets
+    against it); elsewhere the Triton kernel's tiles. ``kernel="triton"``:
     the Triton kernel's tiles on any arch, the portable path the tuner
     keeps beside the Hopper winner."""
     if kernel not in (None, "triton"):
@@ -71,9 +71,8 @@ def tile_candidates(
     hopper_runs = mla and kv_dtype in hopper.KV_DTYPES and draft_len <= MAX_ROWS
     if kernel is None and arch == "sm90" and hopper_runs:
         out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
-        for kernel in ("gluon_sm90_sv", "gluon_sm90_ss"):
-            if hopper_schedule(kernel, kv_dtype) != "columns":
-                out.append(hopper_config(num_heads, draft_len, 1, kernel).with_splits(1))
+        if runs_score_value("gluon_sm90_sv", kv_dtype):
+            out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
         if hopper.available():
             return out
     return out + triton_tiles(num_heads, draft_len, arch, head_dims)

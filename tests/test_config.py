@@ -12,8 +12,8 @@ from mla_verify.config import (
     default_config,
     default_num_kv_splits,
     hopper_config,
-    hopper_schedule,
     rows_per_program,
+    runs_score_value,
     triton_default_config,
 )
 from mla_verify.plan import for_separate_v
@@ -124,8 +124,8 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
     def hopper_kernels(arch, dtype):
         return [c.kernel for c in tile_candidates(16, 4, arch, dtype) if c.kernel != "triton"]
 
-    # every schedule for bf16; fp8 runs the columns schedule only
-    assert hopper_kernels("sm90", "bf16") == ["gluon_sm90", "gluon_sm90_sv", "gluon_sm90_ss"]
+    # both schedules for bf16; fp8 runs the columns schedule only
+    assert hopper_kernels("sm90", "bf16") == ["gluon_sm90", "gluon_sm90_sv"]
     assert hopper_kernels("sm90", "fp8_e4m3") == ["gluon_sm90"]
     assert hopper_kernels("sm90", "fp16") == []
     assert hopper_kernels("gfx950", "bf16") == []
@@ -134,7 +134,7 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
 @pytest.mark.skipif(not hopper.available(), reason="needs Triton's Gluon")
 def test_sm90_search_leaves_out_triton_tiles_where_the_hopper_kernel_runs():
     kernels = lambda dtype: {c.kernel for c in tile_candidates(16, 4, "sm90", dtype)}  # noqa: E731
-    assert kernels("bf16") == {"gluon_sm90", "gluon_sm90_sv", "gluon_sm90_ss"}
+    assert kernels("bf16") == {"gluon_sm90", "gluon_sm90_sv"}
     assert kernels("fp8_e4m3") == {"gluon_sm90"}
     assert kernels("fp16") == {"triton"}  # the Hopper kernel takes bf16 q and bf16/fp8 KV
     assert "triton" in {c.kernel for c in tile_candidates(16, 4, "sm80", "bf16")}
@@ -150,20 +150,18 @@ def test_tuner_searches_the_share_floor_of_the_hopper_kernel_only(kernel):
 
 
 @pytest.mark.parametrize(
-    "kernel,kv_dtype,schedule",
+    "kernel,kv_dtype,runs",
     [
-        ("gluon_sm90_sv", "bf16", "score_value"),
-        ("gluon_sm90_sv", "fp8_e4m3", "columns"),
-        ("gluon_sm90_ss", "bf16", "seesaw"),
-        ("gluon_sm90_ss", "fp8_e4m3", "columns"),
-        ("gluon_sm90", "bf16", "columns"),
-        ("triton", "bf16", "columns"),
+        ("gluon_sm90_sv", "bf16", True),
+        ("gluon_sm90_sv", "fp8_e4m3", False),
+        ("gluon_sm90", "bf16", False),
+        ("triton", "bf16", False),
     ],
 )
-def test_two_warpgroup_schedules_run_for_bf16_kv_only(kernel, kv_dtype, schedule):
-    # An sv or ss entry used for fp8 KV (a user's own bf16-only table, say)
-    # runs the columns schedule: same tile, same plan.
-    assert hopper_schedule(kernel, kv_dtype) == schedule
+def test_score_value_schedule_runs_for_bf16_kv_only(kernel, kv_dtype, runs):
+    # An sv entry used for fp8 KV (a user's own bf16-only table, say) runs
+    # the columns schedule: same tile, same plan.
+    assert runs_score_value(kernel, kv_dtype) is runs
 
 
 def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():

@@ -509,25 +509,24 @@ def test_hopper_config_elsewhere_runs_the_triton_kernel_with_its_tile(device):
 
 
 @pytest.mark.parametrize(
-    "kernel_name,kv_dtype,schedule",
+    "kernel_name,kv_dtype,score_value",
     [
-        ("gluon_sm90_sv", torch.bfloat16, "score_value"),
-        ("gluon_sm90_sv", torch.float8_e4m3fn, "columns"),
-        ("gluon_sm90_ss", torch.bfloat16, "seesaw"),
-        ("gluon_sm90", torch.bfloat16, "columns"),
+        ("gluon_sm90_sv", torch.bfloat16, True),
+        ("gluon_sm90_sv", torch.float8_e4m3fn, False),
+        ("gluon_sm90", torch.bfloat16, False),
     ],
 )
-def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_dtype, schedule):
-    """Score/value and seesaw run where the config asks for them and the KV
-    is bf16; such an entry taken for fp8 KV runs the columns schedule."""
+def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_dtype, score_value):
+    """Score/value runs where the config asks for it and the KV is bf16; a
+    score/value entry taken for fp8 KV runs the columns schedule."""
     launched = []
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
-    fake_hopper = SimpleNamespace(launch_prefix=lambda *a, **kw: launched.append(kw["schedule"]))
+    fake_hopper = SimpleNamespace(launch_prefix=lambda *a, **kw: launched.append(kw["score_value"]))
     monkeypatch.setattr(kernel, "kernel_sm90", fake_hopper)
     batch = make_batch(16, 2, [70, 5], kv_dtype=kv_dtype, device=device)
     batch.run(batch.new_output(), hopper_config(16, 2, 2, kernel_name))
-    assert launched == [schedule]
+    assert launched == [score_value]
 
 
 # --------------------------------------------------------------------- GPU lane
@@ -845,7 +844,7 @@ def _hopper_plan(batch, config):
 @pytest.mark.parametrize("schedule", HOPPER_KERNELS)
 def test_gpu_hopper_kernel_runs_ragged_and_masked_calls(schedule, kv_dtype, kwargs):
     """Ragged drafts, tree masks and prefix mask bits run on the Hopper
-    kernel, in every schedule, with requests held whole by one CTA and
+    kernel, in both schedules, with requests held whole by one CTA and
     split over several (3000 tokens), empty prefixes included."""
     batch = _gpu_batch(16, 4, [3000, 64, 1, 0, 700], kv_dtype, **kwargs)
     config = hopper_config(16, 4, 5, schedule)
