@@ -92,9 +92,26 @@ def compile_prefix_kernel(
     *,
     mask: str = "none",
 ) -> Resources:
-    """Compile stage 1 for ``arch`` and read what it holds. Raises on a
-    compile error. MLA takes V as a view of K; other head dims a V cache of
-    its own, as engines pass them. ``mask``: "none", "draft" (a custom
+    """Compile stage 1 for ``arch`` (``compile_stage1``) and read what it
+    holds. Raises on a compile error."""
+    compiled = compile_stage1(config, draft_len, kv_dtype, arch, head_dims, mask=mask)
+    if TARGETS[arch][0].backend == "hip":
+        return _amd_resources(compiled)
+    return _nvidia_resources(compiled)
+
+
+def compile_stage1(
+    config: VerifyConfig,
+    draft_len: int,
+    kv_dtype: str,
+    arch: str,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    *,
+    mask: str = "none",
+):
+    """Stage 1 compiled for ``arch`` as a launch there compiles it (Triton's
+    CompiledKernel). MLA takes V as a view of K; other head dims a V cache
+    of its own, as engines pass them. ``mask``: "none", "draft" (a custom
     mask's draft block: the Hopper kernel reads it, the Triton kernel's
     stage 1 does not) or "prefix" (its prefix bits too). The split count and
     share floor are runtime values: any will do."""
@@ -114,28 +131,27 @@ def compile_prefix_kernel(
         # Without a mask the launch passes kv_indptr in the mask's place.
         pointers |= {"MASK": "*i32" if mask == "none" else "*u8", "MASK_INDPTR": "*i32"}
         score_value = runs_score_value(config.kernel, kv_dtype)
-        compiled = _compile_hopper_kernel(
+        return _compile_hopper_kernel(
             config, draft_len, target, pointers, score_value, mask != "none", prefix_mask
         )
-    else:
-        pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
-        constexprs = dict(
-            DRAFT_LEN=draft_len,
-            BLOCK_H=config.BLOCK_H,
-            BLOCK_M=rows_per_program(config.BLOCK_H, draft_len),
-            BLOCK_N=config.BLOCK_N,
-            BLOCK_B=kernel.PLAN_BLOCK,
-            D_V=v,
-            D_ROPE=qk - v,
-            V_FROM_K=mla,
-            PREFIX_MASK=prefix_mask,
-            DOT_FP32=False,
-        )
-        src = _signature(kernel._prefix_kernel, pointers, {"score_scale", "v_scale"}, constexprs)
-        compiled = triton.compile(src, target=target, options=config.launch_options())
-    if target.backend == "hip":
-        return _amd_resources(compiled)
-    return _nvidia_resources(compiled)
+    pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
+    constexprs = dict(
+        DRAFT_LEN=draft_len,
+        BLOCK_H=config.BLOCK_H,
+        BLOCK_M=rows_per_program(config.BLOCK_H, draft_len),
+        BLOCK_N=config.BLOCK_N,
+        BLOCK_B=kernel.PLAN_BLOCK,
+        D_V=v,
+        D_ROPE=qk - v,
+        V_FROM_K=mla,
+        PREFIX_MASK=prefix_mask,
+        DOT_FP32=False,
+    )
+    fn = kernel._prefix_kernel
+    src = _signature(
+        fn, pointers, {"score_scale", "v_scale"}, constexprs, _launch_aligned(fn, pointers)
+    )
+    return triton.compile(src, target=target, options=config.launch_options())
 
 
 def problems(
@@ -224,6 +240,16 @@ def _nvidia_resources(compiled) -> Resources:
     )
 
 
+def _launch_aligned(fn, pointers: dict[str, str]) -> set[str]:
+    """The arguments a launch finds divisible by 16, as Triton specialises
+    them: the tensors (16-byte aligned) and the strides (every row width
+    the kernels take is a multiple of 16). Without these hints the compiled
+    kernel is not the one that runs: narrower loads, no cp.async
+    pipelining, other registers, spills and shared memory."""
+    names = set(pointers) | {name for name in fn.arg_names if name.startswith("stride_")}
+    return names & set(fn.arg_names)
+
+
 def _signature(
     fn,
     pointers: dict[str, str],
@@ -232,8 +258,7 @@ def _signature(
     aligned: set[str] = frozenset(),
 ) -> ASTSource:
     # Every other argument is a 32-bit int (strides, sizes), unspecialised
-    # unless named in `aligned` (divisible by 16, as Triton specialises the
-    # KV row stride of 576 at launch).
+    # unless named in `aligned` (divisible by 16: _launch_aligned).
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -272,12 +297,11 @@ def _compile_hopper_kernel(
         DRAFT_MASK=draft_mask,
     )
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
-    aligned = set(pointers) | {name for name in fn.arg_names if name.startswith("stride_")}
     src = _signature(
         fn,
         pointers,
         {"score_scale", "draft_scale", "v_scale"},
         constexprs,
-        aligned & set(fn.arg_names),
+        _launch_aligned(fn, pointers),
     )
     return triton.compile(src, target=target, options=hopper.launch_options(score_value))

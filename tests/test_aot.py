@@ -54,17 +54,8 @@ SCRIPT = textwrap.dedent(
 
 
 def _compile(arch: str, path: Path) -> list[list]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, arch, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in proc.stdout.splitlines()]
+    out = _run_script(SCRIPT, arch, str(path), timeout=1800)
+    return [json.loads(line) for line in out.splitlines()]
 
 
 @pytest.mark.slow
@@ -85,29 +76,68 @@ def test_shipped_configs_compile_fit_and_do_not_spill(arch):
         print(f"{arch}: {len(spilling)} of {len(rows)} kernels spill (measured, kept)")
 
 
-def test_spills_and_lds_are_read_from_the_compiled_kernel():
-    """The configuration reported for MI355X (4 heads, BLOCK_N 64, 8 warps,
-    1 stage) spills hundreds of VGPRs on gfx950; 16-token tiles on 4 waves
-    do not. The check reads both from the compiled kernel's metadata."""
-    script = textwrap.dedent(
-        """
-        from mla_verify import aot
-        from mla_verify.config import reported_amd_config, triton_default_config
-        reported = aot.compile_prefix_kernel(reported_amd_config(16, 32), 2, "bf16", "gfx950")
-        default = triton_default_config(16, 2, 32, "gfx950")
-        print(reported)
-        assert reported.spills > 100 and reported.scratch > 0, reported
-        assert aot.problems(reported_amd_config(16, 32), 2, "bf16", "gfx950")
-        assert aot.fits(default, 2, "bf16", "gfx950"), aot.problems(default, 2, "bf16", "gfx950")
-        assert 0 < aot.compile_prefix_kernel(default, 2, "bf16", "gfx950").shared <= 163840
-        """
-    )
+def _run_script(script: str, *args: str, timeout: int = 600) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_spills_and_lds_are_read_from_the_compiled_kernel():
+    """The configuration reported for MI355X (4 heads, BLOCK_N 64, 8 warps,
+    1 stage) spills hundreds of VGPRs on gfx942 and fits gfx950; a 64-row,
+    64-token tile on 8 waves spills on gfx950 too; the built-in default
+    fits both. The check reads spills and LDS from the compiled kernel's
+    metadata."""
+    _run_script(
+        textwrap.dedent(
+            """
+            from mla_verify import aot
+            from mla_verify.config import VerifyConfig, reported_amd_config, triton_default_config
+            reported = reported_amd_config(16, 32)
+            on_942 = aot.compile_prefix_kernel(reported, 2, "bf16", "gfx942")
+            assert on_942.spills > 100 and on_942.scratch > 0, on_942
+            assert aot.problems(reported, 2, "bf16", "gfx942")
+            assert not aot.problems(reported, 2, "bf16", "gfx950")
+            wide = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=8, num_stages=1)
+            assert aot.compile_prefix_kernel(wide, 4, "bf16", "gfx950").spills > 100
+            for arch, lds in (("gfx950", 163840), ("gfx942", 65536)):
+                default = triton_default_config(16, 2, 32, arch)
+                assert aot.fits(default, 2, "bf16", arch), aot.problems(default, 2, "bf16", arch)
+                assert 0 < aot.compile_prefix_kernel(default, 2, "bf16", arch).shared <= lds
+            """
+        )
+    )
+
+
+def test_compiled_kernel_is_the_launched_one():
+    """Compiled ahead of time, stage 1 gets the divisibility a launch finds
+    in its tensors and strides: its KV stream is then pipelined with
+    cp.async where the config asks for stages, as on the GPU (without it, no
+    stage count changed the kernel, and registers, spills and shared memory
+    were those of a kernel that never runs)."""
+    out = _run_script(
+        textwrap.dedent(
+            """
+            from mla_verify import aot
+            from mla_verify.config import VerifyConfig
+            for stages in (1, 2):
+                config = VerifyConfig(
+                    BLOCK_H=8, BLOCK_N=32, NUM_KV_SPLITS=1, num_warps=4, num_stages=stages
+                )
+                ptx = aot.compile_stage1(config, 2, "bf16", "sm90").asm["ptx"]
+                print(stages, "cp.async" in ptx)
+            """
+        )
+    )
+    assert out.split() == ["1", "False", "2", "True"], out
 
 
 VARIANTS_SCRIPT = textwrap.dedent(
@@ -132,14 +162,4 @@ def test_every_head_dims_and_mask_variant_compiles(arch):
     """Stage 1 for each supported head-dims pair, with no mask, a draft-block
     mask or prefix mask bits too, compiles for each arch (the Triton kernel, or the Hopper one
     where the default picks it)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", VARIANTS_SCRIPT, arch],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 9
+    assert _run_script(VARIANTS_SCRIPT, arch, timeout=900).count("ok") == 9
