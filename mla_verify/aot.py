@@ -35,13 +35,19 @@ from triton.runtime.jit import JITFunction
 
 from . import hopper, kernel
 from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
+from .device import arch_shared_memory
 from .problem import MLA_HEAD_DIMS, check_head_dims
 
-# arch -> (Triton target, shared memory per block in bytes)
+# The AMD archs we ship tables for.
+AMD_ARCHS = ("gfx942", "gfx950")
+# arch -> (Triton target, shared memory per block in bytes): the NVIDIA
+# archs the Triton kernel's default is checked on, and the AMD ones.
 TARGETS: dict[str, tuple[GPUTarget, int]] = {
-    "sm90": (GPUTarget("cuda", 90, 32), 232448),
-    "gfx942": (GPUTarget("hip", "gfx942", 64), 65536),
-    "gfx950": (GPUTarget("hip", "gfx950", 64), 163840),
+    **{
+        f"sm{cc}": (GPUTarget("cuda", cc, 32), arch_shared_memory(f"sm{cc}"))
+        for cc in (80, 86, 89, 90, 100, 120)
+    },
+    **{arch: (GPUTarget("hip", arch, 64), arch_shared_memory(arch)) for arch in AMD_ARCHS},
 }
 # Mask variants of stage 1 (compile_prefix_kernel).
 MASKS = ("none", "draft", "prefix")

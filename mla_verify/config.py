@@ -16,8 +16,8 @@ from typing import Any
 import triton
 
 from . import hopper
-from .device import arch_sm_count, is_amd_arch
-from .problem import MLA_HEAD_DIMS, check_shape, kv_dtype_name
+from .device import INTERPRETER_ARCH, arch_shared_memory, arch_sm_count, is_amd_arch
+from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_dtype_name
 
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
 # 8 warps' registers (measured on the H200); 128 rows spills.
@@ -209,15 +209,15 @@ def triton_default_config(
 ) -> VerifyConfig:
     """The Triton kernel's built-in config on ``arch`` (on sm90 too, where
     it is not the default for MLA): rows per program follow H*L (16 rows
-    for small products, 64 for large). On NVIDIA 64-token tiles, 8 warps
-    for the [64, 512] fp32 accumulator of 64 rows. On AMD 16-token tiles on
-    4 waves, the tile that compiles without spilling registers for every
-    row count up to 64 on gfx942 and gfx950 (checked ahead of time in CI);
-    64-token tiles spill there at any row count.
+    for small products, 64 for large). On NVIDIA the widest KV tile that
+    fits the arch's shared memory (``nvidia_block_n``: 64 tokens on sm80
+    and sm90), 8 warps for 64 rows. On AMD 16-token tiles on 4 waves, a
+    tile that fits LDS and spills no register for every row count up to 64
+    on gfx942 and gfx950. CI compiles every arch's default ahead of time
+    (tests/test_aot.py).
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype_name(kv_dtype)  # validated; the tile is the same for every KV dtype
-    del head_dims  # the same rule for every head dims
     rows = min(MAX_ROWS, max(16, triton.next_power_of_2(num_heads * draft_len)))
     block_h = max(1, min(num_heads, rows // draft_len))
     rows = rows_per_program(block_h, draft_len)
@@ -226,13 +226,34 @@ def triton_default_config(
         return VerifyConfig(
             BLOCK_H=block_h, BLOCK_N=16, NUM_KV_SPLITS=splits, num_warps=4, num_stages=2
         )
+    qk, v = check_head_dims(head_dims)
     return VerifyConfig(
         BLOCK_H=block_h,
-        BLOCK_N=64,
+        BLOCK_N=nvidia_block_n(rows, (qk, v), arch),
         NUM_KV_SPLITS=splits,
+        # 8 warps for 64 rows. At 32 rows of MLA 4 warps ran 1.32-1.45x
+        # faster than 8 on the H200 (H8L4, H16L2; 2026-12-01).
         num_warps=8 if rows >= 64 else 4,
         num_stages=2,
     )
+
+
+def nvidia_block_n(rows: int, head_dims: tuple[int, int], arch: str) -> int:
+    """The widest KV tile (64, 32 or 16 tokens) whose Triton stage 1 fits
+    the shared memory of an NVIDIA ``arch``: 64 on sm80 and sm90, fewer for
+    many rows on the 99 KB of sm86, sm89 and sm120, where 64 tokens would
+    not launch. Compiled for sm8x and sm12x (mma.sync), the kernel holds
+    the q tile, one KV tile and P, 2 (BLOCK_N ring + rows (q/k + BLOCK_N))
+    bytes, ring the KV columns (V's too where V is a cache of its own);
+    sm90's wgmma kernel holds a second KV stage and fits 227 KB at 64
+    tokens (tests/test_aot.py compiles the default for every arch)."""
+    qk, v = head_dims
+    ring = qk if tuple(head_dims) == MLA_HEAD_DIMS else qk + v
+    limit = math.inf if arch == INTERPRETER_ARCH else arch_shared_memory(arch)
+    for block_n in (64, 32):
+        if 2 * (block_n * ring + rows * (qk + block_n)) <= limit:
+            return block_n
+    return 16
 
 
 def hopper_config(

@@ -25,6 +25,22 @@ SM_COUNT: dict[str, int] = {
     "gfx950": 256,
 }
 DEFAULT_SM_COUNT = 128
+# Shared memory a block may use (opt-in maximum, bytes), from the CUDA
+# programming guide's per-compute-capability table; LDS a workgroup may use
+# on AMD. The Triton kernel's default tile is sized to fit it (config.py).
+# An NVIDIA arch not listed gets the smallest of recent generations.
+SHARED_MEMORY: dict[str, int] = {
+    "sm80": 166912,
+    "sm86": 101376,
+    "sm87": 166912,
+    "sm89": 101376,
+    "sm90": 232448,
+    "sm100": 232448,
+    "sm120": 101376,
+    "gfx942": 65536,
+    "gfx950": 163840,
+}
+DEFAULT_NVIDIA_SHARED_MEMORY = 101376
 # A bound for checking a given multiprocessor count (the largest GPU has 304).
 MAX_SM_COUNT = 4096
 
@@ -58,6 +74,15 @@ def is_amd_arch(arch: str) -> bool:
 def arch_sm_count(arch: str | None) -> int:
     """Multiprocessors of a named arch, from the table."""
     return SM_COUNT.get(arch or "", DEFAULT_SM_COUNT)
+
+
+def arch_shared_memory(arch: str) -> int:
+    """Shared memory (LDS) a block of a named arch may use, in bytes."""
+    if arch in SHARED_MEMORY:
+        return SHARED_MEMORY[arch]
+    if is_amd_arch(arch):
+        return SHARED_MEMORY["gfx942"]  # 64 KB: every CDNA before gfx950
+    return DEFAULT_NVIDIA_SHARED_MEMORY
 
 
 def device_index(device: torch.device | int | str | None) -> int:

@@ -23,7 +23,7 @@ from .config import (
     runs_score_value,
     units_for_chunks,
 )
-from .device import arch_sm_count, is_amd_arch
+from .device import SHARED_MEMORY, arch_sm_count, is_amd_arch
 from .problem import MLA_HEAD_DIMS
 
 # Rows per program the AMD search tries: up to 128 (BLOCK_H x L), where the
@@ -84,8 +84,9 @@ def triton_tiles(
     """The Triton kernel's tiles: BLOCK_H x L rows, BLOCK_N, warps, stages.
     Pruned where registers are known to run out: a [rows, v] fp32
     accumulator over more than 128 words a thread spills on any GPU. On
-    NVIDIA also the KV ring past 220 KB of shared memory; on AMD, LDS and
-    spills are left to the compile check, which knows each arch's limits."""
+    NVIDIA also a KV ring that leaves a known arch's shared memory less than
+    7 KB; on AMD, LDS and spills are left to the compile check, which knows
+    each arch's limits."""
     amd = is_amd_arch(arch)
     wave = 64 if amd else 32
     row_targets = AMD_ROWS if amd else NVIDIA_ROWS
@@ -106,8 +107,14 @@ def triton_tiles(
                 if rows * v // (wave * num_warps) > 128:
                     continue
                 for num_stages in stages:
-                    # The KV ring: num_stages tiles of BLOCK_N x ring_cols bf16.
-                    if not amd and num_stages * block_n * ring_cols * 2 > 220 * 1024:
+                    # The KV ring: num_stages tiles of BLOCK_N x ring_cols bf16,
+                    # within a known arch's shared memory less 7 KB (220 KB
+                    # on sm90). What else a tile holds, and an arch we know
+                    # nothing of, the launch finds out: the tuner skips a
+                    # tile that does not launch.
+                    ring = num_stages * block_n * ring_cols * 2
+                    limit = SHARED_MEMORY.get(arch)
+                    if not amd and limit is not None and ring > limit - 7 * 1024:
                         continue
                     out.append(
                         VerifyConfig(

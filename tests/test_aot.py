@@ -140,6 +140,43 @@ def test_compiled_kernel_is_the_launched_one():
     assert out.split() == ["1", "False", "2", "True"], out
 
 
+NVIDIA_DEFAULTS_SCRIPT = textwrap.dedent(
+    """
+    import dataclasses, json, os
+    from mla_verify import aot
+    from mla_verify.config import triton_default_config
+    from mla_verify.device import is_amd_arch
+    from mla_verify.problem import HEAD_DIMS
+    jobs = []
+    for arch in sorted(aot.TARGETS):
+        if is_amd_arch(arch):
+            continue
+        for dims in HEAD_DIMS:
+            for heads, draft_len in ((8, 2), (8, 4), (16, 4)):  # 16, 32 and 64 rows
+                config = triton_default_config(heads, draft_len, 8, arch, "bf16", dims)
+                jobs.append((config.with_splits(1), draft_len, "bf16", arch, dims))
+    for job, found in zip(jobs, aot.resources_many(jobs, workers=os.cpu_count() or 1)):
+        found = found if isinstance(found, str) else dataclasses.asdict(found)
+        print(json.dumps([job[3], job[4], job[0].to_dict(), found]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_nvidia_default_fits_every_nvidia_arch():
+    """The Triton kernel's built-in NVIDIA tile launches on every NVIDIA arch
+    we name, for 16, 32 and 64 rows and every head dims: it fits the arch's
+    shared memory (64-token tiles need 152 KB at 64 rows of MLA, over the
+    99 KB of sm86, sm89 and sm120)."""
+    rows = [json.loads(line) for line in _run_script(NVIDIA_DEFAULTS_SCRIPT).splitlines()]
+    archs = {arch for arch, *_ in rows}
+    assert {"sm80", "sm86", "sm89", "sm90", "sm100", "sm120"} <= archs, archs
+    errors = [r for r in rows if isinstance(r[3], str)]
+    assert not errors, f"do not compile: {errors}"
+    too_big = [r for r in rows if r[3]["shared"] > TARGETS[r[0]][1]]
+    assert not too_big, f"over the arch's shared memory: {too_big}"
+
+
 VARIANTS_SCRIPT = textwrap.dedent(
     """
     import sys

@@ -75,11 +75,34 @@ def test_triton_default_on_sm90_is_not_the_hopper_tile(kv_dtype):
     assert triton_default_config(128, 4, 32, "sm80", kv_dtype) == config
 
 
+@pytest.mark.parametrize(
+    "arch,head_dims,tokens",
+    [
+        # 64 rows (H16 L4), 32 rows (H8 L4), 16 rows (H8 L2)
+        ("sm90", (576, 512), (64, 64, 64)),
+        ("sm80", (576, 512), (64, 64, 64)),
+        ("sm100", (576, 512), (64, 64, 64)),
+        ("sm89", (576, 512), (16, 32, 64)),  # 99 KB: 64 tokens need 152 KB at 64 rows
+        ("sm86", (256, 256), (32, 64, 64)),
+        ("sm120", (128, 128), (64, 64, 64)),
+        ("sm75", (576, 512), (16, 32, 64)),  # not listed: the smallest of recent archs
+        ("cpu", (576, 512), (64, 64, 64)),  # the interpreter has no shared memory limit
+    ],
+)
+def test_nvidia_default_tile_fits_the_arch_shared_memory(arch, head_dims, tokens):
+    configs = [
+        triton_default_config(heads, draft_len, 8, arch, "bf16", head_dims)
+        for heads, draft_len in ((16, 4), (8, 4), (8, 2))
+    ]
+    assert tuple(c.BLOCK_N for c in configs) == tokens
+    assert [c.num_warps for c in configs] == [8, 4, 4]  # 8 warps at 64 rows only
+
+
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 @pytest.mark.parametrize("heads,draft_len", [(8, 1), (16, 4), (128, 4), (128, 8), (12, 3)])
 def test_amd_default_runs_16_token_tiles_on_4_waves(arch, heads, draft_len):
-    # The tile that spills no register on either arch (tests/test_aot.py
-    # compiles it for every shipped shape).
+    # A tile that fits LDS and spills no register on either arch
+    # (tests/test_aot.py compiles it for every shipped shape).
     config = triton_default_config(heads, draft_len, 1, arch)
     assert (config.BLOCK_N, config.num_warps, config.num_stages) == (16, 4, 2)
     assert rows_per_program(config.BLOCK_H, draft_len) <= 64
