@@ -227,7 +227,6 @@ HEADS = {
     # sm90 has H16, H64, H128 at L4 (BLOCK_H 16 everywhere)
     "H32_tie_goes_larger_H64": (32, 8, VerifyConfig(16, 32, 6, 4, 3)),  # 3 * 4/2 splits
     "H24_nearer_H16": (24, 8, VerifyConfig(16, 32, 3, 4, 2)),  # 5 * 1/2 = 2.5 -> 3
-    "H8_nearest_H16": (8, 8, VerifyConfig(8, 32, 5, 4, 2)),  # BLOCK_H capped at H
     "H96_nearer_H128": (96, 16, VerifyConfig(16, 32, 23, 8, 1)),  # 17 * 8/6 = 22.7
 }
 
@@ -237,6 +236,20 @@ def test_unseen_head_count_adapts_nearest(sm90, heads, batch, expected):
     config, source = lookup.resolve_config(heads, 4, batch, arch="sm90")
     assert config == expected
     assert source.startswith("nearest: ")
+
+
+def test_triton_tile_carries_over_only_at_its_rows_per_program(sm90, caplog):
+    """H8 L4's nearest entry, H16 L4, is tuned at 64 rows (BLOCK_H 16); with
+    BLOCK_H capped at 8 it would run 32 rows on warps and stages chosen for
+    64, so the built-in default runs, with the warning that says how to
+    tune the shape."""
+    with caplog.at_level(logging.WARNING, logger="mla_verify.lookup"):
+        config, source = lookup.resolve_config(8, 4, 8, arch="sm90")
+    assert (config, source) == (default_config(8, 4, 8, "sm90"), "built-in default")
+    [warning] = lookup_records(caplog, logging.WARNING)
+    assert "no tuned config for sm90 H8_L4_bf16" in warning
+    # the same entry carried to more heads keeps its 64 rows, and is used
+    assert lookup.resolve_config(24, 4, 8, arch="sm90")[1].startswith("nearest: ")
 
 
 def _source_key(heads: int, draft_len: int, arch: str = "sm90", dtype: str = "bf16") -> str:
