@@ -1045,10 +1045,8 @@ def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Calla
 
 
 def triton_config(config: VerifyConfig) -> VerifyConfig:
-    """``config``'s tile on the portable Triton kernel. A Hopper config's
-    fields are its Triton fallback's tile too, so this is what the package
-    runs where the Hopper kernel cannot take a call; not a tuned Triton
-    config (the sm90 table holds none). Elsewhere it is the tuned config."""
+    """``config``'s tile on the portable Triton kernel (a Hopper config's
+    fields are its Triton fallback's tile too)."""
     return dataclasses.replace(config, kernel="triton", MIN_SHARE=None)
 
 
@@ -1078,7 +1076,8 @@ def _source(source: str, vb: VerifyBatch, config: VerifyConfig) -> str:
 
 def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
     """tuned (the table's config), default (the built-in one), triton (the
-    tuned tile on the Triton kernel) or mha (BLOCK_H=1)."""
+    portable kernel's config, ``block_config(..., kernel="triton")``) or mha
+    (BLOCK_H=1)."""
     s = batch.spec
     vb = batch.sets[0]
     out = vb.new_output()
@@ -1087,21 +1086,23 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
         s.num_heads, s.draft_len, s.batch_size, arch, kv_dtype, head_dims=s.head_dims
     )
     if name in ("tuned", "triton"):
+        # triton: the portable kernel's best config for the arch (its tuned
+        # winner, else the built-in default), what an AMD GPU runs.
         config, source = mla_verify.resolve_config(
             s.num_heads,
             s.draft_len,
             s.batch_size,
             batch.k_buffer.dtype,
             arch,
+            kernel="triton" if name == "triton" else None,
             head_dims=s.head_dims,
         )
         if name == "tuned":
             # Launched through the table (config=None), exactly as an engine does.
             launches = _kernel_launches(batch, out, None)
             return Contender(name, launches, out, True, config, _source(source, vb, config))
-        config = triton_config(config)
         launches = _kernel_launches(batch, out, config)
-        return Contender(name, launches, out, True, config, f"{source}; kernel='triton'")
+        return Contender(name, launches, out, True, config, source)
     if name == "default":
         launches = _kernel_launches(batch, out, default)
         return Contender(name, launches, out, True, default, _source("default_config", vb, default))

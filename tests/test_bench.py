@@ -170,14 +170,19 @@ def test_flashmla_pages_refuse_fp8():
 # --- contenders ---------------------------------------------------------------------------
 
 
-def test_triton_contender_runs_the_tuned_tile_on_the_triton_kernel():
-    from mla_verify.config import hopper_config
+def test_triton_contender_runs_the_portable_kernel_config(device):
+    """The triton contender launches block_config(..., kernel="triton"): on
+    sm90 the table's Triton winner (H16 L4 has one), not the Hopper tile."""
+    import mla_verify
 
-    hopper = hopper_config(16, 4, 32, "gluon_sm90_sv").with_min_share(2)
-    forced = bench.triton_config(hopper)
-    assert forced.kernel == "triton" and forced.MIN_SHARE is None
-    keep = ("BLOCK_H", "BLOCK_N", "NUM_KV_SPLITS", "num_warps", "num_stages")
-    assert all(getattr(forced, k) == getattr(hopper, k) for k in keep)
+    spec = bench.parse_shape("H16L4B2C9")
+    batch = bench.build_batch(
+        spec, bench.prefix_lengths(spec), rotations=1, slots=64, device=torch.device(device), seed=1
+    )
+    contender = bench.kernel_contender("triton", batch, "sm90")
+    expected, source = mla_verify.resolve_config(16, 4, 2, arch="sm90", kernel="triton")
+    assert contender.config == expected and contender.config.kernel == "triton"
+    assert contender.config_source == source and "(triton)" in source
 
 
 def test_outputs_are_checked_with_the_package_tolerance():
