@@ -20,6 +20,7 @@ from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
     hopper_config,
+    kernel_family,
     triton_default_config,
 )
 from mla_verify.kernel import KERNEL_HASH, KERNEL_HASHES
@@ -492,6 +493,11 @@ def test_shipped_table_is_valid_and_says_where_it_came_from(path):
         for entry in data["entries"].values():
             for bucket in entry["buckets"].values():
                 assert bucket["tuned_us"] > 0 and bucket["default_us"] > 0
+                # Every record measured with this code of its kernel family:
+                # re-tune the records of a family whose code changed.
+                for record in tables.bucket_records(bucket):
+                    family = kernel_family(record["config"].get("kernel", "triton"))
+                    assert record["kernel_hash"] == KERNEL_HASHES[family], (entry, record)
 
 
 @pytest.mark.parametrize("arch,fp8", [("gfx942", "fp8_e4m3fnuz"), ("gfx950", "fp8_e4m3")])
