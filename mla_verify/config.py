@@ -155,6 +155,19 @@ class VerifyConfig:
         return dataclasses.replace(self, MIN_SHARE=min_share)
 
 
+def kernel_family(kernel: VerifyConfig | str) -> str:
+    """The kernel family of a config (or of a ``kernel`` field's value):
+    "triton" or "gluon_sm90" (both Hopper schedules share one kernel). Each
+    family's code has a hash of its own (``kernel.KERNEL_HASHES``), so a
+    change to one family's code leaves the other's tuned records current."""
+    name = kernel.kernel if isinstance(kernel, VerifyConfig) else kernel
+    if name == "triton":
+        return "triton"
+    if name in HOPPER_KERNELS:
+        return "gluon_sm90"
+    raise ValueError(f"kernel: expected one of {KERNELS}, got {name!r}")
+
+
 def units_for_chunks(chunks: int) -> int:
     """NUM_KV_SPLITS that gives a uniform batch ``chunks`` chunks per request."""
     chunks = max(1, min(MAX_KV_SPLITS - 1, chunks))

@@ -49,8 +49,9 @@ configs``), then the tables shipped in the package. Merged per entry: the
 first dir holding an (arch, H, L, dtype) entry supplies all of its buckets;
 entries it lacks still come from the dirs below.
 
-Tables whose kernel hash differs from this kernel's are still used (their
-configs are valid launches; only their timings may be off); loading warns.
+Records measured with other code of their kernel family than this one's
+(stale: ``tables.py``) are still used (their configs are valid launches;
+only their timings may be off); loading warns, and a source names them.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ from .config import (
     triton_default_config,
 )
 from .device import check_arch, current_arch
-from .kernel import KERNEL_HASH
+from .kernel import KERNEL_HASH, KERNEL_HASHES
 from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_dtype_name
 from .tables import LoadedEntry, entry_key
 
@@ -88,7 +89,7 @@ TUNE_COMMAND = "python -m mla_verify.tune --heads {H} --draft-lens {L} --kv-dtyp
 # What ``kernel=`` may ask for: the arch's best (None), or the Triton kernel.
 LOOKUP_KERNELS = (None, "triton")
 
-_tables: dict[str, dict[str, LoadedEntry]] = tables.load_tables(KERNEL_HASH)
+_tables: dict[str, dict[str, LoadedEntry]] = tables.load_tables(KERNEL_HASH, KERNEL_HASHES)
 _reported: set[tuple[str, str, str | None]] = set()  # (arch, key, kernel) logged once
 
 
@@ -96,7 +97,7 @@ def reload_tables() -> None:
     """Re-read every table (after tuning, or in tests). Reads files: never
     call it on the launch path."""
     global _tables
-    _tables = tables.load_tables(KERNEL_HASH)
+    _tables = tables.load_tables(KERNEL_HASH, KERNEL_HASHES)
     _reported.clear()
     _resolve.cache_clear()
 
@@ -225,7 +226,7 @@ def _view(entry: LoadedEntry, kernel: str | None) -> LoadedEntry:
     for ``kernel="triton"``."""
     if kernel is None:
         return entry
-    return dataclasses.replace(entry, buckets=entry.triton)
+    return dataclasses.replace(entry, buckets=entry.triton, stale_buckets=entry.stale_triton)
 
 
 def _log2_distance(a: int, b: int) -> Fraction:
@@ -282,7 +283,7 @@ def adapt_config(
 
 def _describe(entry: LoadedEntry, bucket: int, kernel: str | None = None) -> str:
     key = entry_key(entry.num_heads, entry.draft_len, entry.kv_dtype, entry.head_dims)
-    stale = ", stale" if entry.stale else ""
+    stale = ", stale" if bucket in entry.stale_buckets else ""
     what = "" if kernel is None else f" ({kernel})"
     name = Path(entry.source).name
     return f"{name} entry {key}, bucket {bucket}{what} ({entry.source}{stale})"
@@ -315,17 +316,27 @@ def describe_tables() -> str:
             group = sorted(
                 by_source[source], key=lambda e: (e.head_dims, e.kv_dtype, e.num_heads, e.draft_len)
             )
-            stale = " (stale)" if group[0].stale else ""
-            lines.append(f"  {source}: {_count(len(group))}{stale}")
+            lines.append(f"  {source}: {_count(len(group))}{_stale_note(group)}")
             for e in group:
                 key = entry_key(e.num_heads, e.draft_len, e.kv_dtype, e.head_dims)
-                lines.append(f"    {key}: buckets {', '.join(map(str, e.buckets))}")
+                stale = sorted(e.stale_buckets | e.stale_triton)
+                note = f" (stale: {', '.join(map(str, stale))})" if stale else ""
+                lines.append(f"    {key}: buckets {', '.join(map(str, e.buckets))}{note}")
     return "\n".join(lines)
 
 
 def table_archs() -> set[str]:
     """The archs the loaded tables cover."""
     return set(_tables)
+
+
+def _stale_note(group: list[LoadedEntry]) -> str:
+    """A table's note: "(stale)" where every entry has stale records, "(k
+    with stale records)" where some have."""
+    stale = sum(e.stale for e in group)
+    if not stale:
+        return ""
+    return " (stale)" if stale == len(group) else f" ({stale} with stale records)"
 
 
 def _count(n: int) -> str:

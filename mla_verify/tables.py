@@ -9,6 +9,7 @@ One file per arch, ``<arch>.json``::
      "metadata": {"kernel_hash": "<16 hex>", "measured": true, ...free-form},
      "entries": {"H128_L4_bf16": {"num_heads": 128, "draft_len": 4, "kv_dtype": "bf16",
                  "buckets": {"32": {"config": {...VerifyConfig.to_dict()},
+                                    "kernel_hash": "<16 hex>",
                                     "tuned_us": 12.3, "default_us": 15.0,
                                     "context_lens": [2048, 16384],
                                     "tuned_us_by_context": [8.1, 18.7],
@@ -27,6 +28,18 @@ config is another kernel (the Hopper one on sm90), with the same fields
 (its default: the Triton kernel's built-in config); tables without it read
 as before. ``Record`` is the one serialiser of a config and its times, for
 the tuner writing and the runtime reading.
+
+Staleness is per record. A record's ``kernel_hash`` (optional) is the hash
+of the code its config's kernel family ran when it was measured
+(``kernel.KERNEL_HASHES``, the family per ``config.kernel_family``): the
+record is stale where that family's code has changed since. A record
+without one (tables written before records carried it) dates from
+``metadata.kernel_hash``, the combined hash of every kernel
+(``kernel.KERNEL_HASH``) the table was last written with, and is stale
+where any kernel has changed. When a write changes ``metadata.kernel_hash``,
+the records it keeps that carry no hash get the old one, so they keep
+their meaning. Records of an unmeasured table (``"measured": false``) are
+never stale: they are not timings of a particular build.
 """
 
 from __future__ import annotations
@@ -36,7 +49,9 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +59,7 @@ from typing import Any
 import filelock
 import platformdirs
 
-from .config import VerifyConfig
+from .config import VerifyConfig, kernel_family
 from .problem import MLA_HEAD_DIMS, check_head_dims, head_dims_suffix, kv_dtype_name
 
 logger = logging.getLogger(__name__)
@@ -56,8 +71,11 @@ _TOP_KEYS = {"schema_version", "arch", "metadata", "entries"}
 _ENTRY_KEYS = {"num_heads", "draft_len", "kv_dtype", "buckets"}
 _ENTRY_OPTIONAL = {"head_dims"}
 _RECORD_KEYS = {"config", "tuned_us", "default_us"}
-_RECORD_OPTIONAL = {"context_lens", "tuned_us_by_context", "default_us_by_context"}
+_RECORD_OPTIONAL = {"context_lens", "tuned_us_by_context", "default_us_by_context", "kernel_hash"}
 TRITON_KEY = "triton"  # a bucket's Triton winner beside its config
+# Dates the records of a measured table that named no kernel hash, once a
+# write gives the table one: stale against any code.
+UNKNOWN_KERNEL_HASH = "0" * 16
 
 
 class TableError(ValueError):
@@ -74,18 +92,21 @@ class LoadedEntry:
     buckets: dict[int, VerifyConfig]  # batch size -> config, ascending
     times: dict[int, tuple[float | None, float | None]]  # batch -> (tuned_us, default_us)
     source: str  # path of the file it came from
-    stale: bool  # measured with different kernel code than this one
+    stale: bool  # some record measured with other kernel code than this one's
     head_dims: tuple[int, int] = MLA_HEAD_DIMS  # (q/k, v)
     # batch size -> the Triton kernel's config, in the buckets that know one
     # (their "triton" record, or their config where it is the Triton kernel's)
     triton: dict[int, VerifyConfig] = field(default_factory=dict)
+    stale_buckets: frozenset[int] = frozenset()  # buckets whose config is stale
+    stale_triton: frozenset[int] = frozenset()  # buckets whose Triton config is stale
 
 
 @dataclass(frozen=True)
 class Record:
     """One config and its times, as a bucket (or its Triton winner) holds
     them. Times in microseconds, None where not measured; per-context times
-    follow ``context_lens``."""
+    follow ``context_lens``; ``kernel_hash``: the code the times were
+    measured with (its config's family's hash), None where not known."""
 
     config: VerifyConfig
     tuned_us: float | None = None
@@ -93,13 +114,14 @@ class Record:
     context_lens: tuple[int, ...] = ()
     tuned_us_by_context: tuple[float, ...] = ()
     default_us_by_context: tuple[float, ...] = ()
+    kernel_hash: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "config": self.config.to_dict(),
-            "tuned_us": _round(self.tuned_us),
-            "default_us": _round(self.default_us),
-        }
+        out: dict[str, Any] = {"config": self.config.to_dict()}
+        if self.kernel_hash is not None:
+            out["kernel_hash"] = self.kernel_hash
+        out["tuned_us"] = _round(self.tuned_us)
+        out["default_us"] = _round(self.default_us)
         if self.context_lens:
             out["context_lens"] = list(self.context_lens)
             out["tuned_us_by_context"] = [_round(t) for t in self.tuned_us_by_context]
@@ -116,6 +138,7 @@ class Record:
             context_lens=tuple(data.get("context_lens", ())),
             tuned_us_by_context=tuple(data.get("tuned_us_by_context", ())),
             default_us_by_context=tuple(data.get("default_us_by_context", ())),
+            kernel_hash=data.get("kernel_hash"),
         )
 
 
@@ -211,6 +234,10 @@ def _validate_record(record: dict[str, Any], where: str) -> None:
         VerifyConfig.from_dict(config)
     except (TypeError, ValueError) as exc:
         raise TableError(f"{where}.config: {exc}") from None
+    if "kernel_hash" in record:
+        value = record["kernel_hash"]
+        ok = isinstance(value, str) and re.fullmatch("[0-9a-f]{16}", value) is not None
+        _check(ok, f"{where}.kernel_hash", f"expected 16 hex digits, got {value!r}")
     _check_time(record["tuned_us"], f"{where}.tuned_us")
     _check_time(record["default_us"], f"{where}.default_us")
     if "context_lens" in record:
@@ -314,6 +341,31 @@ def read_table(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data
 
 
+def bucket_records(bucket: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A bucket's records in the file format: its own, then its Triton
+    winner's where it has one."""
+    yield bucket
+    if TRITON_KEY in bucket:
+        yield bucket[TRITON_KEY]
+
+
+def kept_entries(table: dict[str, Any], kernel_hash: str | None) -> dict[str, Any]:
+    """A validated table's entries as a write that sets its
+    ``metadata.kernel_hash`` to ``kernel_hash`` keeps them: where that
+    changes a measured table's hash, every record without a hash of its own
+    gets the old one (``UNKNOWN_KERNEL_HASH`` where there was none), which
+    it dates from; so it stays stale, not current under the new hash."""
+    old = table["metadata"].get("kernel_hash")
+    if not _measured(table["metadata"]) or old == kernel_hash:
+        return table["entries"]
+    out = json.loads(json.dumps(table["entries"]))  # a deep copy
+    for entry in out.values():
+        for bucket in entry["buckets"].values():
+            for record in bucket_records(bucket):
+                record.setdefault("kernel_hash", old or UNKNOWN_KERNEL_HASH)
+    return out
+
+
 def _merge_entries(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """Per entry and per bucket: new buckets replace old ones of the same
     batch size; every other bucket and entry is kept."""
@@ -379,7 +431,8 @@ def write_entries(
         old = read_table(path) if path.exists() else None
         if old and _measured(old["metadata"]) != _measured(metadata):
             old = None  # measured and unmeasured buckets never share a table
-        merged = _merge_entries(old["entries"] if old else {}, entries)
+        old_entries = kept_entries(old, metadata.get("kernel_hash")) if old else {}
+        merged = _merge_entries(old_entries, entries)
         table = _canonical(arch, metadata, merged)
         _atomic_write(path, json.dumps(table, indent=2) + "\n")
 
@@ -419,24 +472,69 @@ def _measured(metadata: dict[str, Any]) -> bool:
     return metadata.get("measured", True) is not False
 
 
-def _staleness(metadata: dict[str, Any], kernel_hash: str) -> str | None:
-    """Why a table's timings may no longer hold, or None if they do."""
+def record_is_stale(
+    record: dict[str, Any],
+    metadata: dict[str, Any],
+    kernel_hash: str,
+    family_hashes: Mapping[str, str],
+) -> bool:
+    """Whether a record's timings may no longer hold (the module docstring):
+    its own kernel hash differs from its config's family's in
+    ``family_hashes``, or, where it has none, its table's from the combined
+    ``kernel_hash``. Never for an unmeasured table."""
     if not _measured(metadata):
-        return None  # reported configs, not timings of a particular kernel build
-    table_hash = metadata.get("kernel_hash")
-    if table_hash is None:
-        return "its metadata names no kernel_hash"
-    if table_hash == kernel_hash:
-        return None
-    return f"tuned for kernel {table_hash}, this kernel is {kernel_hash}"
+        return False  # reported configs, not timings of a particular kernel build
+    own = record.get("kernel_hash")
+    if own is None:
+        return metadata.get("kernel_hash") != kernel_hash
+    return own != family_hashes.get(kernel_family(record["config"].get("kernel", "triton")))
 
 
-def _loaded_entries(path: Path, table: dict[str, Any], stale: bool) -> dict[str, LoadedEntry]:
+def stale_records(
+    table: dict[str, Any], kernel_hash: str, family_hashes: Mapping[str, str]
+) -> dict[str, tuple[int, int]]:
+    """Kernel family -> (its stale records, its records) in a validated table."""
+    counts: dict[str, tuple[int, int]] = {}
+    for entry in table["entries"].values():
+        for bucket in entry["buckets"].values():
+            for record in bucket_records(bucket):
+                family = kernel_family(record["config"].get("kernel", "triton"))
+                stale, total = counts.get(family, (0, 0))
+                is_stale = record_is_stale(record, table["metadata"], kernel_hash, family_hashes)
+                counts[family] = (stale + is_stale, total + 1)
+    return counts
+
+
+def describe_stale(counts: dict[str, tuple[int, int]], family_hashes: Mapping[str, str]) -> str:
+    """``stale_records``' counts in words, e.g. "3 of 30 triton records
+    (this code: triton 0123456789abcdef)"; empty where none is stale."""
+    stale = {family: n for family, n in sorted(counts.items()) if n[0]}
+    if not stale:
+        return ""
+    parts = ", ".join(f"{n} of {total} {family} records" for family, (n, total) in stale.items())
+    code = ", ".join(f"{family} {family_hashes.get(family)}" for family in stale)
+    return f"{parts} (this code: {code})"
+
+
+def _loaded_entries(
+    path: Path, table: dict[str, Any], kernel_hash: str, family_hashes: Mapping[str, str]
+) -> dict[str, LoadedEntry]:
+    def stale(record: dict[str, Any]) -> bool:
+        return record_is_stale(record, table["metadata"], kernel_hash, family_hashes)
+
     out = {}
     for key, entry in table["entries"].items():
-        buckets = sorted(entry["buckets"].items(), key=lambda kv: int(kv[0]))
-        records = {int(b): Record.from_json(v) for b, v in buckets}
-        tritons = {int(b): Record.from_json(v[TRITON_KEY]) for b, v in buckets if TRITON_KEY in v}
+        buckets = sorted(((int(b), v) for b, v in entry["buckets"].items()), key=lambda bv: bv[0])
+        # The record of each bucket's Triton config: its Triton winner, or
+        # itself where its config is the Triton kernel's.
+        tritons = {
+            b: v.get(TRITON_KEY, v)
+            for b, v in buckets
+            if TRITON_KEY in v or v["config"].get("kernel", "triton") == "triton"
+        }
+        stale_buckets = frozenset(b for b, v in buckets if stale(v))
+        stale_triton = frozenset(b for b, v in tritons.items() if stale(v))
+        records = {b: Record.from_json(v) for b, v in buckets}
         out[key] = LoadedEntry(
             num_heads=entry["num_heads"],
             draft_len=entry["draft_len"],
@@ -444,13 +542,11 @@ def _loaded_entries(path: Path, table: dict[str, Any], stale: bool) -> dict[str,
             buckets={b: r.config for b, r in records.items()},
             times={b: (r.tuned_us, r.default_us) for b, r in records.items()},
             source=str(path),
-            stale=stale,
+            stale=bool(stale_buckets or stale_triton),
             head_dims=tuple(entry.get("head_dims", MLA_HEAD_DIMS)),
-            triton={
-                b: tritons[b].config if b in tritons else r.config
-                for b, r in records.items()
-                if b in tritons or r.config.kernel == "triton"
-            },
+            triton={b: VerifyConfig.from_dict(v["config"]) for b, v in tritons.items()},
+            stale_buckets=stale_buckets,
+            stale_triton=stale_triton,
         )
     return out
 
@@ -463,13 +559,18 @@ def _table_files(directory: Path) -> list[Path]:
         return []
 
 
-def load_tables(kernel_hash: str) -> dict[str, dict[str, LoadedEntry]]:
-    """arch -> entry key -> entry, from every table in every config dir.
+def load_tables(
+    kernel_hash: str, family_hashes: Mapping[str, str]
+) -> dict[str, dict[str, LoadedEntry]]:
+    """arch -> entry key -> entry, from every table in every config dir;
+    ``kernel_hash`` is this code's combined hash (``kernel.KERNEL_HASH``),
+    ``family_hashes`` its hash per kernel family (``kernel.KERNEL_HASHES``).
 
     Merged per entry by precedence: an entry of a higher-precedence dir wins
     whole over the same key lower down; entries it lacks come from below.
-    Bad files are skipped with a warning; a table measured with other kernel
-    code is still used, marked stale, with one warning. Never raises."""
+    Bad files are skipped with a warning; records measured with other kernel
+    code are still used, marked stale, with one warning per table that
+    counts them by family. Never raises."""
     merged: dict[str, dict[str, LoadedEntry]] = {}
     for label, directory in reversed(config_dirs()):  # lowest first; higher overwrite
         if label == "env" and not directory.is_dir():
@@ -478,14 +579,16 @@ def load_tables(kernel_hash: str) -> dict[str, dict[str, LoadedEntry]]:
             table = read_table(path)
             if table is None:
                 continue
-            reason = _staleness(table["metadata"], kernel_hash)
-            if reason is not None:
+            counts = stale_records(table, kernel_hash, family_hashes)
+            stale = describe_stale(counts, family_hashes)
+            if stale:
                 logger.warning(
-                    "mla_verify: config table %s is stale (%s); its configs are still "
-                    "used but its timings may no longer hold: re-tune to refresh",
+                    "mla_verify: config table %s has stale records, measured with other "
+                    "kernel code: %s; their configs are still used but their timings may "
+                    "no longer hold: re-tune to refresh",
                     path,
-                    reason,
+                    stale,
                 )
-            entries = _loaded_entries(path, table, stale=reason is not None)
+            entries = _loaded_entries(path, table, kernel_hash, family_hashes)
             merged.setdefault(table["arch"], {}).update(entries)
     return merged

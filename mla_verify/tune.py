@@ -41,6 +41,13 @@ All tile shapes are compiled up front in parallel worker processes (they
 fill Triton's on-disk cache). Each bucket is written as soon as it is
 measured, under a file lock, so an interrupted run loses at most the bucket
 in flight; a rerun resumes where it stopped.
+
+Each record (a bucket's config and times, and its Triton winner's) carries
+the hash of its kernel family's code (``kernel.KERNEL_HASHES``). A rerun
+after a kernel change searches again only the records of the family whose
+code changed (``pending_work``), and keeps the others as they are: a change
+to the Triton kernel alone re-tunes its records and leaves the Hopper
+kernel's, and the other way round.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +79,7 @@ from .config import (
     triton_default_config,
 )
 from .device import check_arch, current_arch, is_amd_arch
-from .kernel import KERNEL_HASH
+from .kernel import KERNEL_HASH, KERNEL_HASHES, kernel_hash
 from .problem import (
     HEAD_DIMS,
     MAX_BATCH_SIZE,
@@ -362,30 +369,29 @@ def _searches(
     return [None] if own_only else [None, "triton"]
 
 
-def precompile(entries, arch: str, workers: int, portable: bool = True) -> None:
-    """Compile every tile shape of every (H, L, kv dtype, head dims) entry
-    in parallel processes (on AMD, first check them all ahead of time in
-    parallel too)."""
+def precompile(entries, arch: str, workers: int) -> None:
+    """Compile every tile shape, and the default, of the searches (kernels,
+    as ``_searches`` names them) of every (H, L, kv dtype, head dims,
+    kernels) entry in parallel processes (on AMD, first check them all ahead
+    of time in parallel too)."""
     if is_amd_arch(arch):
         from . import aot
 
         if arch in aot.TARGETS:
             checks = [
                 (tile, draft_len, dtype_name, arch, head_dims)
-                for heads, draft_len, dtype_name, head_dims in entries
+                for heads, draft_len, dtype_name, head_dims, _ in entries
                 for tile in tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
             ]
             aot.resources_many(checks, workers)  # remembered for searched_tiles
     jobs = []
     seen = set()
-    for heads, draft_len, dtype_name, head_dims in entries:
+    for heads, draft_len, dtype_name, head_dims, kernels in entries:
         tiles = []
-        for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims, portable):
+        for kernel in kernels:
             tiles += searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
-        tiles += [
-            default_config(heads, draft_len, 1, arch, dtype_name, head_dims),
-            triton_default_config(heads, draft_len, 1, arch, dtype_name, head_dims),
-        ]
+            rule = triton_default_config if kernel == "triton" else default_config
+            tiles.append(rule(heads, draft_len, 1, arch, dtype_name, head_dims))
         for tile in tiles:
             # Triton specialises ints on divisibility by 16: H=8 and H=12
             # compile alike, as do 16, 32, 64, 128.
@@ -425,7 +431,7 @@ def tune_entry(
     heads: int,
     draft_len: int,
     dtype_name: str,
-    batch_sizes: Sequence[int],
+    searches: Mapping[int, Sequence[str | None]],
     contexts: Sequence[int],
     *,
     arch: str,
@@ -434,30 +440,35 @@ def tune_entry(
     timer: Timer,
     top_k: int,
     margin: float,
-    on_bucket: Callable[[BucketResult], None],
+    on_bucket: Callable[[dict[str | None, BucketResult], dict[str | None, tables.Record]], None],
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
-    portable: bool = True,
+    kept: Mapping[int, Mapping[str | None, tables.Record]] | None = None,
 ) -> None:
+    """Tune one entry's buckets: per batch size the searches ``searches``
+    names (None: the arch's own kernel, "triton": the Triton kernel beside
+    it). Each bucket goes to ``on_bucket`` as it is measured: its search
+    results and the records of it that ``kept`` holds, by search."""
     key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
     shape = (heads, draft_len, dtype_name, arch, head_dims)
-    rep_bs = min(batch_sizes, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
+    rep_bs = min(searches, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
     rep = Problems(
         pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device, head_dims=head_dims
     )
     finalists = {}
-    for kernel in _searches(heads, draft_len, dtype_name, arch, head_dims, portable):
+    for kernel in _kernels(searches):
         tiles = searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
         finalists[kernel] = _finalists(tiles, shape, rep, timer, top_k)
         logger.debug("%s %s finalists: %s", key, kernel, [t.to_dict() for t in finalists[kernel]])
 
-    for bs in batch_sizes:
+    for bs, kernels in searches.items():
         problems = Problems(
             pool, heads, draft_len, bs, contexts_for(bs, contexts), device, head_dims=head_dims
         )
         found = {}
-        for kernel, tiles in finalists.items():
+        for kernel in kernels:
             rule = triton_default_config if kernel == "triton" else default_config
             default = rule(heads, draft_len, bs, arch, dtype_name, head_dims)
+            tiles = finalists[kernel]
             best, best_t, default_t = _tune_bucket(
                 tiles, default, problems, heads, bs, arch, timer, margin, f"{key} batch {bs}"
             )
@@ -472,9 +483,14 @@ def tune_entry(
                 problems.contexts,
                 head_dims,
             )
-        result = found[None]
-        result.triton = found.get("triton")
-        on_bucket(result)
+        if None in found:
+            found[None].triton = found.get("triton")
+        on_bucket(found, dict((kept or {}).get(bs, {})))
+
+
+def _kernels(searches: Mapping[int, Sequence[str | None]]) -> list[str | None]:
+    """The kernels some bucket searches, in search order."""
+    return [k for k in (None, "triton") if any(k in s for s in searches.values())]
 
 
 def _finalists(
@@ -844,10 +860,13 @@ def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> 
     return path
 
 
-def bucket_json(result: BucketResult) -> dict:
-    """A tuned bucket in the table's format (``tables.bucket_json``)."""
-    triton = None if result.triton is None else _record(result.triton)
-    return tables.bucket_json(_record(result), triton)
+def _bucket_json(
+    found: Mapping[str | None, BucketResult], kept: Mapping[str | None, tables.Record]
+) -> dict:
+    """A tuned bucket in the table's format (``tables.bucket_json``): the
+    records of its searches, and those it keeps as they were."""
+    records = {**kept, **{kernel: _record(result) for kernel, result in found.items()}}
+    return tables.bucket_json(records[None], records.get("triton"))
 
 
 def _record(result: BucketResult) -> tables.Record:
@@ -858,6 +877,7 @@ def _record(result: BucketResult) -> tables.Record:
         context_lens=tuple(result.contexts),
         tuned_us_by_context=result.tuned.per_context,
         default_us_by_context=result.default.per_context,
+        kernel_hash=kernel_hash(result.config),
     )
 
 
@@ -866,28 +886,79 @@ def _dims_field(head_dims: tuple[int, int]) -> dict:
     return {} if tuple(head_dims) == MLA_HEAD_DIMS else {"head_dims": list(head_dims)}
 
 
-def pending_work(args, out_path: Path) -> list[tuple[int, int, str, tuple[int, int], list[int]]]:
-    """(H, L, dtype, head dims, batch sizes still to tune) per entry, for
-    resuming. A bucket is done where this kernel's measured table holds it;
-    an unmeasured (model-derived) table is all to do."""
-    done: dict[str, set[int]] = {}
+@dataclass(frozen=True)
+class EntryWork:
+    """One entry's buckets still to tune: per batch size the searches to run
+    (as ``_searches`` names them: None the arch's own kernel, "triton" the
+    Triton kernel beside it), and the bucket's records that stay as they
+    are, by search."""
+
+    heads: int
+    draft_len: int
+    kv_dtype: str
+    head_dims: tuple[int, int]
+    searches: dict[int, tuple[str | None, ...]]
+    kept: dict[int, dict[str | None, tables.Record]] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> list[str | None]:
+        return _kernels(self.searches)
+
+
+def pending_work(args, out_path: Path) -> list[EntryWork]:
+    """The searches still to run per entry and bucket, for resuming (the
+    arch is the table's, ``out_path``'s stem). A bucket's search is done
+    where its record of it is current: measured with this code of its
+    kernel family (``tables.record_is_stale``). A bucket the table holds
+    runs only the searches of its stale records and keeps the others; one
+    without a Triton record beside its config was tuned with
+    --own-kernel-only and gets none. A new bucket, every bucket of an
+    unmeasured (model-derived) table and, with --redo, every bucket runs
+    every search."""
+    arch = out_path.stem
     existing = tables.read_table(out_path) if out_path.exists() else None
-    if (
-        existing
-        and not args.redo
-        and existing["metadata"].get("kernel_hash") == KERNEL_HASH
-        and existing["metadata"].get("measured", True)
-    ):
-        done = {k: {int(b) for b in e["buckets"]} for k, e in existing["entries"].items()}
+    if existing and not existing["metadata"].get("measured", True):
+        existing = None  # a measured bucket replaces an unmeasured table whole
+    entries = tables.kept_entries(existing, KERNEL_HASH) if existing else {}
     work = []
     for dtype_name, head_dims in itertools.product(args.kv_dtypes, args.head_dims):
         for heads in args.heads:
             for draft_len in args.draft_lens:
                 key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
-                todo = [b for b in args.batch_sizes if b not in done.get(key, set())]
-                if todo:
-                    work.append((heads, draft_len, dtype_name, head_dims, todo))
+                portable = not args.own_kernel_only
+                kernels = _searches(heads, draft_len, dtype_name, arch, head_dims, portable)
+                buckets = entries.get(key, {}).get("buckets", {})
+                searches, kept = {}, {}
+                for bs in args.batch_sizes:
+                    bucket = buckets.get(str(bs))
+                    records = {} if bucket is None else _records_by_search(bucket)
+                    todo = tuple(
+                        k
+                        for k in kernels
+                        if not records
+                        or args.redo
+                        or (k in records and _is_stale(records[k], existing))
+                    )
+                    keep = {k: r for k, r in records.items() if k not in todo}
+                    if todo:
+                        searches[bs] = todo
+                    if todo and keep:
+                        kept[bs] = {k: tables.Record.from_json(r) for k, r in keep.items()}
+                if searches:
+                    work.append(EntryWork(heads, draft_len, dtype_name, head_dims, searches, kept))
     return work
+
+
+def _records_by_search(bucket: dict) -> dict[str | None, dict]:
+    """A bucket's records by the search that writes them."""
+    records = {None: bucket}
+    if tables.TRITON_KEY in bucket:
+        records["triton"] = bucket[tables.TRITON_KEY]
+    return records
+
+
+def _is_stale(record: dict, table: dict) -> bool:
+    return tables.record_is_stale(record, table["metadata"], KERNEL_HASH, KERNEL_HASHES)
 
 
 def run_tuning(
@@ -906,55 +977,60 @@ def run_tuning(
     start = time.perf_counter()  # --time-limit counts the compile step too
     out_path = out_dir / f"{arch}.json"
     work = pending_work(args, out_path)
-    total = sum(len(b) for *_, b in work)
+    total = sum(len(w.searches) for w in work)
     logger.info("%d buckets to tune in %d entries -> %s", total, len(work), out_path)
     if device == "cuda" and work:
         workers = args.jobs or min(16, os.cpu_count() or 1)
-        entries = [(h, l, d, dims) for h, l, d, dims, _ in work]
-        precompile(entries, arch, workers, portable=not args.own_kernel_only)
+        entries = [(w.heads, w.draft_len, w.kv_dtype, w.head_dims, w.kernels) for w in work]
+        precompile(entries, arch, workers)
 
     metadata = table_metadata(arch, device_name, sm_count, args)
     results: list[BucketResult] = []
     pools: dict[str, torch.Tensor] = {}
 
-    def record(result: BucketResult) -> None:
+    def record(
+        found: dict[str | None, BucketResult], kept: dict[str | None, tables.Record]
+    ) -> None:
+        # The arch's own kernel's result, with the Triton one in it; or the
+        # Triton one alone, where the bucket kept its config.
+        result = found[None] if None in found else found["triton"]
         entry = {
             "num_heads": result.num_heads,
             "draft_len": result.draft_len,
             "kv_dtype": result.kv_dtype,
             **_dims_field(result.head_dims),
-            "buckets": {str(result.batch_size): bucket_json(result)},
+            "buckets": {str(result.batch_size): _bucket_json(found, kept)},
         }
         tables.write_entries(out_path, arch, metadata, {result.key: entry})
         results.append(result)
         bar.update(1)
 
     with tqdm(total=total, desc="tuning buckets", unit="bucket", file=sys.stderr) as bar:
-        for heads, draft_len, dtype_name, head_dims, batch_sizes in work:
+        for w in work:
             if args.time_limit and time.perf_counter() - start > args.time_limit:
                 logger.warning("time limit reached; rerun the same command to resume")
                 break
-            if dtype_name not in pools:
-                pools[dtype_name] = _make_pool(args, dtype_name, device)
+            if w.kv_dtype not in pools:
+                pools[w.kv_dtype] = _make_pool(args, w.kv_dtype, device)
             try:
                 tune_entry(
-                    heads,
-                    draft_len,
-                    dtype_name,
-                    batch_sizes,
+                    w.heads,
+                    w.draft_len,
+                    w.kv_dtype,
+                    w.searches,
                     args.contexts,
                     arch=arch,
-                    pool=pools[dtype_name],
+                    pool=pools[w.kv_dtype],
                     device=device,
                     timer=timer,
                     top_k=args.top_k,
                     margin=args.margin,
                     on_bucket=record,
-                    head_dims=head_dims,
-                    portable=not args.own_kernel_only,
+                    head_dims=w.head_dims,
+                    kept=w.kept,
                 )
             except (RuntimeError, ValueError) as exc:  # one bad entry must not end the run
-                logger.error("H%d L%d %s not tuned: %s", heads, draft_len, dtype_name, exc)
+                logger.error("H%d L%d %s not tuned: %s", w.heads, w.draft_len, w.kv_dtype, exc)
     logger.info("tuning took %.0f s for %d buckets", time.perf_counter() - start, len(results))
     return results
 

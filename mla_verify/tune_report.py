@@ -13,7 +13,7 @@ import triton
 from . import lookup, tables
 from .config import VerifyConfig
 from .device import SM_COUNT, current_arch
-from .kernel import KERNEL_HASH
+from .kernel import KERNEL_HASH, KERNEL_HASHES
 from .problem import MLA_HEAD_DIMS, kv_dtype_from_name
 
 logger = logging.getLogger("mla_verify.tune")
@@ -47,14 +47,18 @@ def known_archs() -> set[str]:
     return set(SM_COUNT) | lookup.table_archs()
 
 
-def _metadata_fit(metadata: dict, device_name: str | None) -> tuple[list[str], list[str]]:
-    """(what was compared, what differs) between a table's metadata and
-    this machine and software."""
+def _metadata_fit(table: dict, device_name: str | None) -> tuple[list[str], list[str]]:
+    """(what was compared, what differs) between a table and this machine
+    and software: its records' kernel code (stale records, per kernel
+    family), its versions and its device."""
+    metadata = table["metadata"]
     compared, differs = [], []
     if metadata.get("measured", True):
         compared.append("kernel")
-        if metadata.get("kernel_hash") != KERNEL_HASH:
-            differs.append(f"kernel hash {metadata.get('kernel_hash')} != {KERNEL_HASH} (stale)")
+        counts = tables.stale_records(table, KERNEL_HASH, KERNEL_HASHES)
+        stale = tables.describe_stale(counts, KERNEL_HASHES)
+        if stale:
+            differs.append(f"stale: {stale}")
     compared += ["triton", "torch"]
     if metadata.get("triton") != triton.__version__:
         differs.append(f"triton {metadata.get('triton')} != {triton.__version__}")
@@ -87,9 +91,7 @@ def check(args: argparse.Namespace) -> int:
                 unreadable += 1
                 continue
             read += 1
-            compared, differs = _metadata_fit(
-                table["metadata"], device_name if table["arch"] == arch else None
-            )
+            compared, differs = _metadata_fit(table, device_name if table["arch"] == arch else None)
             if differs:
                 differ.append(path.name)
             fit = "; ".join(differs) if differs else f"{', '.join(compared)} as installed here"

@@ -12,6 +12,7 @@ from mla_verify.config import (
     default_config,
     default_num_kv_splits,
     hopper_config,
+    kernel_family,
     rows_per_program,
     runs_score_value,
     triton_default_config,
@@ -23,6 +24,20 @@ from mla_verify.search_space import (
     split_candidates,
     tile_candidates,
 )
+
+
+def test_kernel_family_groups_the_hopper_schedules():
+    """Both Hopper schedules are one kernel's code (one hash); the Triton
+    kernel is another."""
+    assert [kernel_family(k) for k in ("triton", *HOPPER_KERNELS)] == [
+        "triton",
+        "gluon_sm90",
+        "gluon_sm90",
+    ]
+    assert kernel_family(hopper_config(16, 4, 8, "gluon_sm90_sv")) == "gluon_sm90"
+    assert kernel_family(triton_default_config(16, 4, 8, "sm90")) == "triton"
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        kernel_family("cuda")
 
 
 def test_kernel_field_is_validated_and_named():

@@ -29,7 +29,7 @@ from mla_verify.config import (
     hopper_config,
     triton_default_config,
 )
-from mla_verify.kernel import KERNEL_HASH
+from mla_verify.kernel import KERNEL_HASH, kernel_hash
 
 PACKAGE_DIR = Path(lookup.__file__).parent
 
@@ -169,6 +169,55 @@ def test_stale_entry_still_used(dirs):
     config, source = lookup.resolve_config(8, 2, 4, arch="sm90")
     assert config == cfg(splits=7)
     assert source == f"sm90.json entry H8_L2_bf16, bucket 4 ({path}, stale)"
+
+
+OLD_HASH = "0" * 16  # the hash of code since changed
+
+
+def write_stamped(directory: Path, triton_hash: str, hopper_hash: str | None = None) -> Path:
+    """sm90 H128 L4 bf16: buckets 1 and 64 of the Hopper kernel with the
+    Triton kernel's winner beside, each record stamped with this code's
+    hash of its family; bucket 64's Triton record ``triton_hash``, its
+    Hopper record ``hopper_hash`` (this code's where None)."""
+    buckets = {}
+    for bs in (1, 64):
+        hopper = hopper_config(128, 4, bs, "gluon_sm90_sv")
+        hopper_record = tables.Record(hopper, 10.0, 12.0, kernel_hash=kernel_hash(hopper))
+        triton = tables.Record(cfg(16, bs, **H128), 20.0, 25.0, kernel_hash=kernel_hash("triton"))
+        if bs == 64:
+            triton = tables.Record(triton.config, 20.0, 25.0, kernel_hash=triton_hash)
+            hopper_record = tables.Record(
+                hopper, 10.0, 12.0, kernel_hash=hopper_hash or kernel_hash(hopper)
+            )
+        buckets[str(bs)] = tables.bucket_json(hopper_record, triton)
+    body = {"num_heads": 128, "draft_len": 4, "kv_dtype": "bf16", "buckets": buckets}
+    path = directory / "sm90.json"
+    meta = {"arch": "sm90", "kernel_hash": OLD_HASH, "measured": True}  # records answer alone
+    tables.write_entries(path, "sm90", meta, {"H128_L4_bf16": body})
+    lookup.reload_tables()
+    return path
+
+
+def test_a_source_names_a_stale_record_not_a_stale_table(dirs):
+    """After a change to the Triton kernel alone, its stale record says so;
+    the Hopper records beside it, measured with the Hopper kernel's current
+    code, and the Triton record of another bucket do not."""
+    path = write_stamped(dirs.shipped, triton_hash=OLD_HASH)
+    _, source = lookup.resolve_config(128, 4, 64, arch="sm90", kernel="triton")
+    assert source == f"sm90.json entry H128_L4_bf16, bucket 64 (triton) ({path}, stale)"
+    _, source = lookup.resolve_config(128, 4, 1, arch="sm90", kernel="triton")
+    assert source == f"sm90.json entry H128_L4_bf16, bucket 1 (triton) ({path})"
+    for bs in (1, 64):
+        _, source = lookup.resolve_config(128, 4, bs, arch="sm90")
+        assert source == f"sm90.json entry H128_L4_bf16, bucket {bs} ({path})"
+
+
+def test_a_change_to_the_hopper_kernel_stales_only_its_records(dirs):
+    path = write_stamped(dirs.shipped, triton_hash=kernel_hash("triton"), hopper_hash=OLD_HASH)
+    _, source = lookup.resolve_config(128, 4, 64, arch="sm90")
+    assert source == f"sm90.json entry H128_L4_bf16, bucket 64 ({path}, stale)"
+    _, source = lookup.resolve_config(128, 4, 64, arch="sm90", kernel="triton")
+    assert source == f"sm90.json entry H128_L4_bf16, bucket 64 (triton) ({path})"
 
 
 def test_memoized_and_dtype_spellings_agree(sm90):
@@ -563,3 +612,14 @@ def test_describe_tables(dirs):
     assert f"  {fresh}: 1 entry\n    H8_L4_bf16: buckets 1, 32" in text
     assert f"  {stale}: 1 entry (stale)" in text
     assert f"{fresh}: 1 entry (stale)" not in text
+
+
+def test_describe_tables_names_the_buckets_with_stale_records(dirs):
+    path = write_stamped(dirs.user, triton_hash=OLD_HASH)
+    text = lookup.describe_tables()
+    assert text.endswith(f"  {path}: 1 entry (stale)\n    H128_L4_bf16: buckets 1, 64 (stale: 64)")
+    write_table(dirs.user, "sm90", [entry(8, 4, "bf16", {1: cfg()})])  # current, beside
+    lookup.reload_tables()
+    text = lookup.describe_tables()
+    assert f"  {path}: 2 entries (1 with stale records)\n" in text
+    assert "    H8_L4_bf16: buckets 1\n    H128_L4_bf16: buckets 1, 64 (stale: 64)" in text

@@ -20,6 +20,9 @@ from mla_verify.tables import TableError
 
 HASH = "0123456789abcdef"
 OTHER_HASH = "fedcba9876543210"
+# This code's hash per kernel family (kernel.KERNEL_HASHES), beside HASH,
+# its combined one (kernel.KERNEL_HASH).
+HASHES = {"triton": "1111111111111111", "gluon_sm90": "2222222222222222"}
 
 
 # --- helpers --------------------------------------------------------------------
@@ -106,7 +109,7 @@ def test_head_dims_entries_validate_and_load(dirs):
     data = table(entries=[entry(16, 4, "bf16", {8: bucket(cfg())}), _d256_entry()])
     tables.validate_table(data, expected_arch="sm90")
     write_json(dirs.shipped / "sm90.json", data)
-    loaded = tables.load_tables(HASH)["sm90"]
+    loaded = tables.load_tables(HASH, HASHES)["sm90"]
     assert loaded["H16_L4_bf16"].head_dims == (576, 512)
     assert loaded["H16_L4_bf16_D256"].head_dims == (256, 256)
 
@@ -246,6 +249,14 @@ BAD_TABLES = {
         _set([*B, "triton"], bucket(cfg() | {"BLOCK_N": 48})),
         "triton.config: VerifyConfig.BLOCK_N",
     ),
+    "record_kernel_hash_int": (_set([*B, "kernel_hash"], 5), "buckets[1].kernel_hash"),
+    "record_kernel_hash_short": (_set([*B, "kernel_hash"], "0123abcd"), "16 hex digits"),
+    "record_kernel_hash_upper": (_set([*B, "kernel_hash"], HASH.upper()), "16 hex digits"),
+    "record_kernel_hash_null": (_set([*B, "kernel_hash"], None), "kernel_hash"),
+    "triton_kernel_hash_not_hex": (
+        _set([*B, "triton"], bucket(cfg()) | {"kernel_hash": "g" * 16}),
+        "triton.kernel_hash: expected 16 hex digits",
+    ),
 }
 
 
@@ -297,6 +308,19 @@ def test_records_round_trip_through_the_one_serialiser():
     unmeasured = tables.bucket_json(tables.Record(VerifyConfig.from_dict(cfg())))
     assert unmeasured == {"config": cfg(), "tuned_us": None, "default_us": None}
     tables.validate_table(table(entries=[entry(8, 1, "bf16", {1: data, 2: unmeasured})]))
+
+
+def test_records_carry_the_hash_of_the_code_they_were_measured_with():
+    """A record's kernel hash is written beside its config where known, and
+    read back; a record without one reads as None (a table older than it)."""
+    record = tables.Record(VerifyConfig.from_dict(cfg()), 10.0, 12.0, kernel_hash=OTHER_HASH)
+    data = tables.bucket_json(record, dataclasses.replace(record, kernel_hash=HASH))
+    assert list(data)[:2] == ["config", "kernel_hash"]
+    assert (data["kernel_hash"], data["triton"]["kernel_hash"]) == (OTHER_HASH, HASH)
+    assert tables.Record.from_json(data) == record
+    assert tables.Record.from_json(data["triton"]).kernel_hash == HASH
+    assert tables.Record.from_json(bucket(cfg())).kernel_hash is None
+    tables.validate_table(table(entries=[entry(8, 1, "bf16", {1: data})]))
 
 
 BAD_FILES = {
@@ -480,7 +504,7 @@ def test_shipped_dir_source_checkout_fallback(monkeypatch):
 
 def test_load_tables_builds_entries(dirs):
     write_json(dirs.user / "sm90.json", table())
-    loaded = tables.load_tables(HASH)
+    loaded = tables.load_tables(HASH, HASHES)
     e = loaded["sm90"]["H128_L4_bf16"]
     assert (e.num_heads, e.draft_len, e.kv_dtype, e.stale) == (128, 4, "bf16", False)
     assert e.buckets == {
@@ -497,7 +521,7 @@ def test_load_tables_keeps_the_triton_winners(dirs):
     """A bucket's Triton winner where its config is the Hopper kernel's; its
     own config where that is the Triton kernel's."""
     write_json(dirs.user / "sm90.json", with_triton())
-    e = tables.load_tables(HASH)["sm90"]["H128_L4_bf16"]
+    e = tables.load_tables(HASH, HASHES)["sm90"]["H128_L4_bf16"]
     assert e.buckets[1].kernel == "gluon_sm90_sv"
     assert e.triton == {
         1: VerifyConfig.from_dict(cfg(16, 3, BLOCK_N=32)),
@@ -506,7 +530,7 @@ def test_load_tables_keeps_the_triton_winners(dirs):
     hopper_only = copy.deepcopy(with_triton())
     del hopper_only["entries"]["H128_L4_bf16"]["buckets"]["1"]["triton"]
     write_json(dirs.user / "sm90.json", hopper_only)
-    e = tables.load_tables(HASH)["sm90"]["H128_L4_bf16"]
+    e = tables.load_tables(HASH, HASHES)["sm90"]["H128_L4_bf16"]
     assert list(e.triton) == [32]  # bucket 1 knows no Triton config
 
 
@@ -518,7 +542,7 @@ def test_load_tables_precedence_is_per_entry(dirs):
     write_json(dirs.user / "sm90.json", table(entries=[one(128, 2, (1, 64)), one(64, 2)]))
     write_json(dirs.shipped / "sm90.json", table(entries=[one(128, 3), one(64, 3), one(32, 3)]))
     write_json(dirs.shipped / "gfx950.json", table("gfx950", entries=[one(16, 3)]))
-    loaded = tables.load_tables(HASH)
+    loaded = tables.load_tables(HASH, HASHES)
 
     assert set(loaded) == {"sm90", "gfx950"}
     got = {
@@ -542,7 +566,7 @@ def test_load_tables_first_env_path_wins(dirs, tmp_path, monkeypatch):
     write_json(
         second / "sm90.json", table(entries=[entry(8, 4, "bf16", {1: bucket(cfg(splits=2))})])
     )
-    assert tables.load_tables(HASH)["sm90"]["H8_L4_bf16"].buckets[1].NUM_KV_SPLITS == 1
+    assert tables.load_tables(HASH, HASHES)["sm90"]["H8_L4_bf16"].buckets[1].NUM_KV_SPLITS == 1
 
 
 def test_load_tables_skips_bad_files_with_one_warning_each(dirs, caplog):
@@ -551,7 +575,7 @@ def test_load_tables_skips_bad_files_with_one_warning_each(dirs, caplog):
     write_json(dirs.env / "sm100.json", table("sm90"))  # foreign arch
     write_json(dirs.user / "sm90.json", table())
     with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
-        loaded = tables.load_tables(HASH)
+        loaded = tables.load_tables(HASH, HASHES)
     assert set(loaded) == {"sm90"}
     assert loaded["sm90"]["H128_L4_bf16"].source == str(dirs.user / "sm90.json")
     messages = sorted(r.getMessage() for r in warnings_from(caplog))
@@ -578,8 +602,8 @@ def test_load_tables_warns_once_about_a_missing_env_dir(dirs, tmp_path, monkeypa
     monkeypatch.setenv(tables.ENV_VAR, os.pathsep.join([str(dirs.env), str(missing)]))
     write_json(dirs.env / "sm90.json", table())
     with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
-        assert set(tables.load_tables(HASH)) == {"sm90"}
-        tables.load_tables(HASH)
+        assert set(tables.load_tables(HASH, HASHES)) == {"sm90"}
+        tables.load_tables(HASH, HASHES)
     [record] = warnings_from(caplog)
     assert record.getMessage() == (
         f"mla_verify: ignoring {tables.ENV_VAR} entry {missing}: no such directory"
@@ -591,7 +615,7 @@ def test_load_tables_tolerates_missing_dirs(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "user_table_dir", lambda: tmp_path / "also-nope")
     monkeypatch.setattr(tables, "shipped_table_dir", lambda: tmp_path / "file.json")
     (tmp_path / "file.json").write_text("{}")
-    assert tables.load_tables(HASH) == {}
+    assert tables.load_tables(HASH, HASHES) == {}
 
 
 STALENESS = {
@@ -606,7 +630,7 @@ STALENESS = {
 def test_load_tables_staleness(dirs, caplog, meta_kw, stale):
     path = write_json(dirs.shipped / "sm90.json", table(**meta_kw))
     with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
-        loaded = tables.load_tables(HASH)
+        loaded = tables.load_tables(HASH, HASHES)
     e = loaded["sm90"]["H128_L4_bf16"]  # used either way
     assert e.stale is stale
     assert e.buckets[32] == VerifyConfig.from_dict(cfg(splits=2))
@@ -615,3 +639,128 @@ def test_load_tables_staleness(dirs, caplog, meta_kw, stale):
     if stale:
         assert str(path) in records[0].getMessage()
         assert "stale" in records[0].getMessage()
+
+
+# --- per-record staleness ----------------------------------------------------------
+
+
+def stamped(config: dict, kernel_hash: str, **kw: float) -> dict:
+    return bucket(config, **kw) | {"kernel_hash": kernel_hash}
+
+
+HOPPER = cfg(16, 5, num_warps=8, kernel="gluon_sm90_sv")
+
+
+def family_table(hopper_hash: str, triton_hash: str, **meta_kw: object) -> dict:
+    """Bucket 1: a Hopper record with a Triton one beside it; bucket 32: a
+    Triton record; the Hopper record stamped ``hopper_hash``, the Triton
+    ones ``triton_hash``."""
+    one = stamped(HOPPER, hopper_hash)
+    one["triton"] = stamped(cfg(16, 3, BLOCK_N=32), triton_hash)
+    buckets = {1: one, 32: stamped(cfg(splits=2), triton_hash)}
+    return table(entries=[entry(128, 4, "bf16", buckets)], **meta_kw)
+
+
+TRITON, GLUON = HASHES["triton"], HASHES["gluon_sm90"]
+RECORD_STALENESS = {
+    # (hopper record's hash, triton records' hash, metadata) ->
+    # (stale buckets, stale triton buckets, warning's counts)
+    "current": ((GLUON, TRITON, {}), (set(), set(), None)),
+    # Records carry their own hash: the table's combined one plays no part.
+    "current_records_other_table_hash": (
+        (GLUON, TRITON, {"kernel_hash": OTHER_HASH}),
+        (set(), set(), None),
+    ),
+    "triton_changed": ((GLUON, OTHER_HASH, {}), ({32}, {1, 32}, "2 of 2 triton records")),
+    "gluon_changed": ((OTHER_HASH, TRITON, {}), ({1}, set(), "1 of 1 gluon_sm90 records")),
+    # A family's hash is not another's: a Hopper record stamped with the
+    # Triton kernel's hash is stale.
+    "families_swapped": ((TRITON, GLUON, {}), ({1, 32}, {1, 32}, "1 of 1 gluon_sm90 records")),
+    "unmeasured": ((OTHER_HASH, OTHER_HASH, {"measured": False}), (set(), set(), None)),
+}
+
+
+@pytest.mark.parametrize("given, expected", RECORD_STALENESS.values(), ids=RECORD_STALENESS.keys())
+def test_staleness_is_per_record_and_family(dirs, caplog, given, expected):
+    hopper_hash, triton_hash, meta_kw = given
+    stale_buckets, stale_triton, counts = expected
+    path = write_json(dirs.shipped / "sm90.json", family_table(hopper_hash, triton_hash, **meta_kw))
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        e = tables.load_tables(HASH, HASHES)["sm90"]["H128_L4_bf16"]
+    assert (e.stale_buckets, e.stale_triton) == (stale_buckets, stale_triton)
+    assert e.stale is bool(stale_buckets or stale_triton)
+    assert e.buckets[1] == VerifyConfig.from_dict(HOPPER)  # used either way
+    records = warnings_from(caplog)
+    assert len(records) == (counts is not None)  # one warning per table
+    if counts is not None:
+        message = records[0].getMessage()
+        assert str(path) in message and "stale" in message and counts in message
+
+
+def test_a_stale_warning_counts_every_family_with_stale_records(dirs, caplog):
+    write_json(dirs.shipped / "sm90.json", family_table(OTHER_HASH, OTHER_HASH))
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        tables.load_tables(HASH, HASHES)
+    [record] = warnings_from(caplog)
+    assert (
+        "1 of 1 gluon_sm90 records, 2 of 2 triton records "
+        f"(this code: gluon_sm90 {GLUON}, triton {TRITON})" in record.getMessage()
+    )
+
+
+def test_stale_records_counts_per_family():
+    data = family_table(GLUON, OTHER_HASH)
+    assert tables.stale_records(data, HASH, HASHES) == {"gluon_sm90": (0, 1), "triton": (2, 2)}
+    # Records without a hash of their own date from the table's.
+    legacy = table(entries=[entry(8, 1, "bf16", {1: bucket(HOPPER), 2: bucket(cfg())})])
+    assert tables.stale_records(legacy, HASH, HASHES) == {"gluon_sm90": (0, 1), "triton": (0, 1)}
+    assert tables.stale_records(legacy, OTHER_HASH, HASHES) == {
+        "gluon_sm90": (1, 1),
+        "triton": (1, 1),
+    }
+
+
+def test_records_with_and_without_a_hash_share_a_table(dirs):
+    """A record without a hash of its own dates from the table's combined
+    one; a record with one answers for itself."""
+    buckets = {1: bucket(cfg()), 2: stamped(cfg(), TRITON), 4: stamped(cfg(), OTHER_HASH)}
+    data = table(entries=[entry(8, 1, "bf16", buckets)], kernel_hash=OTHER_HASH)
+    write_json(dirs.shipped / "sm90.json", data)
+    e = tables.load_tables(HASH, HASHES)["sm90"]["H8_L1_bf16"]
+    assert e.stale_buckets == {1, 4}
+    write_json(dirs.shipped / "sm90.json", data | {"metadata": meta(kernel_hash=HASH)})
+    e = tables.load_tables(HASH, HASHES)["sm90"]["H8_L1_bf16"]
+    assert e.stale_buckets == {4}
+
+
+def test_a_write_that_changes_the_table_hash_dates_the_records_without_one(tmp_path):
+    """Records of an older table carry no hash and date from its combined
+    one. A write under a new combined hash gives them the old one, so they
+    stay stale instead of reading as current under the new."""
+    path = tmp_path / "sm90.json"
+    old = entry(8, 1, "bf16", {1: with_triton()["entries"]["H128_L4_bf16"]["buckets"]["1"]})
+    tables.write_entries(path, "sm90", meta(kernel_hash=OTHER_HASH), dict([old]))
+    new = entry(16, 1, "bf16", {1: stamped(cfg(), TRITON)})
+    tables.write_entries(path, "sm90", meta(kernel_hash=HASH), dict([new]))
+    data = tables.read_table(path)
+    kept = data["entries"]["H8_L1_bf16"]["buckets"]["1"]
+    assert (kept["kernel_hash"], kept["triton"]["kernel_hash"]) == (OTHER_HASH, OTHER_HASH)
+    assert data["entries"]["H16_L1_bf16"]["buckets"]["1"]["kernel_hash"] == TRITON
+    assert tables.stale_records(data, HASH, HASHES) == {"gluon_sm90": (1, 1), "triton": (1, 2)}
+    # Under the same combined hash nothing changes meaning: nothing is dated.
+    tables.write_entries(path, "sm90", meta(kernel_hash=OTHER_HASH), dict([old]))
+    tables.write_entries(path, "sm90", meta(kernel_hash=OTHER_HASH), dict([new]))
+    assert "kernel_hash" not in tables.read_table(path)["entries"]["H8_L1_bf16"]["buckets"]["1"]
+
+
+def test_a_table_that_named_no_hash_dates_its_records_as_unknown(tmp_path):
+    path = tmp_path / "sm90.json"
+    tables.write_entries(
+        path, "sm90", meta(kernel_hash=None), dict([entry(8, 1, "bf16", {1: bucket(cfg())})])
+    )
+    tables.write_entries(path, "sm90", meta(), dict([entry(16, 1, "bf16", {1: bucket(cfg())})]))
+    data = tables.read_table(path)
+    assert (
+        data["entries"]["H8_L1_bf16"]["buckets"]["1"]["kernel_hash"] == tables.UNKNOWN_KERNEL_HASH
+    )
+    assert tables.stale_records(data, HASH, HASHES) == {"triton": (1, 2)}

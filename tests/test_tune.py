@@ -15,9 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_verify import hopper, lookup, tables, tune
-from mla_verify.config import HOPPER_KERNELS, VerifyConfig, triton_default_config
-from mla_verify.kernel import KERNEL_HASH
+from mla_verify import hopper, kernel, lookup, tables, tune
+from mla_verify.config import (
+    HOPPER_KERNELS,
+    VerifyConfig,
+    hopper_config,
+    kernel_family,
+    triton_default_config,
+)
+from mla_verify.kernel import KERNEL_HASH, KERNEL_HASHES
 from mla_verify.search_space import MIN_SHARE_CANDIDATES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,6 +94,8 @@ def test_tiny_tune_writes_a_table_the_lookup_reads(table_env, device):
     bucket = table["entries"]["H2_L2_bf16"]["buckets"]["2"]
     assert bucket["tuned_us"] == pytest.approx(results[1].tuned_us, abs=0.01)
     assert table["metadata"]["kernel_hash"] == KERNEL_HASH
+    # Each record names the code of its kernel family it was measured with.
+    assert bucket["kernel_hash"] == KERNEL_HASHES["triton"]
 
     lookup.reload_tables()
     config, source = lookup.resolve_config(2, 2, 2, arch="cpu_test")
@@ -133,9 +141,46 @@ def test_sm90_keeps_the_triton_winner_beside_the_hopper_one(table_env, device):
     bucket = table["entries"]["H2_L2_bf16"]["buckets"]["2"]
     assert bucket["triton"]["config"] == results[1].triton.config.to_dict()
     assert bucket["triton"]["default_us_by_context"] == [100.0]
+    assert bucket["kernel_hash"] == KERNEL_HASHES["gluon_sm90"]
+    assert bucket["triton"]["kernel_hash"] == KERNEL_HASHES["triton"]
     lookup.reload_tables()
     assert lookup.block_config(2, 2, 2, arch="sm90") == results[1].config
     assert lookup.block_config(2, 2, 2, arch="sm90", kernel="triton") == results[1].triton.config
+
+
+def test_after_a_triton_kernel_change_a_rerun_searches_only_its_records(
+    table_env, device, monkeypatch
+):
+    """A rerun after a change to the Triton kernel alone (its family's hash
+    changed, the Hopper kernel's not) times only Triton configs, rewrites
+    the Triton records and keeps the Hopper records beside them as they
+    were; then nothing is left to do."""
+
+    def timer(config, batches):
+        return 40.0 if config.kernel != "triton" else 100.0 - 20 * (config.BLOCK_N == 32)
+
+    run(TINY, table_env, device, timer=timer, arch="sm90")
+    before = json.loads((table_env / "sm90.json").read_text())["entries"]["H2_L2_bf16"]
+    monkeypatch.setitem(kernel.KERNEL_HASHES, "triton", "feedfeedfeedfeed")
+    timed = []
+
+    def watched(config, batches):
+        timed.append(config)
+        return timer(config, batches)
+
+    results = run(TINY, table_env, device, timer=watched, arch="sm90")
+    assert timed and {c.kernel for c in timed} == {"triton"}
+    assert [(r.batch_size, r.config.kernel) for r in results] == [(1, "triton"), (2, "triton")]
+    after = json.loads((table_env / "sm90.json").read_text())["entries"]["H2_L2_bf16"]
+    for bs in ("1", "2"):
+        old, new = before["buckets"][bs], after["buckets"][bs]
+        assert {k: v for k, v in new.items() if k != "triton"} == {
+            k: v for k, v in old.items() if k != "triton"
+        }
+        assert new["kernel_hash"] == KERNEL_HASHES["gluon_sm90"]
+        assert new["triton"]["kernel_hash"] == "feedfeedfeedfeed"
+        assert new["triton"]["config"] == old["triton"]["config"]
+    assert run(TINY, table_env, device, timer=watched, arch="sm90") == []
 
 
 def test_amd_search_times_only_tiles_that_fit_and_tries_compiler_options(
@@ -258,7 +303,100 @@ def test_a_derived_table_in_the_output_is_all_to_tune(tmp_path):
         if measured:
             body["buckets"]["1"] |= {"tuned_us": 10.0, "default_us": 10.0}
         tables.write_entries(path, "gfx950", meta, {"H2_L2_bf16": body})
-        assert tune.pending_work(args, path) == [(2, 2, "bf16", (576, 512), todo)]
+        [work] = tune.pending_work(args, path)
+        assert (work.heads, work.draft_len, work.kv_dtype, work.head_dims) == (2, 2, "bf16", MLA)
+        assert work.searches == {b: (None,) for b in todo} and work.kept == {}
+
+
+MLA = (576, 512)
+
+
+def sm90_bucket(bs: int, hopper_hash: str, triton_hash: str | None) -> dict:
+    """A measured sm90 bucket: the Hopper kernel's record stamped
+    ``hopper_hash``, and the Triton kernel's beside it stamped
+    ``triton_hash`` (none where None)."""
+    hopper_record = tables.Record(hopper_config(2, 2, bs), 10.0, 12.0, kernel_hash=hopper_hash)
+    triton = triton_default_config(2, 2, bs, "sm90")
+    triton_record = tables.Record(triton, 20.0, 25.0, kernel_hash=triton_hash)
+    return tables.bucket_json(hopper_record, triton_record if triton_hash else None)
+
+
+CURRENT = (KERNEL_HASHES["gluon_sm90"], KERNEL_HASHES["triton"])
+OLD = "0" * 16  # the hash of code since changed
+RESUME = {
+    # bucket 1's (Hopper, Triton) record hashes (None: no bucket 1), options
+    # -> searches left, by bucket (bucket 2's records are current)
+    "all_current": (CURRENT, [], {}),
+    "triton_changed": ((CURRENT[0], OLD), [], {1: ("triton",)}),
+    "gluon_changed": ((OLD, CURRENT[1]), [], {1: (None,)}),
+    "both_changed": ((OLD, OLD), [], {1: (None, "triton")}),
+    # a bucket tuned with --own-kernel-only gets no Triton search on resume
+    "no_triton_record": ((CURRENT[0], None), [], {}),
+    "triton_changed_own_kernel_only": ((CURRENT[0], OLD), ["--own-kernel-only"], {}),
+    "bucket_missing": (None, [], {1: (None, "triton")}),
+    "redo": (CURRENT, ["--redo"], {1: (None, "triton"), 2: (None, "triton")}),
+}
+
+
+@pytest.mark.parametrize("bucket1, flags, searches", RESUME.values(), ids=RESUME.keys())
+def test_resume_searches_only_the_stale_records(tmp_path, bucket1, flags, searches):
+    """pending_work on sm90 (the Hopper kernel, the Triton kernel beside):
+    a bucket runs only the searches whose records are stale or missing,
+    and keeps the others as they are."""
+    args = tune.parse_args(["--heads", "2", "--draft-lens", "2", "--batch-sizes", "1,2", *flags])
+    path = tmp_path / "sm90.json"
+    buckets = {"2": sm90_bucket(2, *CURRENT)}
+    if bucket1 is not None:
+        buckets["1"] = sm90_bucket(1, *bucket1)
+    body = {"num_heads": 2, "draft_len": 2, "kv_dtype": "bf16", "buckets": buckets}
+    meta = {"arch": "sm90", "kernel_hash": KERNEL_HASH, "measured": True}
+    tables.write_entries(path, "sm90", meta, {"H2_L2_bf16": body})
+    work = tune.pending_work(args, path)
+    assert {b: s for w in work for b, s in w.searches.items()} == searches
+    for w in work:
+        for bs, bucket_searches in w.searches.items():
+            kept = w.kept.get(bs, {})
+            bucket = buckets.get(str(bs))
+            records = {} if bucket is None else tune._records_by_search(bucket)
+            # every record the bucket has that no search replaces, as it was
+            assert set(kept) == set(records) - set(bucket_searches)
+            for search, record in kept.items():
+                assert record == tables.Record.from_json(records[search])
+
+
+def test_resume_of_a_legacy_table_keeps_its_meaning(tmp_path):
+    """Records without a hash of their own date from the table's combined
+    one: current where it is this code's, all to search where it is not,
+    and a record a run keeps without searching it stays stale."""
+    path = tmp_path / "sm90.json"
+    body = {"num_heads": 2, "draft_len": 2, "kv_dtype": "bf16"}
+    body["buckets"] = {"1": sm90_bucket(1, *CURRENT)}
+    del body["buckets"]["1"]["kernel_hash"], body["buckets"]["1"]["triton"]["kernel_hash"]
+    for table_hash, searches in ((KERNEL_HASH, []), (OLD, [{1: (None, "triton")}])):
+        meta = {"arch": "sm90", "kernel_hash": table_hash, "measured": True}
+        tables.write_entries(path, "sm90", meta, {"H2_L2_bf16": body})
+        work = tune.pending_work(tune.parse_args(ONE_BUCKET), path)
+        assert [w.searches for w in work] == searches
+    [work] = tune.pending_work(tune.parse_args([*ONE_BUCKET, "--own-kernel-only"]), path)
+    assert work.searches == {1: (None,)}
+    assert work.kept[1]["triton"].kernel_hash == OLD  # dated: stays stale once written
+
+
+def test_check_reports_stale_records_per_family():
+    import triton
+
+    from mla_verify import tune_report
+
+    buckets = {"1": sm90_bucket(1, CURRENT[0], OLD), "2": sm90_bucket(2, *CURRENT)}
+    body = {"num_heads": 2, "draft_len": 2, "kv_dtype": "bf16", "buckets": buckets}
+    versions = {"triton": triton.__version__, "torch": torch.__version__}
+    meta = {"arch": "sm90", "kernel_hash": KERNEL_HASH, "measured": True} | versions
+    table = {"metadata": meta, "entries": {"H2_L2_bf16": body}}
+    compared, differs = tune_report._metadata_fit(table, None)
+    assert compared == ["kernel", "triton", "torch"]
+    assert differs == [f"stale: 1 of 2 triton records (this code: triton {CURRENT[1]})"]
+    buckets["1"] = sm90_bucket(1, *CURRENT)
+    assert tune_report._metadata_fit(table, None)[1] == []
 
 
 def test_resume_after_kill(table_env, device):
@@ -355,6 +493,11 @@ def test_shipped_table_is_valid_and_says_where_it_came_from(path):
         for entry in data["entries"].values():
             for bucket in entry["buckets"].values():
                 assert bucket["tuned_us"] > 0 and bucket["default_us"] > 0
+                # Every record measured with this code of its kernel family:
+                # re-tune the records of a family whose code changed.
+                for record in tables.bucket_records(bucket):
+                    family = kernel_family(record["config"].get("kernel", "triton"))
+                    assert record["kernel_hash"] == KERNEL_HASHES[family], (entry, record)
 
 
 @pytest.mark.parametrize("arch,fp8", [("gfx942", "fp8_e4m3fnuz"), ("gfx950", "fp8_e4m3")])
