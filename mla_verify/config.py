@@ -158,7 +158,7 @@ class VerifyConfig:
 def kernel_family(kernel: VerifyConfig | str) -> str:
     """The kernel family of a config (or of a ``kernel`` field's value):
     "triton" or "gluon_sm90" (both Hopper schedules share one kernel). Each
-    family's code has a hash of its own (``kernel.KERNEL_HASHES``), so a
+    family's code has a hash of its own (``code_hash.KERNEL_HASHES``), so a
     change to one family's code leaves the other's tuned records current."""
     name = kernel.kernel if isinstance(kernel, VerifyConfig) else kernel
     if name == "triton":

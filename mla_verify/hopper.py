@@ -39,7 +39,7 @@ KV_DTYPES = ("bf16", "fp8_e4m3")
 SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
 
 # The constants that shape the kernel, hashed with its jitted functions into
-# its family's kernel.KERNEL_HASHES["gluon_sm90"] (and kernel.KERNEL_HASH).
+# its family's code_hash.KERNEL_HASHES["gluon_sm90"] (and code_hash.KERNEL_HASH).
 SHAPE = (
     ROWS,
     TOKENS,

@@ -67,6 +67,7 @@ from pathlib import Path
 import torch
 
 from . import hopper, tables
+from .code_hash import KERNEL_HASH, KERNEL_HASHES
 from .config import (
     HOPPER_KERNELS,
     MAX_KV_SPLITS,
@@ -76,7 +77,6 @@ from .config import (
     triton_default_config,
 )
 from .device import check_arch, current_arch
-from .kernel import KERNEL_HASH, KERNEL_HASHES
 from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_dtype_name
 from .tables import LoadedEntry, entry_key
 

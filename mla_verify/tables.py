@@ -31,11 +31,11 @@ the tuner writing and the runtime reading.
 
 Staleness is per record. A record's ``kernel_hash`` (optional) is the hash
 of the code its config's kernel family ran when it was measured
-(``kernel.KERNEL_HASHES``, the family per ``config.kernel_family``): the
+(``code_hash.KERNEL_HASHES``, the family per ``config.kernel_family``): the
 record is stale where that family's code has changed since. A record
 without one (tables written before records carried it) dates from
 ``metadata.kernel_hash``, the combined hash of every kernel
-(``kernel.KERNEL_HASH``) the table was last written with, and is stale
+(``code_hash.KERNEL_HASH``) the table was last written with, and is stale
 where any kernel has changed. When a write changes ``metadata.kernel_hash``,
 the records it keeps that carry no hash get the old one, so they keep
 their meaning. Records of an unmeasured table (``"measured": false``) are
@@ -563,8 +563,8 @@ def load_tables(
     kernel_hash: str, family_hashes: Mapping[str, str]
 ) -> dict[str, dict[str, LoadedEntry]]:
     """arch -> entry key -> entry, from every table in every config dir;
-    ``kernel_hash`` is this code's combined hash (``kernel.KERNEL_HASH``),
-    ``family_hashes`` its hash per kernel family (``kernel.KERNEL_HASHES``).
+    ``kernel_hash`` is this code's combined hash (``code_hash.KERNEL_HASH``),
+    ``family_hashes`` its hash per kernel family (``code_hash.KERNEL_HASHES``).
 
     Merged per entry by precedence: an entry of a higher-precedence dir wins
     whole over the same key lower down; entries it lacks come from below.

@@ -43,7 +43,7 @@ measured, under a file lock, so an interrupted run loses at most the bucket
 in flight; a rerun resumes where it stopped.
 
 Each record (a bucket's config and times, and its Triton winner's) carries
-the hash of its kernel family's code (``kernel.KERNEL_HASHES``). A rerun
+the hash of its kernel family's code (``code_hash.KERNEL_HASHES``). A rerun
 after a kernel change searches again only the records of the family whose
 code changed (``pending_work``), and keeps the others as they are: a change
 to the Triton kernel alone re-tunes its records and leaves the Hopper
@@ -71,6 +71,7 @@ from typing import NoReturn
 import torch
 
 from . import __version__, perf_model, tables
+from .code_hash import KERNEL_HASH, KERNEL_HASHES, kernel_hash
 from .config import (
     VerifyConfig,
     default_config,
@@ -79,7 +80,6 @@ from .config import (
     triton_default_config,
 )
 from .device import check_arch, current_arch, is_amd_arch
-from .kernel import KERNEL_HASH, KERNEL_HASHES, kernel_hash
 from .problem import (
     HEAD_DIMS,
     MAX_BATCH_SIZE,

@@ -11,9 +11,9 @@ import torch
 import triton
 
 from . import lookup, tables
+from .code_hash import KERNEL_HASH, KERNEL_HASHES
 from .config import VerifyConfig
 from .device import SM_COUNT, current_arch
-from .kernel import KERNEL_HASH, KERNEL_HASHES
 from .problem import MLA_HEAD_DIMS, kv_dtype_from_name
 
 logger = logging.getLogger("mla_verify.tune")

@@ -22,6 +22,7 @@ import torch
 
 from mla_verify import device as device_facts
 from mla_verify import lookup, tables
+from mla_verify.code_hash import KERNEL_HASH, kernel_hash
 from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
@@ -29,7 +30,6 @@ from mla_verify.config import (
     hopper_config,
     triton_default_config,
 )
-from mla_verify.kernel import KERNEL_HASH, kernel_hash
 
 PACKAGE_DIR = Path(lookup.__file__).parent
 

@@ -20,8 +20,8 @@ from mla_verify.tables import TableError
 
 HASH = "0123456789abcdef"
 OTHER_HASH = "fedcba9876543210"
-# This code's hash per kernel family (kernel.KERNEL_HASHES), beside HASH,
-# its combined one (kernel.KERNEL_HASH).
+# This code's hash per kernel family (code_hash.KERNEL_HASHES), beside HASH,
+# its combined one (code_hash.KERNEL_HASH).
 HASHES = {"triton": "1111111111111111", "gluon_sm90": "2222222222222222"}
 
 

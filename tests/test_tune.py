@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_verify import hopper, kernel, lookup, tables, tune
+from mla_verify import code_hash, hopper, lookup, tables, tune
+from mla_verify.code_hash import KERNEL_HASH, KERNEL_HASHES
 from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
@@ -23,7 +24,6 @@ from mla_verify.config import (
     kernel_family,
     triton_default_config,
 )
-from mla_verify.kernel import KERNEL_HASH, KERNEL_HASHES
 from mla_verify.search_space import MIN_SHARE_CANDIDATES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -161,7 +161,7 @@ def test_after_a_triton_kernel_change_a_rerun_searches_only_its_records(
 
     run(TINY, table_env, device, timer=timer, arch="sm90")
     before = json.loads((table_env / "sm90.json").read_text())["entries"]["H2_L2_bf16"]
-    monkeypatch.setitem(kernel.KERNEL_HASHES, "triton", "feedfeedfeedfeed")
+    monkeypatch.setitem(code_hash.KERNEL_HASHES, "triton", "feedfeedfeedfeed")
     timed = []
 
     def watched(config, batches):
