@@ -51,7 +51,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,13 +92,17 @@ class LoadedEntry:
     buckets: dict[int, VerifyConfig]  # batch size -> config, ascending
     times: dict[int, tuple[float | None, float | None]]  # batch -> (tuned_us, default_us)
     source: str  # path of the file it came from
-    stale: bool  # some record measured with other kernel code than this one's
     head_dims: tuple[int, int] = MLA_HEAD_DIMS  # (q/k, v)
     # batch size -> the Triton kernel's config, in the buckets that know one
     # (their "triton" record, or their config where it is the Triton kernel's)
     triton: dict[int, VerifyConfig] = field(default_factory=dict)
     stale_buckets: frozenset[int] = frozenset()  # buckets whose config is stale
     stale_triton: frozenset[int] = frozenset()  # buckets whose Triton config is stale
+
+    @property
+    def stale(self) -> bool:
+        """Some record measured with other kernel code than this one's."""
+        return bool(self.stale_buckets or self.stale_triton)
 
 
 @dataclass(frozen=True)
@@ -341,12 +345,14 @@ def read_table(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data
 
 
-def bucket_records(bucket: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """A bucket's records in the file format: its own, then its Triton
-    winner's where it has one."""
-    yield bucket
+def bucket_records(bucket: dict[str, Any]) -> dict[str | None, dict[str, Any]]:
+    """A bucket's records in the file format, by the tuner's search that
+    writes them: its own (None), then its Triton winner's ("triton") where
+    it has one."""
+    records: dict[str | None, dict[str, Any]] = {None: bucket}
     if TRITON_KEY in bucket:
-        yield bucket[TRITON_KEY]
+        records["triton"] = bucket[TRITON_KEY]
+    return records
 
 
 def kept_entries(table: dict[str, Any], kernel_hash: str | None) -> dict[str, Any]:
@@ -361,7 +367,7 @@ def kept_entries(table: dict[str, Any], kernel_hash: str | None) -> dict[str, An
     out = json.loads(json.dumps(table["entries"]))  # a deep copy
     for entry in out.values():
         for bucket in entry["buckets"].values():
-            for record in bucket_records(bucket):
+            for record in bucket_records(bucket).values():
                 record.setdefault("kernel_hash", old or UNKNOWN_KERNEL_HASH)
     return out
 
@@ -497,7 +503,7 @@ def stale_records(
     counts: dict[str, tuple[int, int]] = {}
     for entry in table["entries"].values():
         for bucket in entry["buckets"].values():
-            for record in bucket_records(bucket):
+            for record in bucket_records(bucket).values():
                 family = kernel_family(record["config"].get("kernel", "triton"))
                 stale, total = counts.get(family, (0, 0))
                 is_stale = record_is_stale(record, table["metadata"], kernel_hash, family_hashes)
@@ -542,7 +548,6 @@ def _loaded_entries(
             buckets={b: r.config for b, r in records.items()},
             times={b: (r.tuned_us, r.default_us) for b, r in records.items()},
             source=str(path),
-            stale=bool(stale_buckets or stale_triton),
             head_dims=tuple(entry.get("head_dims", MLA_HEAD_DIMS)),
             triton={b: VerifyConfig.from_dict(v["config"]) for b, v in tritons.items()},
             stale_buckets=stale_buckets,

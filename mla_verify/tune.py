@@ -931,7 +931,7 @@ def pending_work(args, out_path: Path) -> list[EntryWork]:
                 searches, kept = {}, {}
                 for bs in args.batch_sizes:
                     bucket = buckets.get(str(bs))
-                    records = {} if bucket is None else _records_by_search(bucket)
+                    records = {} if bucket is None else tables.bucket_records(bucket)
                     todo = tuple(
                         k
                         for k in kernels
@@ -947,14 +947,6 @@ def pending_work(args, out_path: Path) -> list[EntryWork]:
                 if searches:
                     work.append(EntryWork(heads, draft_len, dtype_name, head_dims, searches, kept))
     return work
-
-
-def _records_by_search(bucket: dict) -> dict[str | None, dict]:
-    """A bucket's records by the search that writes them."""
-    records = {None: bucket}
-    if tables.TRITON_KEY in bucket:
-        records["triton"] = bucket[tables.TRITON_KEY]
-    return records
 
 
 def _is_stale(record: dict, table: dict) -> bool:
