@@ -17,7 +17,7 @@ import triton
 
 from . import hopper
 from .device import INTERPRETER_ARCH, arch_shared_memory, arch_sm_count, is_amd_arch
-from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_dtype_name
+from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_columns, kv_dtype_name
 
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
 # 8 warps' registers (measured on the H200); 128 rows spills.
@@ -260,8 +260,8 @@ def nvidia_block_n(rows: int, head_dims: tuple[int, int], arch: str) -> int:
     bytes, ring the KV columns (V's too where V is a cache of its own);
     sm90's wgmma kernel holds a second KV stage and fits 227 KB at 64
     tokens (tests/test_aot.py compiles the default for every arch)."""
-    qk, v = head_dims
-    ring = qk if tuple(head_dims) == MLA_HEAD_DIMS else qk + v
+    qk, _ = head_dims
+    ring = kv_columns(head_dims)
     limit = math.inf if arch == INTERPRETER_ARCH else arch_shared_memory(arch)
     for block_n in (64, 32):
         if 2 * (block_n * ring + rows * (qk + block_n)) <= limit:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 from .aot import Resources
 from .config import VerifyConfig, rows_per_program
-from .problem import MLA_HEAD_DIMS
+from .problem import MLA_HEAD_DIMS, kv_columns
 from .search_space import split_candidates
 
 # Loaded HBM latency: Little's law needs this many seconds of bandwidth in
@@ -117,7 +117,7 @@ def estimate_us(
     if per_cu < 1:
         return math.inf
     qk, v = head_dims
-    kv_cols = qk if tuple(head_dims) == MLA_HEAD_DIMS else qk + v  # V a view of K, or apart
+    kv_cols = kv_columns(head_dims)
     rows = rows_per_program(config.BLOCK_H, draft_len)
     head_blocks = math.ceil(num_heads / config.BLOCK_H)
     chunks = max(1, config.NUM_KV_SPLITS - 1)  # a uniform batch's, per request

@@ -106,6 +106,14 @@ def check_head_dims(head_dims: object) -> tuple[int, int]:
     return qk, v
 
 
+def kv_columns(head_dims: tuple[int, int]) -> int:
+    """Columns of a prefix token the Triton kernel loads: K's alone for
+    absorbed MLA (V is a view of its first columns), K's and V's where V is
+    a cache of its own (ordinary attention)."""
+    qk, v = head_dims
+    return qk if tuple(head_dims) == MLA_HEAD_DIMS else qk + v
+
+
 def head_dims_suffix(head_dims: tuple[int, int]) -> str:
     """What a table key adds for ``head_dims``: nothing for MLA (keys written
     before other dims existed stay valid), ``_D256`` for 256/256 (a pair

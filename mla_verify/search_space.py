@@ -24,7 +24,7 @@ from .config import (
     units_for_chunks,
 )
 from .device import SHARED_MEMORY, arch_sm_count, is_amd_arch
-from .problem import MLA_HEAD_DIMS
+from .problem import MLA_HEAD_DIMS, kv_columns
 
 # Rows per program the AMD search tries: up to 128 (BLOCK_H x L), where the
 # compile check decides what fits, since no hardware tells us.
@@ -94,8 +94,8 @@ def triton_tiles(
     stages = (1, 2) if amd else (1, 2, 3)
     # A stage's KV tile: MLA's K (V its view); K and V, each a cache of its
     # own, in ordinary attention.
-    qk, v = head_dims
-    ring_cols = qk if tuple(head_dims) == MLA_HEAD_DIMS else qk + v
+    _, v = head_dims
+    ring_cols = kv_columns(head_dims)
     block_hs = sorted({max(1, min(num_heads, r // draft_len)) for r in row_targets})
     out = []
     for block_h in block_hs:
