@@ -131,36 +131,39 @@ def _tile_coords(
     return offs_h, offs_i, mask_m, cols
 
 
+@constexpr_function
+def _copy_layout(dtype, width, warps):
+    # A cp.async layout for rows `width` elements wide: 16-byte copies
+    # (8 bf16 or 16 fp8 elements), a warp across as much of a row as it
+    # covers.
+    vec = 128 // dtype.primitive_bitwidth
+    per_row = min(32, width // vec)
+    return gl.BlockedLayout([1, vec], [32 // per_row, per_row], [warps, 1], [1, 0])
+
+
 @gluon.jit
-def _load_q(
-    Q,
+def _copy_q(
+    dst,
+    q_args,
     request,
     head_block,
     num_heads,
-    stride_q_tok,
-    stride_q_head,
     col0,
     WIDTH: gl.constexpr,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
-    layout: gl.constexpr,
+    WARPS: gl.constexpr,
 ):
+    # Query columns col0 .. col0 + WIDTH - 1 of a segment's rows into dst
+    # by cp.async; rows past the request or the heads are zero-filled.
+    Q, stride_q_tok, stride_q_head = q_args
+    layout: gl.constexpr = _copy_layout(Q.dtype.element_ty, WIDTH, WARPS)
     q_first, num_rows, _, _ = request
     offs_h, offs_i, mask_m, cols = _tile_coords(
         head_block, num_heads, num_rows, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
     )
     rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
-    return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
-
-
-@constexpr_function
-def _copy_layout(dtype, width):
-    # The producer's layout for rows `width` elements wide: 16-byte
-    # copies (8 bf16 or 16 fp8 elements), a warp across as much of a
-    # row as it covers.
-    vec = 128 // dtype.primitive_bitwidth
-    per_row = min(32, width // vec)
-    return gl.BlockedLayout([1, vec], [32 // per_row, per_row], [PRODUCER_WARPS.value, 1], [1, 0])
+    _cp_async(dst, Q + rows[:, None] + cols[None, :], mask=mask_m[:, None])
 
 
 @gluon.jit
@@ -194,11 +197,11 @@ def _gather_tile(
 ):
     # Tokens first .. end - 1 of one tile, at rows nope_rows / rope_rows
     # of BASE (laid out as _copy_layout).
-    nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
+    nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     mask = _tokens(first, nope_layout) < end
     _gather(nope, BASE, nope_rows, mask, stride_row, 0, D_NOPE, nope_layout)
     if WITH_ROPE:
-        rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
+        rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
         mask = _tokens(first, rope_layout) < end
         _gather(rope, BASE, rope_rows, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
 
@@ -207,8 +210,8 @@ def _gather_tile(
 def _gather_drafts(nope, rope, BASE, request, stride_tok, WITH_ROPE: gl.constexpr):
     # The drafts' own rows of k_extend / v_extend.
     q_first, num_rows, _, _ = request
-    nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE)
-    rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE)
+    nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
+    rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
     _gather_tile(
         nope,
         rope,
@@ -308,63 +311,47 @@ def _dest(out_args, b, b0, whole, request):
 
 
 @gluon.jit
-def _stage_q(
+def _issue_q(
     q_nope,
     q_rope,
     q_args,
     request,
-    head_block,
-    num_heads,
+    out_args,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     WARPS: gl.constexpr,
 ):
-    # A segment's query rows into shared memory, by the warps that read
-    # them, once all of them are done with the previous segment's. The
-    # producer meanwhile fetches the segment's first tiles.
-    Q, stride_q_tok, stride_q_head = q_args
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    # A segment's query rows into shared memory by cp.async, issued by
+    # the warps that read them once all of them are done with the
+    # previous segment's (its last scores): they land while the rest of
+    # that segment runs, not on the critical path (_await_q waits).
+    # Loaded through registers once the previous segment was stored,
+    # they left the ring stalled for three round trips a request.
+    _, _, _, _, _, _, head_block, num_heads = out_args
     _warps_barrier()
-    for half in gl.static_range(2):
-        q_nope.slice(half * HALF_V, HALF_V, dim=1).store(
-            _load_q(
-                Q,
-                request,
-                head_block,
-                num_heads,
-                stride_q_tok,
-                stride_q_head,
-                half * HALF_V,
-                HALF_V,
-                BLOCK_H,
-                DRAFT_LEN,
-                layout,
-            )
-        )
-    q_rope.store(
-        _load_q(
-            Q,
-            request,
-            head_block,
-            num_heads,
-            stride_q_tok,
-            stride_q_head,
-            D_NOPE,
-            D_ROPE,
-            BLOCK_H,
-            DRAFT_LEN,
-            layout,
-        )
+    # One copy a buffer: copies into column slices of one buffer add a
+    # CTA barrier between them.
+    _copy_q(q_nope, q_args, request, head_block, num_heads, 0, D_NOPE, BLOCK_H, DRAFT_LEN, WARPS)
+    _copy_q(
+        q_rope, q_args, request, head_block, num_heads, D_NOPE, D_ROPE, BLOCK_H, DRAFT_LEN, WARPS
     )
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _await_q():
+    # The query rows _issue_q sent have landed, for wgmma (async proxy)
+    # to read, in every warp of the partition.
+    async_copy.wait_group(0)
     fence_async_shared()
     _warps_barrier()
 
 
 @gluon.jit
-def _open_segment(
-    share,
+def _stage_next(
+    next_segment,
     b,
-    base,
+    b1,
     q_nope,
     q_rope,
     q_args,
@@ -373,12 +360,10 @@ def _open_segment(
     DRAFT_LEN: gl.constexpr,
     WARPS: gl.constexpr,
 ):
-    # A consumer's start of request b's segment (_segment), its query
-    # rows staged.
-    _, _, _, _, _, _, head_block, num_heads = out_args
-    segment = _segment(share, b, base)
-    _stage_q(q_nope, q_rope, q_args, segment[5], head_block, num_heads, BLOCK_H, DRAFT_LEN, WARPS)
-    return segment
+    # After request b's last scores (b0 - 1: before the first): the next
+    # request's query rows, if the share holds one.
+    if b < b1:
+        _issue_q(q_nope, q_rope, q_args, next_segment[5], out_args, BLOCK_H, DRAFT_LEN, WARPS)
 
 
 # The helpers below branch on V_EXT_FROM_K with `if`, never in Python:
@@ -456,8 +441,8 @@ def _produce(
 ):
     # The ring runs on across the share's segments: while the consumers
     # finish one request, the next one's first tiles arrive.
-    nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE)
-    rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE)
+    nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
+    rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
     _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
@@ -809,11 +794,18 @@ def _consume(
     score_scale, draft_scale, v_scale = scales
     wide_nope, wide_rope = wide  # read with fp8 KV only
     _, _, b0, b1, base, _, _, _ = share
+    # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
+    segment = _segment(share, gl.minimum(b0, b1), base)
+    _stage_next(
+        segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
+    )
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, request, base = _open_segment(
-            share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
-        )
+        kv_start, lo, hi, with_drafts, whole, request, base = segment
+        # The next request's segment, read a request ahead (b1's own
+        # again on the last).
+        segment = _segment(share, gl.minimum(b + 1, b1), base)
+        _await_q()
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         # Row sums kept per element and reduced once at the end: one
         # cross-warpgroup reduction per tile instead of two.
@@ -898,6 +890,9 @@ def _consume(
                     DRAFT_MASK,
                 )
                 t0 = _after_drafts(t0, V_EXT_FROM_K)
+        _stage_next(
+            segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
+        )
 
         l_i = _row_sums(gl.sum(l_elem, 1), PREFIX_MASK or DRAFT_MASK)
         dest = _dest(out_args, b, b0, whole, request)
@@ -953,11 +948,18 @@ def _consume_scores(
     ready, empty, p_bar, sums_bar, sums_free = bars
     score_scale, draft_scale, v_scale = scales
     _, _, b0, b1, base, _, _, _ = share
+    # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
+    segment = _segment(share, gl.minimum(b0, b1), base)
+    _stage_next(
+        segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
+    )
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, request, base = _open_segment(
-            share, b, base, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
-        )
+        kv_start, lo, hi, with_drafts, whole, request, base = segment
+        # The next request's segment, read a request ahead (b1's own
+        # again on the last).
+        segment = _segment(share, gl.minimum(b + 1, b1), base)
+        _await_q()
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
@@ -1000,6 +1002,9 @@ def _consume_scores(
             # says), scored without k_scale.
             stage = t0 % STAGES
             qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
+            _stage_next(
+                segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
+            )
             qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
             alpha, m_i, l_i = _hand_over(
                 qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, DRAFT_MASK
@@ -1015,6 +1020,10 @@ def _consume_scores(
                 mbarrier.arrive(p_bar.index(stage), count=1)
                 mbarrier.arrive(empty.index(stage), count=1)
             t0 = _after_drafts(t0, V_EXT_FROM_K)
+        else:
+            _stage_next(
+                segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
+            )
 
         # The row sums, for the value warpgroup's normalisation, once it
         # has read the previous segment's.
@@ -1279,7 +1288,7 @@ def _prefix_kernel_sm90(
         nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
         rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
         # Each segment's query rows are staged by the warps that read
-        # them (_stage_q).
+        # them (_issue_q).
         q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], rope_smem)
         # The ring holds KV rows as stored; with fp8 KV (columns), one
