@@ -301,7 +301,6 @@ def _compile_hopper_kernel(
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)
         PREFIX_MASK=prefix_mask,
         DRAFT_MASK=draft_mask,
-        ROWS_N=hopper.rows_n(config.kernel, config.BLOCK_H, draft_len),
     )
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     src = _signature(

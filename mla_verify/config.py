@@ -25,7 +25,7 @@ MAX_ROWS = 64
 MAX_KV_SPLITS = 64
 # Stage 1's implementations: the Triton kernel (any GPU) and the two
 # schedules of the Hopper kernel (kernel_sm90's docstring).
-HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv", "gluon_sm90_t")
+HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
 KERNELS = ("triton", *HOPPER_KERNELS)
 
 

@@ -92,17 +92,6 @@ def supports(
     )
 
 
-def rows_n(kernel: str, block_h: int, draft_len: int) -> int:
-    """The rows-as-N schedule's query rows (experiment, "gluon_sm90_t"):
-    the tile's BLOCK_H x L rows, 16 or 32; 0 for the 64-row schedules."""
-    if kernel != "gluon_sm90_t":
-        return 0
-    rows = max(16, 1 << (block_h * draft_len - 1).bit_length())
-    if rows > 32:
-        raise ValueError(f"gluon_sm90_t: needs BLOCK_H x L <= 32, got {block_h} x {draft_len}")
-    return rows
-
-
 def launch_options(score_value: bool) -> dict[str, int]:
     """num_warps (the default partition's) and the register cap of a launch."""
     warps = WARPGROUP if score_value else CONSUMER_WARPS

@@ -691,7 +691,6 @@ def launch(
             custom_mask=custom_mask if plan.draft_mask else None,
             mask_indptr=mask_indptr if plan.draft_mask else None,
             prefix_mask=plan.prefix_mask,
-            rows_n=hopper.rows_n(config.kernel, config.BLOCK_H, plan.draft_len),
         )
         launch_merge_shares(
             o,

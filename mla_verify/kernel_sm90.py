@@ -101,12 +101,10 @@ def _row_coords(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
-    M: gl.constexpr = ROWS,
 ):
-    # Row m of the tile (M rows) is (head h, draft i) with
-    # m = (h - h0) * L + i; a request of num_rows <= L drafts owns rows
-    # i < num_rows.
-    offs_m = gl.arange(0, M, layout=layout)
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i; a
+    # request of num_rows <= L drafts owns rows i < num_rows.
+    offs_m = gl.arange(0, ROWS, layout=layout)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
     mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
@@ -123,12 +121,11 @@ def _tile_coords(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
-    M: gl.constexpr = ROWS,
 ):
-    # _row_coords for a 2-D tile of M rows in `layout`, and its columns
-    # col0 .. col0 + WIDTH - 1.
+    # _row_coords for a 2-D tile in `layout`, and its columns col0 ..
+    # col0 + WIDTH - 1.
     offs_h, offs_i, mask_m = _row_coords(
-        head_block, num_heads, num_rows, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout), M
+        head_block, num_heads, num_rows, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
     )
     cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     return offs_h, offs_i, mask_m, cols
@@ -163,7 +160,7 @@ def _copy_q(
     layout: gl.constexpr = _copy_layout(Q.dtype.element_ty, WIDTH, WARPS)
     q_first, num_rows, _, _ = request
     offs_h, offs_i, mask_m, cols = _tile_coords(
-        head_block, num_heads, num_rows, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout, dst.shape[0]
+        head_block, num_heads, num_rows, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
     )
     rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
     _cp_async(dst, Q + rows[:, None] + cols[None, :], mask=mask_m[:, None])
@@ -904,140 +901,6 @@ def _consume(
 
 
 @gluon.jit
-def _scores_t(q_nope, q_rope, kv_nope, kv_rope, zero_s):
-    # Rows-as-N: S^T = K Q^T, keys down the 64 rows of wgmma's M, the
-    # tile's query rows its N.
-    st = warpgroup_mma(kv_nope, q_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    st = warpgroup_mma(kv_rope, q_rope.permute((1, 0)), st, is_async=True)
-    return warpgroup_mma_wait(0, deps=[st])
-
-
-@gluon.jit
-def _mask_tail_t(st, first, hi):
-    # _mask_tail with keys down the rows.
-    if first + TOKENS > hi:
-        layout: gl.constexpr = st.type.layout
-        keys = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-        st = gl.where((keys < hi)[:, None], st, float("-inf"))
-    return st
-
-
-@gluon.jit
-def _mask_drafts_t(st, DRAFT_LEN: gl.constexpr):
-    # The drafts' tile, keys down the rows: query row (h, i) sees drafts
-    # 0..i.
-    layout: gl.constexpr = st.type.layout
-    draft_of_row = gl.arange(0, st.shape[1], layout=gl.SliceLayout(0, layout)) % DRAFT_LEN
-    draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-    return gl.where(draft[:, None] <= draft_of_row[None, :], st, float("-inf"))
-
-
-@gluon.jit
-def _softmax_step_t(st, scale, m_i, l_elem, acc):
-    # _softmax_step over the keys of a column of S^T; acc is O^T.
-    m_new = gl.maximum(m_i, gl.max(st, 0) * scale)
-    p = gl.exp2(st * scale - m_new[None, :])
-    alpha = gl.exp2(m_i - m_new)
-    l_elem = l_elem * alpha[None, :] + p
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout))[None, :]
-    return p, m_new, l_elem, acc
-
-
-@gluon.jit
-def _add_pv_t(p, pt_smem, v, acc):
-    # O^T += V^T P^T: V's tile read transposed as wgmma's A, the 512
-    # output columns its M.
-    pt_smem.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    _warps_barrier()
-    acc = warpgroup_mma(v.permute((1, 0)), pt_smem, acc)
-    _warps_barrier()
-    return acc
-
-
-@gluon.jit
-def _consume_t(
-    share,
-    q_args,
-    q_nope,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    pt_smem,
-    ready,
-    empty,
-    scales,
-    out_args,
-    BLOCK_H: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    V_EXT_FROM_K: gl.constexpr,
-):
-    # Rows-as-N (experiment): a tile of N <= 32 query rows is wgmma's N,
-    # so a 64-key tile costs N/64 of the 64-row schedules' products.
-    # Warpgroup g holds query rows g N/2 .. of S^T and O^T; bf16 KV, no
-    # custom mask.
-    N: gl.constexpr = q_nope.shape[0]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, N // 2, 16]
-    )
-    cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    zero_s = gl.zeros([TOKENS, N], gl.float32, layout=s_layout)
-    score_scale, draft_scale, v_scale = scales
-    _, _, b0, b1, base, _, _, _ = share
-    segment = _segment(share, gl.minimum(b0, b1), base)
-    _stage_next(
-        segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
-    )
-    t0 = 0
-    for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, request, base = segment
-        segment = _segment(share, gl.minimum(b + 1, b1), base)
-        _await_q()
-        m_i = gl.full([N], float("-inf"), gl.float32, layout=cols)
-        l_elem = gl.zeros([TOKENS, N], gl.float32, layout=s_layout)
-        acc = gl.zeros([D_NOPE, N], gl.float32, layout=s_layout)
-        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        for t in range(prefix_tiles):
-            tile = t0 + t
-            stage = tile % STAGES
-            mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
-            kv_nope = kv_nope_ring.index(stage)
-            fence_async_shared()  # the gathers wrote through the generic proxy
-            st = _scores_t(q_nope, q_rope, kv_nope, kv_rope_ring.index(stage), zero_s)
-            st = _mask_tail_t(st, lo + t * TOKENS, hi)
-            p, m_i, l_elem, acc = _softmax_step_t(st, score_scale, m_i, l_elem, acc)
-            acc = _add_pv_t(p, pt_smem, kv_nope, acc)
-            mbarrier.arrive(empty.index(stage), count=1)
-        t0 += prefix_tiles
-        acc = acc * v_scale
-        if with_drafts:
-            stage = t0 % STAGES
-            mbarrier.wait(ready.index(stage), (t0 // STAGES) & 1)
-            fence_async_shared()
-            st = _scores_t(
-                q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s
-            )
-            _stage_next(
-                segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
-            )
-            st = _mask_drafts_t(st, DRAFT_LEN)
-            p, m_i, l_elem, acc = _softmax_step_t(st, draft_scale, m_i, l_elem, acc)
-            v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
-            acc = _add_pv_t(p, pt_smem, v_tile, acc)
-            _release_drafts(empty, t0, V_EXT_FROM_K)
-            t0 = _after_drafts(t0, V_EXT_FROM_K)
-        else:
-            _stage_next(
-                segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
-            )
-        l_i = gl.sum(l_elem, 0)
-        dest = _dest(out_args, b, b0, whole, request)
-        out = acc / gl.convert_layout(l_i, cols)[None, :]
-        _store_out(gl.permute(out, (1, 0)), 0, dest, BLOCK_H, DRAFT_LEN)
-        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
-
-
-@gluon.jit
 def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, MASKED: gl.constexpr):
     # Score/value: one tile's softmax. P goes into the tile's rope rows
     # (spent: only the score warpgroup read them, for the scores now
@@ -1286,15 +1149,7 @@ def _store_out(
     else:
         layout: gl.constexpr = out.type.layout
         offs_h, offs_i, mask_m, offs_d = _tile_coords(
-            head_block,
-            num_heads,
-            request[1],
-            col0,
-            out.shape[1],
-            BLOCK_H,
-            DRAFT_LEN,
-            layout,
-            out.shape[0],
+            head_block, num_heads, request[1], col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
         part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
         gl.store(PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None])
@@ -1307,15 +1162,7 @@ def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.cons
     q_first, num_rows, _, _ = request
     layout: gl.constexpr = out.type.layout
     offs_h, offs_i, mask_m, offs_d = _tile_coords(
-        head_block,
-        num_heads,
-        num_rows,
-        col0,
-        out.shape[1],
-        BLOCK_H,
-        DRAFT_LEN,
-        layout,
-        out.shape[0],
+        head_block, num_heads, num_rows, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
     )
     o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
     gl.store(O + o_row[:, None] + offs_d[None, :], out, mask=mask_m[:, None])
@@ -1329,7 +1176,7 @@ def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     if not write_output:
         layout: gl.constexpr = m_i.type.layout
         offs_h, offs_i, mask_m = _row_coords(
-            head_block, num_heads, request[1], BLOCK_H, DRAFT_LEN, layout, m_i.shape[0]
+            head_block, num_heads, request[1], BLOCK_H, DRAFT_LEN, layout
         )
         row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
         gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
@@ -1370,7 +1217,6 @@ def _prefix_kernel_sm90(
     LAUNCH_DEPENDENTS: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
-    ROWS_N: gl.constexpr = 0,
 ):
     if LAUNCH_DEPENDENTS:
         # Stage 2 may launch from the start (kernel.dependent_launch):
@@ -1442,18 +1288,9 @@ def _prefix_kernel_sm90(
         nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
         rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
         # Each segment's query rows are staged by the warps that read
-        # them (_issue_q): 64, or ROWS_N for rows-as-N.
-        Q_ROWS: gl.constexpr = ROWS_N if ROWS_N else ROWS
-        q_nope = gl.allocate_shared_memory(
-            gl.bfloat16,
-            [Q_ROWS, D_NOPE],
-            gl.NVMMASharedLayout.get_default_for([Q_ROWS, D_NOPE], gl.bfloat16),
-        )
-        q_rope = gl.allocate_shared_memory(
-            gl.bfloat16,
-            [Q_ROWS, D_ROPE],
-            gl.NVMMASharedLayout.get_default_for([Q_ROWS, D_ROPE], gl.bfloat16),
-        )
+        # them (_issue_q).
+        q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], rope_smem)
         # The ring holds KV rows as stored; with fp8 KV (columns), one
         # bf16 tile besides (module docstring).
         kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
@@ -1486,41 +1323,7 @@ def _prefix_kernel_sm90(
             V_EXT_FROM_K,
             KV_FP8,
         )
-        if ROWS_N:
-            gl.static_assert(not (KV_FP8 or DRAFT_MASK or SCORE_VALUE), "rows-as-N: bf16, no mask")
-            pt_smem = gl.allocate_shared_memory(
-                gl.bfloat16,
-                [TOKENS, ROWS_N],
-                gl.NVMMASharedLayout.get_default_for([TOKENS, ROWS_N], gl.bfloat16),
-            )
-            fence_async_shared()
-            gl.warp_specialize(
-                [
-                    (
-                        _consume_t,
-                        (
-                            share,
-                            q_args,
-                            q_nope,
-                            q_rope,
-                            kv_nope_ring,
-                            kv_rope_ring,
-                            pt_smem,
-                            ready,
-                            empty,
-                            scales,
-                            out_args,
-                            BLOCK_H,
-                            DRAFT_LEN,
-                            V_EXT_FROM_K,
-                        ),
-                    ),
-                    (_produce, produce_args),
-                ],
-                [PRODUCER_WARPS],
-                [PRODUCER_REGS],
-            )
-        elif SCORE_VALUE:
+        if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
             # the final row sums.
             xchg = gl.allocate_shared_memory(
@@ -1651,7 +1454,6 @@ def launch_prefix(
     custom_mask=None,
     mask_indptr=None,
     prefix_mask: bool = False,
-    rows_n: int = 0,
 ) -> None:
     """Stage 1 on sm90 with ``ctas`` shares per head block, each of at least
     ``min_share`` positions (fewer shares on a small batch): writes the
@@ -1706,6 +1508,5 @@ def launch_prefix(
         LAUNCH_DEPENDENTS=launch_dependents,
         PREFIX_MASK=draft_mask and prefix_mask,
         DRAFT_MASK=draft_mask,
-        ROWS_N=rows_n,
         **hopper.launch_options(score_value),
     )
