@@ -97,10 +97,13 @@ def compile_prefix_kernel(
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
     *,
     mask: str = "none",
+    separate_v: bool = False,
 ) -> Resources:
     """Compile stage 1 for ``arch`` (``compile_stage1``) and read what it
     holds. Raises on a compile error."""
-    compiled = compile_stage1(config, draft_len, kv_dtype, arch, head_dims, mask=mask)
+    compiled = compile_stage1(
+        config, draft_len, kv_dtype, arch, head_dims, mask=mask, separate_v=separate_v
+    )
     if TARGETS[arch][0].backend == "hip":
         return _amd_resources(compiled)
     return _nvidia_resources(compiled)
@@ -114,10 +117,12 @@ def compile_stage1(
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
     *,
     mask: str = "none",
+    separate_v: bool = False,
 ):
     """Stage 1 compiled for ``arch`` as a launch there compiles it (Triton's
-    CompiledKernel). MLA takes V as a view of K; other head dims a V cache
-    of its own, as engines pass them. ``mask``: "none", "draft" (a custom
+    CompiledKernel). MLA takes V as a view of K unless ``separate_v`` (the
+    Triton kernel then runs, as plan.for_separate_v says); other head dims a
+    V cache of its own, as engines pass them. ``mask``: "none", "draft" (a custom
     mask's draft block: the Hopper kernel reads it, the Triton kernel's
     stage 1 does not) or "prefix" (its prefix bits too). The split count and
     share floor are runtime values: any will do."""
@@ -126,6 +131,7 @@ def compile_stage1(
     target, _ = TARGETS[arch]
     qk, v = check_head_dims(head_dims)
     mla = (qk, v) == MLA_HEAD_DIMS
+    v_from_k = mla and not separate_v
     kv = "*" + _TRITON_DTYPES[kv_dtype]
     pointers = {"Q": "*bf16", "K_BUF": kv, "V_BUF": kv, "PART_O": "*fp32", "PART_LSE": "*fp32"}
     pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES")}
@@ -133,7 +139,7 @@ def compile_stage1(
         raise ValueError(f"mask: expected one of {MASKS}, got {mask!r}")
     prefix_mask = mask == "prefix"
     on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
-    if on_hopper and mla and kv_dtype in hopper.KV_DTYPES:
+    if on_hopper and v_from_k and kv_dtype in hopper.KV_DTYPES:
         # Without a mask the launch passes kv_indptr in the mask's place.
         pointers |= {"MASK": "*i32" if mask == "none" else "*u8", "MASK_INDPTR": "*i32"}
         score_value = runs_score_value(config.kernel, kv_dtype)
@@ -149,7 +155,7 @@ def compile_stage1(
         BLOCK_B=kernel.PLAN_BLOCK,
         D_V=v,
         D_ROPE=qk - v,
-        V_FROM_K=mla,
+        V_FROM_K=v_from_k,
         PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
     )

@@ -177,6 +177,31 @@ def test_nvidia_default_fits_every_nvidia_arch():
     assert not too_big, f"over the arch's shared memory: {too_big}"
 
 
+SEPARATE_V_SCRIPT = textwrap.dedent(
+    """
+    from mla_verify import aot
+    from mla_verify.config import default_config
+    from mla_verify.plan import for_separate_v
+    for arch in ("sm86", "sm89", "sm120"):
+        config = for_separate_v(default_config(16, 4, 8, arch, "bf16"))
+        found = aot.compile_prefix_kernel(config, 4, "bf16", arch, separate_v=True)
+        print(arch, config.BLOCK_N, found.shared, aot.TARGETS[arch][1])
+    """
+)
+
+
+@pytest.mark.slow
+def test_mla_with_a_separate_v_cache_fits_the_smallest_shared_memory():
+    """An MLA call whose V is a cache of its own runs the Triton kernel with
+    K's and V's columns in one stage (plan.for_separate_v). At 64 rows that
+    fits the 99 KB of sm86, sm89 and sm120 with the default's 16-token tile
+    (92 KB compiled)."""
+    rows = [line.split() for line in _run_script(SEPARATE_V_SCRIPT).splitlines()]
+    assert [arch for arch, *_ in rows] == ["sm86", "sm89", "sm120"], rows
+    too_big = [r for r in rows if int(r[2]) > int(r[3])]
+    assert not too_big, f"over the arch's shared memory: {too_big}"
+
+
 VARIANTS_SCRIPT = textwrap.dedent(
     """
     import sys
