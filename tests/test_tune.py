@@ -502,14 +502,16 @@ def test_shipped_table_is_valid_and_says_where_it_came_from(path):
 
 @pytest.mark.parametrize("arch,fp8", [("gfx942", "fp8_e4m3fnuz"), ("gfx950", "fp8_e4m3")])
 def test_shipped_amd_tables_are_derived_for_both_dtypes_and_unmeasured(arch, fp8):
+    """The MLA grid in bf16 and the arch's fp8, and 256/256 (Qwen3.5's local
+    heads) in bf16 at L 4 as in the sm90 table; all derived, none measured."""
     data = json.loads((REPO / "configs" / f"{arch}.json").read_text())
     assert data["metadata"]["measured"] is False
     assert "UNMEASURED" in data["metadata"]["provenance"]
     assert data["metadata"]["model"]["arch"] == arch
     grid = {(h, l) for h in tune.DEFAULT_HEADS for l in tune.DEFAULT_DRAFT_LENS}
-    assert set(data["entries"]) == {
-        tables.entry_key(h, l, d) for h, l in grid for d in ("bf16", fp8)
-    }
+    mla = {tables.entry_key(h, l, d) for h, l in grid for d in ("bf16", fp8)}
+    shared_kv = {tables.entry_key(h, 4, "bf16", (256, 256)) for h in tune.SHARED_KV_HEADS}
+    assert set(data["entries"]) == mla | shared_kv
 
 
 def test_shipped_tables_cover_the_default_grid():
