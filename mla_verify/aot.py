@@ -90,20 +90,12 @@ _found: dict[Job, Resources | str] = {}  # this process's compiles, by compile k
 
 
 def compile_prefix_kernel(
-    config: VerifyConfig,
-    draft_len: int,
-    kv_dtype: str,
-    arch: str,
-    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
-    *,
-    mask: str = "none",
-    separate_v: bool = False,
+    config: VerifyConfig, draft_len: int, kv_dtype: str, arch: str, *args, **options
 ) -> Resources:
-    """Compile stage 1 for ``arch`` (``compile_stage1``) and read what it
-    holds. Raises on a compile error."""
-    compiled = compile_stage1(
-        config, draft_len, kv_dtype, arch, head_dims, mask=mask, separate_v=separate_v
-    )
+    """Compile stage 1 for ``arch`` and read what it holds; the arguments
+    are ``compile_stage1``'s (head dims, mask, separate V). Raises on a
+    compile error."""
+    compiled = compile_stage1(config, draft_len, kv_dtype, arch, *args, **options)
     if TARGETS[arch][0].backend == "hip":
         return _amd_resources(compiled)
     return _nvidia_resources(compiled)
