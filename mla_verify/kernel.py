@@ -35,9 +35,9 @@ as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
 plan: balanced shares of the batch's tiles on one wave of CTAs, each
 request's drafts folded in (kernel_sm90's docstring). NUM_KV_SPLITS then
 plays no part, MIN_SHARE sets the smallest share; stage 2 is then
-_merge_shares_kernel, programs per request that merge its (head, column
-block) pairs, only for the requests that several shares hold (stage 1
-writes the others).
+_merge_shares_kernel, one program per (request, head, column block), which
+merges only the requests that several shares hold (stage 1 writes the
+others).
 
 On CUDA sm90 and later, stage 2 is a programmatic dependent launch
 (plan.dependent_launch): its programs plan on the SMs stage 1's CTAs free as
@@ -87,14 +87,6 @@ MERGE_PROGRAM_ELEMENTS = 8192
 MERGE_REQUEST_PROGRAMS = 64
 MERGE_MAX_PROGRAMS = 4096
 MERGE_MAX_BLOCKS = 16  # 32 columns a block
-# Programs of stage 2 after the shares an SM holds at once (48-72 registers
-# x 128 threads, ptxas sm90): past one such wave a request's programs take
-# several of its (head, block) pairs each (plan.merge_groups). Every
-# program pays its launch and the plan before it learns whether its
-# request needs a merge at all, and a second wave pays them again after
-# the first. Measured on the H200 (one-wave caps of 4, 8 and 16 an SM):
-# 8 and 16 alike, 4 slower where every request of a large batch merges.
-MERGE_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -521,12 +513,10 @@ def _merge_shares_kernel(
     WAIT_PRIOR: tl.constexpr,
 ):
     # After the Hopper kernel's shares: the partials of a request that
-    # several shares hold (drafts included). Program (req, g) of G merges
-    # the request's (head, column block) pairs g, g + G, ...: one plan a
-    # program however many pairs it merges (plan.merge_groups).
+    # several shares hold (drafts included), columns of block program_id(2).
     req = tl.program_id(0)
-    group = tl.program_id(1)
-    BLOCKS: tl.constexpr = D_NOPE // D_BLOCK
+    head = tl.program_id(1)
+    col0 = tl.program_id(2) * D_BLOCK
     # Positions base .. base + n - 1 are the request's, its drafts' from
     # base + n - drafts. CTA c's range begins at c * total // ctas, so the
     # CTA that holds position p is ((p + 1) * ctas - 1) // total (int64:
@@ -548,33 +538,30 @@ def _merge_shares_kernel(
         # first (slot 2 c).
         earlier = (c0.to(tl.int64) * total // ctas) <= base - drafts
         first = 2 * c0 + earlier.to(tl.int32)
+        _, l_i, acc = _merge_pieces(
+            PART_O,
+            PART_LSE,
+            head,
+            num_heads,
+            first,
+            2 * c0,
+            2,
+            c1 - c0 + 1,
+            num_rows,
+            col0,
+            DRAFT_LEN,
+            L_PAD,
+            ROWS,
+            D_BLOCK,
+            D_NOPE,
+        )
         offs_i = tl.arange(0, L_PAD)
         q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
-        for pair in range(group, num_heads * BLOCKS, tl.num_programs(1)):
-            head = pair // BLOCKS
-            col0 = (pair % BLOCKS) * D_BLOCK
-            _, l_i, acc = _merge_pieces(
-                PART_O,
-                PART_LSE,
-                head,
-                num_heads,
-                first,
-                2 * c0,
-                2,
-                c1 - c0 + 1,
-                num_rows,
-                col0,
-                DRAFT_LEN,
-                L_PAD,
-                ROWS,
-                D_BLOCK,
-                D_NOPE,
-            )
-            offs_d = col0 + tl.arange(0, D_BLOCK)
-            ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
-            # A row a mask hid every key from has sum 0 and output 0.
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < num_rows)[:, None])
+        offs_d = col0 + tl.arange(0, D_BLOCK)
+        ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
+        # A row a mask hid every key from has sum 0 and output 0.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < num_rows)[:, None])
 
 
 @triton.jit
@@ -716,7 +703,6 @@ def launch(
             share_ctas=plan.share_ctas,
             min_share=plan.min_share,
             column_blocks=plan.merge_blocks,
-            groups=plan.merge_groups,
             dependent=plan.dependent,
         )
         return
@@ -855,21 +841,18 @@ def launch_merge_shares(
     share_ctas: int,
     min_share: int,
     column_blocks: int,
-    groups: int,
     dependent: bool,
 ) -> None:
     """Stage 2 after the Hopper kernel's shares (``share_ctas`` per head
     block, of ``min_share`` positions at least), writes ``o``: merges the
     requests that several shares hold (drafts included) and leaves the
-    others, which stage 1 wrote. Each (request, head) is merged in
-    ``column_blocks`` blocks of columns (``plan.merge_column_blocks``) by
-    ``groups`` programs a request, each taking every ``groups``-th
-    (head, block) pair (``plan.merge_groups``). ``dependent``: a
-    programmatic dependent launch (``plan.dependent_launch``)."""
+    others, which stage 1 wrote; ``column_blocks`` programs a (request,
+    head), each a block of columns (``plan.merge_column_blocks``).
+    ``dependent``: a programmatic dependent launch (``plan.dependent_launch``)."""
     num_heads = o.shape[1]
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
-    _merge_shares_kernel[(batch_size, groups)](
+    _merge_shares_kernel[(batch_size, num_heads, blocks)](
         o,
         qo_indptr,
         kv_indptr,

@@ -299,9 +299,9 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
-def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, groups):
+def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks):
     """Stage 2 after ``ctas`` shares of ``batch`` on the given partials,
-    into a NaN-filled output, by ``groups`` programs a request."""
+    into a NaN-filled output."""
     out = batch.new_output()
     kernel.launch_merge_shares(
         out,
@@ -314,15 +314,12 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, group
         share_ctas=ctas,
         min_share=min_share,
         column_blocks=column_blocks,
-        groups=groups,
         dependent=plan.dependent_launch(out.device),
     )
     return out
 
 
-# Programs a request: one for all its (head, block) pairs, five for 12
-# pairs (3 heads x 4 blocks: some take two, some three), one a pair.
-@pytest.mark.parametrize("column_blocks,groups", [(1, 1), (4, 5), (16, 48)])
+@pytest.mark.parametrize("column_blocks", [1, 4, 16])
 @pytest.mark.parametrize(
     "draft_len,ctas,min_share,prefix_lens,expected_pieces",
     [
@@ -359,49 +356,22 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, group
     ],
 )
 def test_merge_after_shares(
-    draft_len,
-    ctas,
-    min_share,
-    prefix_lens,
-    expected_pieces,
-    column_blocks,
-    groups,
-    device,
-    monkeypatch,
+    draft_len, ctas, min_share, prefix_lens, expected_pieces, column_blocks, device, monkeypatch
 ):
     """Stage 2 after the Hopper kernel's balanced shares: it merges the
     partials of each request that several shares hold (drafts included, so
     it adds none) and leaves the others, which stage 1 writes, untouched;
-    the same in every column blocking and however many programs share a
-    request's (head, block) pairs."""
-    pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
-    assert [len(p) for p in pieces] == expected_pieces
-    _check_merge_after_shares(
-        draft_len, ctas, min_share, prefix_lens, column_blocks, groups, device
-    )
-
-
-def test_merge_after_shares_past_one_plan_block(device):
-    """Over PLAN_BLOCK (128) requests, stage 2's plan runs on into a second
-    block: requests split on both sides of it are merged."""
-    prefix_lens = [(b * 37) % 300 for b in range(150)]
-    pieces = plan.share_plan(prefix_lens, 40, 1).pieces()
-    split = [b for b, p in enumerate(pieces) if len(p) > 1]
-    assert 127 in split and 142 in split
-    _check_merge_after_shares(2, 40, 1, prefix_lens, 4, 7, device)
-
-
-def _check_merge_after_shares(
-    draft_len, ctas, min_share, prefix_lens, column_blocks, groups, device
-):
+    the same in every column blocking."""
     heads = 3
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     # The host-side model of the share rule, which stage 2 must follow.
-    pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
+    shares = plan.share_plan(prefix_lens, ctas, min_share)
+    pieces = shares.pieces()
+    assert [len(p) for p in pieces] == expected_pieces
     gen = torch.Generator(device=device).manual_seed(0)
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
-    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, groups)
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks)
 
     for b, slots in enumerate(pieces):
         rows = slice(b * draft_len, (b + 1) * draft_len)
@@ -428,7 +398,7 @@ def test_merge_after_shares_ragged_and_empty_rows(device):
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
     part_lse[pieces[2], 1, 1] = float("-inf")  # request 2, head 1, draft 1 saw nothing
     part_o[pieces[2], 1, 1] = 0.0
-    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4, groups=5)
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
     first = [0, 1, 4]  # each request's first row of q and the output
     for b in (0, 2):
         slots = pieces[b]
@@ -460,22 +430,6 @@ def test_merge_column_blocks(batch_size, heads, draft_len, share_ctas, expected)
     blocks = plan.merge_column_blocks(batch_size, heads, draft_len, share_ctas)
     assert blocks == expected
     assert 512 % blocks == 0
-
-
-@pytest.mark.parametrize(
-    "batch_size,heads,column_blocks,expected",
-    [
-        (1, 16, 16, 256),  # one request: a program a (head, block) pair
-        (8, 64, 2, 128),
-        (32, 64, 1, 33),  # 2048 pairs: one wave of 8 programs an SM
-        (64, 128, 1, 16),
-        (2048, 8, 1, 1),  # more requests than a wave: one program each
-    ],
-)
-def test_merge_groups(batch_size, heads, column_blocks, expected):
-    groups = plan.merge_groups(batch_size, heads, column_blocks, sms=132)
-    assert groups == expected
-    assert batch_size * groups <= max(batch_size, 132 * kernel.MERGE_PROGRAMS_PER_SM)
 
 
 @pytest.mark.parametrize(
