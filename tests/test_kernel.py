@@ -362,12 +362,26 @@ def test_merge_after_shares(
     partials of each request that several shares hold (drafts included, so
     it adds none) and leaves the others, which stage 1 writes, untouched;
     the same in every column blocking."""
+    pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
+    assert [len(p) for p in pieces] == expected_pieces
+    _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device)
+
+
+def test_merge_after_shares_past_one_plan_block(device):
+    """Over PLAN_BLOCK (128) requests, stage 2's plan runs on into a second
+    block: requests split on both sides of it are merged."""
+    prefix_lens = [(b * 37) % 300 for b in range(150)]
+    pieces = plan.share_plan(prefix_lens, 40, 1).pieces()
+    split = [b for b, p in enumerate(pieces) if len(p) > 1]
+    assert 127 in split and 142 in split
+    _check_merge_after_shares(2, 40, 1, prefix_lens, 4, device)
+
+
+def _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device):
     heads = 3
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     # The host-side model of the share rule, which stage 2 must follow.
-    shares = plan.share_plan(prefix_lens, ctas, min_share)
-    pieces = shares.pieces()
-    assert [len(p) for p in pieces] == expected_pieces
+    pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
     gen = torch.Generator(device=device).manual_seed(0)
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
