@@ -51,7 +51,9 @@ entries it lacks still come from the dirs below.
 
 Records measured with other code of their kernel family than this one's
 (stale: ``tables.py``) are still used (their configs are valid launches;
-only their timings may be off); loading warns, and a source names them.
+only their timings may be off); the first lookup of an arch warns, once per
+table of that arch holding them, and a source names them. Loading does not:
+tables of other arches are never looked up.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ TUNE_COMMAND = "python -m mla_verify.tune --heads {H} --draft-lens {L} --kv-dtyp
 # What ``kernel=`` may ask for: the arch's best (None), or the Triton kernel.
 LOOKUP_KERNELS = (None, "triton")
 
-_tables: dict[str, dict[str, LoadedEntry]] = tables.load_tables(KERNEL_HASH, KERNEL_HASHES)
+_tables: tables.LoadedTables = tables.load_tables(KERNEL_HASH, KERNEL_HASHES)
 _reported: set[tuple[str, str, str | None]] = set()  # (arch, key, kernel) logged once
 
 
@@ -160,7 +162,7 @@ def _resolve(
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
     kernel: str | None = None,
 ) -> tuple[VerifyConfig, str]:
-    entries = {key: _view(entry, kernel) for key, entry in _tables.get(arch, {}).items()}
+    entries = {key: _view(entry, kernel) for key, entry in _tables.arch_entries(arch).items()}
     entries = {key: entry for key, entry in entries.items() if entry.buckets}
     key = entry_key(num_heads, draft_len, dtype, head_dims)
     what = "" if kernel is None else f" {kernel}"

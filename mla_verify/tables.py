@@ -318,12 +318,13 @@ def validate_table(data: Any, *, expected_arch: str | None = None) -> None:
 # --- reading and writing ------------------------------------------------------
 
 
-_warned: set[str] = set()  # config-dir warnings already given
+_warned: set[str] = set()  # config-dir and stale-table warnings already given
 
 
 def _warn_once(msg: str, *args: object) -> None:
     # Once per process: the import reads every table, and --check or the
-    # tuner reading the same bad file again must not repeat it.
+    # tuner reading the same bad file again, or a reload finding the same
+    # stale table, must not repeat it.
     text = msg % args
     if text not in _warned:
         _warned.add(text)
@@ -556,6 +557,31 @@ def _loaded_entries(
     return out
 
 
+STALE_WARNING = (
+    "mla_verify: config table %s has stale records, measured with other kernel code: %s; "
+    "their configs are still used but their timings may no longer hold: re-tune to refresh"
+)
+
+
+class LoadedTables(dict[str, dict[str, LoadedEntry]]):
+    """``load_tables``' result: arch -> entry key -> entry, and in ``stale``
+    arch -> path -> ``describe_stale``'s words, per table with stale records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stale: dict[str, dict[str, str]] = {}
+
+    def arch_entries(self, arch: str) -> dict[str, LoadedEntry]:
+        """The entries of ``arch``, for a lookup; warns about each of its
+        tables with stale records, once per process."""
+        # At the first lookup, not at load: every process that imports the
+        # package loads every arch's tables (each of the tuner's compile
+        # workers too), but only the arch it looks up can use stale records.
+        for path, stale in self.stale.get(arch, {}).items():
+            _warn_once(STALE_WARNING, path, stale)
+        return self.get(arch, {})
+
+
 def _table_files(directory: Path) -> list[Path]:
     try:
         return sorted(p for p in directory.glob("*.json") if p.is_file())
@@ -564,9 +590,7 @@ def _table_files(directory: Path) -> list[Path]:
         return []
 
 
-def load_tables(
-    kernel_hash: str, family_hashes: Mapping[str, str]
-) -> dict[str, dict[str, LoadedEntry]]:
+def load_tables(kernel_hash: str, family_hashes: Mapping[str, str]) -> LoadedTables:
     """arch -> entry key -> entry, from every table in every config dir;
     ``kernel_hash`` is this code's combined hash (``code_hash.KERNEL_HASH``),
     ``family_hashes`` its hash per kernel family (``code_hash.KERNEL_HASHES``).
@@ -574,9 +598,10 @@ def load_tables(
     Merged per entry by precedence: an entry of a higher-precedence dir wins
     whole over the same key lower down; entries it lacks come from below.
     Bad files are skipped with a warning; records measured with other kernel
-    code are still used, marked stale, with one warning per table that
-    counts them by family. Never raises."""
-    merged: dict[str, dict[str, LoadedEntry]] = {}
+    code are still used, marked stale, and loading says nothing of them:
+    ``LoadedTables.arch_entries`` warns, once per table that holds them,
+    counting them by family. Never raises."""
+    merged = LoadedTables()
     for label, directory in reversed(config_dirs()):  # lowest first; higher overwrite
         if label == "env" and not directory.is_dir():
             _warn_once("mla_verify: ignoring %s entry %s: no such directory", ENV_VAR, directory)
@@ -587,13 +612,7 @@ def load_tables(
             counts = stale_records(table, kernel_hash, family_hashes)
             stale = describe_stale(counts, family_hashes)
             if stale:
-                logger.warning(
-                    "mla_verify: config table %s has stale records, measured with other "
-                    "kernel code: %s; their configs are still used but their timings may "
-                    "no longer hold: re-tune to refresh",
-                    path,
-                    stale,
-                )
+                merged.stale.setdefault(table["arch"], {})[str(path)] = stale
             entries = _loaded_entries(path, table, kernel_hash, family_hashes)
             merged.setdefault(table["arch"], {}).update(entries)
     return merged

@@ -22,7 +22,7 @@ import torch
 
 from mla_verify import device as device_facts
 from mla_verify import lookup, tables
-from mla_verify.code_hash import KERNEL_HASH, kernel_hash
+from mla_verify.code_hash import KERNEL_HASH, KERNEL_HASHES, kernel_hash
 from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
@@ -210,6 +210,32 @@ def test_a_source_names_a_stale_record_not_a_stale_table(dirs):
     for bs in (1, 64):
         _, source = lookup.resolve_config(128, 4, bs, arch="sm90")
         assert source == f"sm90.json entry H128_L4_bf16, bucket {bs} ({path})"
+
+
+def test_a_stale_table_warns_at_the_first_lookup_of_its_arch(dirs, caplog):
+    """Not at load: tables of other arches are never looked up."""
+    path = write_table(dirs.user, "sm90", [entry(8, 2, "bf16", {4: cfg(splits=7)})], OLD_HASH)
+    write_table(dirs.user, "gfx950", [entry(8, 2, "bf16", {4: cfg(splits=5)})])
+
+    def stale_warnings() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "mla_verify.tables" and "stale records" in r.getMessage()
+        ]
+
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        lookup.reload_tables()
+        assert stale_warnings() == []
+        assert lookup.block_config(8, 2, 4, arch="gfx950") == cfg(splits=5)
+        assert lookup.block_config(8, 2, 4, arch="gfx942") == default_config(8, 2, 4, "gfx942")
+        assert stale_warnings() == []
+        assert lookup.block_config(8, 2, 4, arch="sm90") == cfg(splits=7)
+        lookup.block_config(8, 2, 1, arch="sm90")  # another batch size
+        lookup.resolve_config(16, 2, 4, arch="sm90", kernel="triton")  # another shape and kernel
+    [warning] = stale_warnings()
+    assert f"config table {path} has stale records" in warning
+    assert f"1 of 1 triton records (this code: triton {KERNEL_HASHES['triton']})" in warning
 
 
 def test_a_change_to_the_hopper_kernel_stales_only_its_records(dirs):
@@ -561,6 +587,37 @@ def test_fresh_import_is_pure(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:4] == ["3", "nearest", "built-in default", "False"]
     assert f"ignoring config table {env / 'sm998.json'}" in proc.stderr
+
+
+def test_importing_the_tuner_says_nothing_of_stale_tables(tmp_path):
+    """In a fresh interpreter, as each of the tuner's compile workers
+    imports the package: a stale table loads silently, and only the first
+    lookup of its arch warns."""
+    env = tmp_path / "env"
+    path = write_table(env, "sm999", [entry(8, 4, "bf16", {1: cfg(splits=3)})], OLD_HASH)
+    script = textwrap.dedent(
+        """
+        import sys
+        import mla_verify.tune
+        import mla_verify.lookup as lookup
+        print("imported", file=sys.stderr, flush=True)
+        lookup.block_config(8, 4, 1, arch="sm999")
+        lookup.block_config(8, 2, 1, arch="sm999")
+        """
+    )
+    run_env = os.environ | {
+        tables.ENV_VAR: str(env),
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=run_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    at_import, at_lookup = proc.stderr.split("imported\n")
+    assert "has stale records" not in at_import  # nor of the shipped tables
+    assert at_lookup.count("has stale records") == 1
+    assert f"config table {path} has stale records" in at_lookup
 
 
 # --- arch detection ------------------------------------------------------------------

@@ -631,7 +631,8 @@ def test_load_tables_staleness(dirs, caplog, meta_kw, stale):
     path = write_json(dirs.shipped / "sm90.json", table(**meta_kw))
     with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
         loaded = tables.load_tables(HASH, HASHES)
-    e = loaded["sm90"]["H128_L4_bf16"]  # used either way
+        assert warnings_from(caplog) == []  # loading says nothing of staleness
+        e = loaded.arch_entries("sm90")["H128_L4_bf16"]  # used either way
     assert e.stale is stale
     assert e.buckets[32] == VerifyConfig.from_dict(cfg(splits=2))
     records = warnings_from(caplog)
@@ -639,6 +640,36 @@ def test_load_tables_staleness(dirs, caplog, meta_kw, stale):
     if stale:
         assert str(path) in records[0].getMessage()
         assert "stale" in records[0].getMessage()
+
+
+def test_a_stale_table_warns_at_the_first_lookup_of_its_arch(dirs, caplog):
+    """Every process that imports the package loads every arch's tables (the
+    tuner's compile workers too); only a lookup of an arch warns about its
+    stale tables, once per table and process."""
+    sm90 = write_json(dirs.shipped / "sm90.json", family_table(OTHER_HASH, TRITON))
+    gfx950 = write_json(dirs.user / "gfx950.json", table("gfx950", kernel_hash=OTHER_HASH))
+    write_json(dirs.user / "sm100.json", table("sm100"))  # current
+    with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
+        loaded = tables.load_tables(HASH, HASHES)
+        assert warnings_from(caplog) == []
+        assert set(loaded.arch_entries("sm100")) == {"H128_L4_bf16"}
+        assert loaded.arch_entries("gfx942") == {}
+        assert warnings_from(caplog) == []  # other arches: not a word of sm90's or gfx950's
+        assert set(loaded.arch_entries("sm90")) == {"H128_L4_bf16"}
+        [record] = warnings_from(caplog)
+        assert record.getMessage() == (
+            f"mla_verify: config table {sm90} has stale records, measured with other kernel "
+            f"code: 1 of 1 gluon_sm90 records (this code: gluon_sm90 {GLUON}); their configs "
+            "are still used but their timings may no longer hold: re-tune to refresh"
+        )
+        loaded.arch_entries("sm90")
+        tables.load_tables(HASH, HASHES).arch_entries("sm90")  # a reload: the same table
+        assert len(warnings_from(caplog)) == 1
+        loaded.arch_entries("gfx950")
+    messages = [r.getMessage() for r in warnings_from(caplog)]
+    assert len(messages) == 2
+    assert f"config table {gfx950} has stale records" in messages[1]
+    assert "2 of 2 triton records" in messages[1]
 
 
 # --- per-record staleness ----------------------------------------------------------
@@ -686,7 +717,9 @@ def test_staleness_is_per_record_and_family(dirs, caplog, given, expected):
     stale_buckets, stale_triton, counts = expected
     path = write_json(dirs.shipped / "sm90.json", family_table(hopper_hash, triton_hash, **meta_kw))
     with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
-        e = tables.load_tables(HASH, HASHES)["sm90"]["H128_L4_bf16"]
+        loaded = tables.load_tables(HASH, HASHES)
+        assert warnings_from(caplog) == []
+        e = loaded.arch_entries("sm90")["H128_L4_bf16"]
     assert (e.stale_buckets, e.stale_triton) == (stale_buckets, stale_triton)
     assert e.stale is bool(stale_buckets or stale_triton)
     assert e.buckets[1] == VerifyConfig.from_dict(HOPPER)  # used either way
@@ -700,7 +733,9 @@ def test_staleness_is_per_record_and_family(dirs, caplog, given, expected):
 def test_a_stale_warning_counts_every_family_with_stale_records(dirs, caplog):
     write_json(dirs.shipped / "sm90.json", family_table(OTHER_HASH, OTHER_HASH))
     with caplog.at_level(logging.WARNING, logger="mla_verify.tables"):
-        tables.load_tables(HASH, HASHES)
+        loaded = tables.load_tables(HASH, HASHES)
+        assert warnings_from(caplog) == []
+        loaded.arch_entries("sm90")
     [record] = warnings_from(caplog)
     assert (
         "1 of 1 gluon_sm90 records, 2 of 2 triton records "
