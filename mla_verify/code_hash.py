@@ -87,7 +87,6 @@ KERNEL_HASH = hashlib.sha256(
                     kernel.MERGE_REQUEST_PROGRAMS,
                     kernel.MERGE_MAX_PROGRAMS,
                     kernel.MERGE_MAX_BLOCKS,
-                    kernel.MERGE_PROGRAMS_PER_SM,
                 )
             )
         ]
@@ -197,8 +196,7 @@ def _code_closure(kernels: list) -> dict[str, str]:
 def _families() -> dict[str, tuple[list, dict[str, object]]]:
     """Family -> (the jitted kernels its launches run, the host constants
     that shape those launches), as ``kernel.launch``, ``kernel.launch_merge``,
-    ``kernel.launch_merge_shares``, ``plan.merge_column_blocks`` and
-    ``plan.merge_programs`` read
+    ``kernel.launch_merge_shares`` and ``plan.merge_column_blocks`` read
     them.
     Without Gluon the Hopper kernel's code cannot be read, and Hopper
     configs run the Triton kernel (``plan.uses_gluon_sm90``): the family
@@ -210,7 +208,6 @@ def _families() -> dict[str, tuple[list, dict[str, object]]]:
         "MERGE_REQUEST_PROGRAMS": kernel.MERGE_REQUEST_PROGRAMS,
         "MERGE_MAX_PROGRAMS": kernel.MERGE_MAX_PROGRAMS,
         "MERGE_MAX_BLOCKS": kernel.MERGE_MAX_BLOCKS,
-        "MERGE_PROGRAMS_PER_SM": kernel.MERGE_PROGRAMS_PER_SM,
         "D_NOPE": D_NOPE,
         "hopper.SHAPE": hopper.SHAPE,
     }

@@ -35,8 +35,8 @@ as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
 plan: balanced shares of the batch's tiles on one wave of CTAs, each
 request's drafts folded in (kernel_sm90's docstring). NUM_KV_SPLITS then
 plays no part, MIN_SHARE sets the smallest share; stage 2 is then
-_merge_shares_kernel, one wave of programs dealt the (request, head, column
-block) items of the requests that several shares hold (stage 1 writes the
+_merge_shares_kernel, one program per (request, head, column block), which
+merges only the requests that several shares hold (stage 1 writes the
 others).
 
 On CUDA sm90 and later, stage 2 is a programmatic dependent launch
@@ -87,12 +87,6 @@ MERGE_PROGRAM_ELEMENTS = 8192
 MERGE_REQUEST_PROGRAMS = 64
 MERGE_MAX_PROGRAMS = 4096
 MERGE_MAX_BLOCKS = 16  # 32 columns a block
-# Programs of stage 2 after the shares an SM holds at once (48-72 registers
-# x 128 threads, ptxas sm90): the grid is capped at one such wave
-# (plan.merge_programs). Each program pays its launch and the plan before
-# it learns what to merge, if anything; a second wave would pay them again
-# after the first, on the call's critical path.
-MERGE_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -136,22 +130,40 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
-def _share_totals(KV_INDPTR, batch_size, BLOCK_B: tl.constexpr, TOKENS: tl.constexpr):
+def _share_positions(
+    KV_INDPTR,
+    req,
+    batch_size,
+    BLOCK_B: tl.constexpr,
+    TOKENS: tl.constexpr,
+    DRAFT_POSITIONS: tl.constexpr,
+):
     # The Hopper kernel's positions (kernel_sm90._positions: each request's
-    # prefix tiles of TOKENS, then its drafts), counting one for the drafts:
-    # the batch's, and whether every request holds as many.
+    # prefix tiles of TOKENS, then its drafts, DRAFT_POSITIONS in a ragged
+    # batch, one in a uniform one): those of the requests before req,
+    # req's own and the batch's; whether every request holds as many; and
+    # the drafts'.
+    before = 0
+    mine = 0
     total = 0
     most = 0
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
-        positions = tl.where(
-            mask_b, tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), TOKENS) + 1, 0
-        )
+        lens = _prefix_lens(KV_INDPTR, offs_b, mask_b)
+        positions = tl.where(mask_b, tl.cdiv(lens, TOKENS) + 1, 0)
+        before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
+        mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
         total += tl.sum(positions, 0)
         most = tl.maximum(most, tl.max(positions, 0))
     uniform = most.to(tl.int64) * batch_size == total  # int64: no wrap to equal
-    return total, uniform
+    drafts = DRAFT_POSITIONS
+    if uniform:
+        drafts = 1
+    before += (drafts - 1) * req
+    mine += drafts - 1
+    total += (drafts - 1) * batch_size
+    return before, mine, total, uniform, drafts
 
 
 @triton.jit
@@ -500,103 +512,56 @@ def _merge_shares_kernel(
     BLOCK_B: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
-    # After the Hopper kernel's shares: merges the partials of the requests
-    # that several shares hold (drafts included). Every program plans the
-    # whole batch (a block of requests at a time, before its wait); the
-    # items to merge, (request, head, column block) of those requests
-    # alone, are dealt to the programs in turn: item k to program
-    # k % programs. So a grid of one wave serves any batch, a batch with
-    # nothing to merge costs one plan a program, and a long request's
-    # merge spreads over as many programs as it has items.
-    program = tl.program_id(0)
-    programs = tl.num_programs(0)
-    BLOCKS: tl.constexpr = D_NOPE // D_BLOCK
-    pairs = num_heads * BLOCKS  # items a request to merge
-    total, uniform = _share_totals(KV_INDPTR, batch_size, BLOCK_B, TOKENS)
-    # A ragged batch's drafts weigh DRAFT_POSITIONS positions.
-    drafts = DRAFT_POSITIONS
-    if uniform:
-        drafts = 1
-    total += (drafts - 1) * batch_size
+    # After the Hopper kernel's shares: the partials of a request that
+    # several shares hold (drafts included), columns of block program_id(2).
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    col0 = tl.program_id(2) * D_BLOCK
+    # Positions base .. base + n - 1 are the request's, its drafts' from
+    # base + n - drafts. CTA c's range begins at c * total // ctas, so the
+    # CTA that holds position p is ((p + 1) * ctas - 1) // total (int64:
+    # the products pass 2^31 on large batches). c0 holds the first
+    # position, c1 the drafts' first.
+    base, n, total, uniform, drafts = _share_positions(
+        KV_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS
+    )
     ctas = _share_count(share_ctas, total, uniform, batch_size, min_share).to(tl.int64)
-    done = 0  # positions of the requests before the chunk
-    items_before = 0  # items of the requests before the chunk
-    for start in range(0, batch_size, BLOCK_B):
-        offs_b = start + tl.arange(0, BLOCK_B)
-        mask_b = offs_b < batch_size
-        n = tl.where(mask_b, tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), TOKENS) + drafts, 0)
-        # Request b's positions are base .. base + n - 1, its drafts' from
-        # base + n - drafts. CTA c's range begins at c * total // ctas, so
-        # the CTA that holds position p is ((p + 1) * ctas - 1) // total
-        # (int64: the products pass 2^31 on large batches). c0 holds the
-        # first position, c1 the drafts' first; where they are one CTA,
-        # stage 1 wrote the request's output.
-        base = (done + tl.cumsum(n, 0) - n).to(tl.int64)
-        c0 = ((base + 1) * ctas - 1) // total
-        c1 = ((base + n - drafts + 1) * ctas - 1) // total
-        split = mask_b & (c0 != c1)
-        rank = tl.cumsum(split.to(tl.int32), 0)  # of each split request, from 1
+    c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
+    c1 = (((base + n - drafts + 1) * ctas - 1) // total).to(tl.int32)
+    if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
+        gdc_wait()
+    if c0 != c1:  # else one CTA held the whole request and wrote its output
+        num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
         # CTA c0's part is its first segment when no earlier request has
         # work in its range (the previous drafts' first position is before
         # it), else its last (slot 2 c0 + 1); the later CTAs' is their
         # first (slot 2 c).
-        earlier = (c0 * total // ctas) <= base - drafts
-        num_rows = tl.load(QO_INDPTR + offs_b + 1, mask=mask_b, other=0) - tl.load(
-            QO_INDPTR + offs_b, mask=mask_b, other=0
+        earlier = (c0.to(tl.int64) * total // ctas) <= base - drafts
+        first = 2 * c0 + earlier.to(tl.int32)
+        _, l_i, acc = _merge_pieces(
+            PART_O,
+            PART_LSE,
+            head,
+            num_heads,
+            first,
+            2 * c0,
+            2,
+            c1 - c0 + 1,
+            num_rows,
+            col0,
+            DRAFT_LEN,
+            L_PAD,
+            ROWS,
+            D_BLOCK,
+            D_NOPE,
         )
-        # What an item needs of its request, in one word, so that one
-        # reduction finds it: the request's place in the chunk (8 bits),
-        # c0 and c1 (20 bits each: shares are at most one a CTA), earlier
-        # (1) and its draft count (8).
-        plan = (
-            (offs_b - start).to(tl.int64)
-            | (c0 << 8)
-            | (c1 << 28)
-            | (earlier.to(tl.int64) << 48)
-            | (num_rows.to(tl.int64) << 49)
-        )
-        end = items_before + tl.sum(split.to(tl.int32), 0) * pairs
-        if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
-            gdc_wait()
-        # This program's first item at or past items_before.
-        k0 = items_before + (program - items_before % programs + programs) % programs
-        for k in range(k0, end, programs):
-            item = k - items_before
-            word = tl.sum(tl.where(split & (rank == item // pairs + 1), plan, 0), 0)
-            req = start + (word & 0xFF).to(tl.int32)
-            req_c0 = ((word >> 8) & 0xFFFFF).to(tl.int32)
-            req_c1 = ((word >> 28) & 0xFFFFF).to(tl.int32)
-            req_first = 2 * req_c0 + ((word >> 48) & 1).to(tl.int32)
-            req_rows = (word >> 49).to(tl.int32)
-            head = (item % pairs) // BLOCKS
-            col0 = (item % BLOCKS) * D_BLOCK
-            q_first = tl.load(QO_INDPTR + req)
-            _, l_i, acc = _merge_pieces(
-                PART_O,
-                PART_LSE,
-                head,
-                num_heads,
-                req_first,
-                2 * req_c0,
-                2,
-                req_c1 - req_c0 + 1,
-                req_rows,
-                col0,
-                DRAFT_LEN,
-                L_PAD,
-                ROWS,
-                D_BLOCK,
-                D_NOPE,
-            )
-            offs_i = tl.arange(0, L_PAD)
-            offs_d = col0 + tl.arange(0, D_BLOCK)
-            q_row = (q_first + offs_i).to(tl.int64)
-            ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
-            # A row a mask hid every key from has sum 0 and output 0.
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < req_rows)[:, None])
-        items_before = end
-        done += tl.sum(n, 0)
+        offs_i = tl.arange(0, L_PAD)
+        q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+        offs_d = col0 + tl.arange(0, D_BLOCK)
+        ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
+        # A row a mask hid every key from has sum 0 and output 0.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < num_rows)[:, None])
 
 
 @triton.jit
@@ -738,7 +703,6 @@ def launch(
             share_ctas=plan.share_ctas,
             min_share=plan.min_share,
             column_blocks=plan.merge_blocks,
-            programs=plan.merge_programs,
             dependent=plan.dependent,
         )
         return
@@ -877,20 +841,18 @@ def launch_merge_shares(
     share_ctas: int,
     min_share: int,
     column_blocks: int,
-    programs: int,
     dependent: bool,
 ) -> None:
     """Stage 2 after the Hopper kernel's shares (``share_ctas`` per head
     block, of ``min_share`` positions at least), writes ``o``: merges the
     requests that several shares hold (drafts included) and leaves the
-    others, which stage 1 wrote. Each (request, head) is merged in
-    ``column_blocks`` blocks of columns (``plan.merge_column_blocks``),
-    the items dealt out among ``programs`` programs (``plan.merge_programs``).
+    others, which stage 1 wrote; ``column_blocks`` programs a (request,
+    head), each a block of columns (``plan.merge_column_blocks``).
     ``dependent``: a programmatic dependent launch (``plan.dependent_launch``)."""
     num_heads = o.shape[1]
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
-    _merge_shares_kernel[(programs,)](
+    _merge_shares_kernel[(batch_size, num_heads, blocks)](
         o,
         qo_indptr,
         kv_indptr,

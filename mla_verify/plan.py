@@ -28,7 +28,6 @@ from .kernel import (
     MERGE_MAX_BLOCKS,
     MERGE_MAX_PROGRAMS,
     MERGE_PROGRAM_ELEMENTS,
-    MERGE_PROGRAMS_PER_SM,
     MERGE_REQUEST_PROGRAMS,
 )
 from .problem import KV_DTYPE_NAMES, MAX_BATCH_SIZE, MLA_HEAD_DIMS, QK_HEAD_DIM, V_HEAD_DIM
@@ -137,14 +136,6 @@ def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_c
     return min(MERGE_MAX_BLOCKS, most, max(by_work, by_request))
 
 
-def merge_programs(batch_size: int, num_heads: int, column_blocks: int, sms: int) -> int:
-    """Programs of stage 2 after the Hopper kernel's shares, which deal out
-    the (request, head, column block) items to merge among them: one
-    resident wave (``MERGE_PROGRAMS_PER_SM`` on each of ``sms`` SMs), or
-    one an item where the batch has fewer."""
-    return max(1, min(batch_size * num_heads * column_blocks, sms * MERGE_PROGRAMS_PER_SM))
-
-
 def _pow2_at_most(n: int) -> int:
     """The largest power of two <= n, and 1 for n < 1."""
     return 1 << (max(1, n).bit_length() - 1)
@@ -164,7 +155,6 @@ class Plan:
     score_value      the Hopper kernel runs its score/value schedule
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
-    merge_programs   programs of stage 2 after the shares
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
     prefix_mask      stage 1 reads the mask's prefix bits
     draft_mask       the mask's draft block replaces the causal one (the
@@ -182,7 +172,6 @@ class Plan:
     score_value: bool
     dependent: bool
     merge_blocks: int
-    merge_programs: int = 1
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
     prefix_mask: bool = False
     draft_mask: bool = False
@@ -225,14 +214,11 @@ def plan_call(
     if not v_from_k:
         config = for_separate_v(config, head_dims)
     config = fit_grid(config, batch_size)
-    share_ctas = merge_blocks = programs = 0
+    share_ctas = 0
     if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
         q, k_buffer, draft_len, v_from_k, head_dims[1]
     ):
-        sms = sm_count(q.device)
-        share_ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
-        merge_blocks = merge_column_blocks(batch_size, num_heads, draft_len, share_ctas)
-        programs = merge_programs(batch_size, num_heads, merge_blocks, sms)
+        share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
     return Plan(
         config=config,
         batch_size=batch_size,
@@ -243,8 +229,9 @@ def plan_call(
         share_ctas=share_ctas,
         score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
         dependent=dependent_launch(q.device),
-        merge_blocks=merge_blocks or 1,
-        merge_programs=programs or 1,
+        merge_blocks=(
+            merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1
+        ),
         head_dims=head_dims,
         prefix_mask=masked and not skip_prefix_mask,
         draft_mask=masked,

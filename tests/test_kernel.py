@@ -299,9 +299,9 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
-def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, programs):
+def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks):
     """Stage 2 after ``ctas`` shares of ``batch`` on the given partials,
-    into a NaN-filled output, by ``programs`` programs."""
+    into a NaN-filled output."""
     out = batch.new_output()
     kernel.launch_merge_shares(
         out,
@@ -314,15 +314,12 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, progr
         share_ctas=ctas,
         min_share=min_share,
         column_blocks=column_blocks,
-        programs=programs,
         dependent=plan.dependent_launch(out.device),
     )
     return out
 
 
-# Programs: one for every item, a few taking several items each (items of
-# one request split among them), more than a one-request batch has items.
-@pytest.mark.parametrize("column_blocks,programs", [(1, 1), (4, 5), (16, 60)])
+@pytest.mark.parametrize("column_blocks", [1, 4, 16])
 @pytest.mark.parametrize(
     "draft_len,ctas,min_share,prefix_lens,expected_pieces",
     [
@@ -359,26 +356,15 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, progr
     ],
 )
 def test_merge_after_shares(
-    draft_len,
-    ctas,
-    min_share,
-    prefix_lens,
-    expected_pieces,
-    column_blocks,
-    programs,
-    device,
-    monkeypatch,
+    draft_len, ctas, min_share, prefix_lens, expected_pieces, column_blocks, device, monkeypatch
 ):
     """Stage 2 after the Hopper kernel's balanced shares: it merges the
     partials of each request that several shares hold (drafts included, so
     it adds none) and leaves the others, which stage 1 writes, untouched;
-    the same in every column blocking and however many programs share the
-    items."""
+    the same in every column blocking."""
     pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
     assert [len(p) for p in pieces] == expected_pieces
-    _check_merge_after_shares(
-        draft_len, ctas, min_share, prefix_lens, column_blocks, programs, device
-    )
+    _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device)
 
 
 def test_merge_after_shares_past_one_plan_block(device):
@@ -388,12 +374,10 @@ def test_merge_after_shares_past_one_plan_block(device):
     pieces = plan.share_plan(prefix_lens, 40, 1).pieces()
     split = [b for b, p in enumerate(pieces) if len(p) > 1]
     assert 127 in split and 142 in split
-    _check_merge_after_shares(2, 40, 1, prefix_lens, 4, 7, device)
+    _check_merge_after_shares(2, 40, 1, prefix_lens, 4, device)
 
 
-def _check_merge_after_shares(
-    draft_len, ctas, min_share, prefix_lens, column_blocks, programs, device
-):
+def _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device):
     heads = 3
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     # The host-side model of the share rule, which stage 2 must follow.
@@ -401,7 +385,7 @@ def _check_merge_after_shares(
     gen = torch.Generator(device=device).manual_seed(0)
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
-    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, programs)
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks)
 
     for b, slots in enumerate(pieces):
         rows = slice(b * draft_len, (b + 1) * draft_len)
@@ -428,7 +412,7 @@ def test_merge_after_shares_ragged_and_empty_rows(device):
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
     part_lse[pieces[2], 1, 1] = float("-inf")  # request 2, head 1, draft 1 saw nothing
     part_o[pieces[2], 1, 1] = 0.0
-    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4, programs=5)
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
     first = [0, 1, 4]  # each request's first row of q and the output
     for b in (0, 2):
         slots = pieces[b]
@@ -460,19 +444,6 @@ def test_merge_column_blocks(batch_size, heads, draft_len, share_ctas, expected)
     blocks = plan.merge_column_blocks(batch_size, heads, draft_len, share_ctas)
     assert blocks == expected
     assert 512 % blocks == 0
-
-
-@pytest.mark.parametrize(
-    "batch_size,heads,column_blocks,expected",
-    [
-        (1, 16, 16, 256),  # fewer items than a wave: one program each
-        (8, 64, 2, 1024),
-        (32, 64, 1, 1056),  # 2048 items: one wave of 8 programs an SM
-        (2048, 8, 1, 1056),
-    ],
-)
-def test_merge_programs(batch_size, heads, column_blocks, expected):
-    assert plan.merge_programs(batch_size, heads, column_blocks, sms=132) == expected
 
 
 @pytest.mark.parametrize(
