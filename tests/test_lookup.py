@@ -576,6 +576,14 @@ def test_fresh_import_is_pure(tmp_path):
         print("mla_verify.tune" in sys.modules)
         """
     )
+    proc = _run_fresh(script, env, tmp_path)
+    assert proc.stdout.split("\n")[:4] == ["3", "nearest", "built-in default", "False"]
+    assert f"ignoring config table {env / 'sm998.json'}" in proc.stderr
+
+
+def _run_fresh(script: str, env: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter that finds this checkout's package,
+    the tables of ``env`` and an empty user dir; it must succeed."""
     run_env = os.environ | {
         tables.ENV_VAR: str(env),
         "XDG_DATA_HOME": str(tmp_path / "xdg"),
@@ -585,8 +593,7 @@ def test_fresh_import_is_pure(tmp_path):
         [sys.executable, "-c", script], env=run_env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:4] == ["3", "nearest", "built-in default", "False"]
-    assert f"ignoring config table {env / 'sm998.json'}" in proc.stderr
+    return proc
 
 
 def test_importing_the_tuner_says_nothing_of_stale_tables(tmp_path):
@@ -605,15 +612,7 @@ def test_importing_the_tuner_says_nothing_of_stale_tables(tmp_path):
         lookup.block_config(8, 2, 1, arch="sm999")
         """
     )
-    run_env = os.environ | {
-        tables.ENV_VAR: str(env),
-        "XDG_DATA_HOME": str(tmp_path / "xdg"),
-        "PYTHONPATH": os.pathsep.join([str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=run_env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = _run_fresh(script, env, tmp_path)
     at_import, at_lookup = proc.stderr.split("imported\n")
     assert "has stale records" not in at_import  # nor of the shipped tables
     assert at_lookup.count("has stale records") == 1
