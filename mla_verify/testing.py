@@ -8,6 +8,7 @@ prefix shows it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,8 +59,17 @@ class VerifyBatch:
         shape = (self.q.shape[0], self.num_heads, self.v_buffer.shape[-1])
         return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
 
-    def run(self, o: torch.Tensor, config: VerifyConfig | None = None) -> bool:
-        return verify_mla_fwd(
+    def run(
+        self,
+        o: torch.Tensor,
+        config: VerifyConfig | None = None,
+        *,
+        fwd: Callable[..., bool] = verify_mla_fwd,
+    ) -> bool:
+        """``fwd`` on this batch, writing ``o``, as SGLang calls it. ``fwd``:
+        another revision's ``verify_mla_fwd`` where the benchmark times one
+        beside this package (``scripts/bench.py``, ``rev:`` contenders)."""
+        return fwd(
             self.q,
             self.k_extend,
             self.v_extend,

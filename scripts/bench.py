@@ -30,15 +30,20 @@ Measures, in one run on one GPU:
   ``torch_ref`` (the float32 reference on the GPU), ``flashinfer``
   (``BatchMLAPagedAttentionWrapper``, fa3 backend, page size 1) and
   ``flashmla`` (FlashMLA's dense decode, 64-token pages; only where
-  ``import flash_mla`` succeeds). All read the same KV values; each is
-  checked against the float32 reference with the package's tolerance
-  (``mla_verify.testing.check_close``) before it is timed. Each runs only
-  where it computes the shape's call: FlashInfer, FlashMLA and ``mha`` on
-  plain shapes (MLA 576/512, L causal drafts a request); tree, ragged and
-  head-dim shapes time ``tuned``, ``default``, ``triton`` and
-  ``torch_ref``; -page shapes ``paged``, ``tuned`` (token-indexed, the same
-  values) and, at page 64, ``flashmla`` on the very pages ``paged`` reads.
-  The others get a ``skipped`` row saying why.
+  ``import flash_mla`` succeeds); and ``rev:<git rev>``: ``tuned`` as this
+  package was at that commit, its code and shipped tables imported beside
+  the working tree's (``load_revision``), so that revisions are compared
+  in one process on the same batches (timed in separate processes, two
+  revisions differed by up to 10% from order and clock alone). All read the
+  same KV values; each is checked against the float32 reference with the
+  package's tolerance (``mla_verify.testing.check_close``) before it is
+  timed. Each runs only where it computes the shape's call: FlashInfer,
+  FlashMLA and ``mha`` on plain shapes (MLA 576/512, L causal drafts a
+  request); tree, ragged and head-dim shapes time ``tuned``, ``default``,
+  ``triton`` and ``torch_ref``; -page shapes ``paged``, ``tuned``
+  (token-indexed, the same values) and, at page 64, ``flashmla`` on the
+  very pages ``paged`` reads; ``rev:`` contenders run where ``tuned``
+  does. The others get a ``skipped`` row saying why.
 
 Shape specs: ``H{heads}L{drafts}B{batch}`` then the prefix lengths, one of
 ``C{ctx}`` (uniform), ``Rlognormal{mean}`` (lognormal lengths, sigma 1, the
@@ -81,17 +86,23 @@ up to 12% faster than the same config timed next (`git show b2e39e1`).
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import dataclasses
 import datetime
+import functools
+import importlib
 import json
 import logging
 import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import types
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +123,7 @@ from mla_verify.config import (
 from mla_verify.paged import PAGE_SIZES
 from mla_verify.plan import plan_call
 from mla_verify.problem import kv_dtype_name
+from mla_verify.tables import ENV_VAR as CONFIG_DIR_VAR
 from mla_verify.testing import (
     Q_DIM,
     V_DIM,
@@ -1033,10 +1045,15 @@ class Contender:
         return self.out if self.out is not None else self.result()
 
 
-def _kernel_launches(batch: Batch, out: torch.Tensor, config: Any) -> list[Callable[[], None]]:
+def _kernel_launches(
+    batch: Batch,
+    out: torch.Tensor,
+    config: Any,
+    fwd: Callable[..., bool] = mla_verify.verify_mla_fwd,
+) -> list[Callable[[], None]]:
     def make(vb: VerifyBatch) -> Callable[[], None]:
         def launch() -> None:
-            if not vb.run(out, config):
+            if not vb.run(out, config, fwd=fwd):
                 raise RuntimeError("verify_mla_fwd refused the call (can_handle is False)")
 
         return launch
@@ -1117,6 +1134,126 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
         launches = _kernel_launches(batch, out, config)
         return Contender(name, launches, out, True, config, "default_config, BLOCK_H=1")
     raise ValueError(f"unknown kernel contender {name!r}")
+
+
+REV_PREFIX = "rev:"
+
+
+@dataclass(frozen=True)
+class Revision:
+    """The package as it was at ``commit``, imported beside the working
+    tree's as ``module``; ``given``: the rev as the command line named it."""
+
+    given: str
+    commit: str
+    module: types.ModuleType
+
+    @property
+    def name(self) -> str:
+        """The contender's name: the commit, so that rows keep their meaning
+        after branches move."""
+        return f"{REV_PREFIX}{self.commit[:12]}"
+
+
+_revisions: dict[str, Revision] = {}  # contender name -> its revision, imported once
+
+# What the package names absolutely (its imports are relative), rewritten
+# to a revision's own package name: its torch.library namespace
+# (registered process-wide in ops.py, called by name in paged.py: a second
+# registration of a name fails) and the package of its shipped tables
+# (tables.py: else the working tree's tables would fill its gaps).
+_ABSOLUTE_NAMES = re.compile(r"\bmla_verify(?=::|\.configs\b)|(?<=torch\.ops\.)mla_verify\b")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, timeout=60)
+
+
+def resolve_commit(rev: str) -> str:
+    """The full sha of the commit ``rev`` names in the repository of this
+    script; ValueError if none (or no git history here)."""
+    try:
+        result = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"not a commit of {REPO_ROOT} ({exc})") from None
+    if result.returncode != 0:
+        why = " ".join(result.stderr.decode(errors="replace").split())
+        raise ValueError(f"not a commit of {REPO_ROOT}" + (f" ({why})" if why else ""))
+    return result.stdout.decode().strip()
+
+
+@functools.cache
+def _export_root() -> Path:
+    """The temporary directory of this process's exports, removed at exit."""
+    root = Path(tempfile.mkdtemp(prefix="mla_verify_revs_"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def _export(commit: str) -> Path:
+    """``mla_verify/`` and (where it has one) ``configs/`` of ``commit`` in a
+    fresh directory, the package renamed to ``mla_verify_rev_<sha>`` and
+    its absolute names rewritten to that; returns the package directory."""
+    dest = Path(tempfile.mkdtemp(prefix=f"{commit[:12]}_", dir=_export_root()))
+    has_configs = _git("cat-file", "-e", f"{commit}:configs").returncode == 0
+    archive = _git("archive", commit, "mla_verify", *(["configs"] if has_configs else []))
+    if archive.returncode != 0:
+        raise RuntimeError(f"git archive {commit}: {archive.stderr.decode(errors='replace')}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    package = dest / f"mla_verify_rev_{commit[:12]}"
+    (dest / "mla_verify").rename(package)
+    for path in package.rglob("*.py"):
+        path.write_text(_ABSOLUTE_NAMES.sub(package.name, path.read_text()))
+    return package
+
+
+def load_revision(rev: str) -> Revision:
+    """The package at ``rev``, exported and imported under its own name,
+    once per commit. Tables load at import: the revision's are its own
+    shipped ones, $MLA_VERIFY_CONFIG_DIR pointing at its ``configs/`` while
+    it imports (the user dir still below them, as for ``tuned``)."""
+    commit = resolve_commit(rev)
+    name = f"{REV_PREFIX}{commit[:12]}"
+    if name not in _revisions:
+        package = _export(commit)
+        configs = package.parent / "configs"
+        previous = os.environ.get(CONFIG_DIR_VAR)
+        os.environ[CONFIG_DIR_VAR] = str(configs) if configs.is_dir() else ""
+        sys.path.insert(0, str(package.parent))
+        try:
+            module = importlib.import_module(package.name)
+        finally:
+            sys.path.remove(str(package.parent))
+            if previous is None:
+                del os.environ[CONFIG_DIR_VAR]
+            else:
+                os.environ[CONFIG_DIR_VAR] = previous
+        _revisions[name] = Revision(rev, commit, module)
+    return _revisions[name]
+
+
+def rev_contender(rev: Revision, batch: Batch, arch: str) -> Contender:
+    """``tuned`` of another revision: its own ``verify_mla_fwd`` through its
+    own tables (config=None, as an engine calls it) on the same rotation
+    sets; the config its own ``resolve_config`` names."""
+    s = batch.spec
+    package = rev.module
+    kv_dtype = batch.k_buffer.dtype
+    config, source = package.resolve_config(
+        s.num_heads, s.draft_len, s.batch_size, kv_dtype, arch, head_dims=s.head_dims
+    )
+    if batch.q.device.type == "cuda":  # its own workspace, before capture
+        package.prepare_workspace(
+            s.batch_size,
+            s.num_heads,
+            s.draft_len,
+            kv_dtype,
+            device=batch.q.device,
+            head_dims=s.head_dims,
+        )
+    out = batch.sets[0].new_output()
+    launches = _kernel_launches(batch, out, None, package.verify_mla_fwd)
+    return Contender(rev.name, launches, out, True, config, f"{source}; rev:{rev.given}")
 
 
 def paged_contender(batch: Batch, arch: str) -> Contender:
@@ -1379,7 +1516,9 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
     every request L causal drafts); -page rows compare the paged entry
     point with the token-indexed one on the same values, and FlashMLA at
     page 64; tree, ragged and head-dim rows the package's kernels and the
-    reference."""
+    reference. A ``rev:`` contender runs where ``tuned`` does."""
+    if name.startswith(REV_PREFIX):
+        name = "tuned"
     kind = ", ".join(
         what
         for what, on in (
@@ -1409,6 +1548,8 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
         return reason
     if name in ("tuned", "default", "triton", "mha"):
         return kernel_contender(name, batch, ctx.arch)
+    if name.startswith(REV_PREFIX):
+        return rev_contender(_revisions[name], batch, ctx.arch)
     if name == "paged":
         return paged_contender(batch, ctx.arch)
     if name == "torch_ref":
@@ -1732,13 +1873,18 @@ def _by_shape(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, A
     return shapes
 
 
+def compared(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The contenders set against tuned: the fixed ones, then each rev:
+    contender of ``rows``."""
+    revs = dict.fromkeys(r["contender"] for r in rows if r["contender"].startswith(REV_PREFIX))
+    return [c for c in CONTENDERS if c != "tuned"] + list(revs)
+
+
 def tuned_geomeans(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[float | None, int]]:
     """Per contender: geomean of t_contender / t_tuned over shapes where both
     are ok (> 1: tuned faster), and the number of shapes."""
     out = {}
-    for name in CONTENDERS:
-        if name == "tuned":
-            continue
+    for name in compared(rows):
         ratios = [
             c[name]["tuned_speedup"]
             for c in _by_shape(rows).values()
@@ -1900,10 +2046,10 @@ def summary_markdown(
 def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
     """The short table printed last: tuned time and roofline share, and how
     many times slower each other contender is."""
-    others = [c for c in CONTENDERS if c != "tuned"]
+    others = {c: max(13, len(c) + 3) for c in compared(rows)}  # name -> column width
     width = max([26] + [len(shape) + 2 for shape in _by_shape(rows)])
     header = f"{'shape':<{width}}{'tuned us':>10}{'%roof':>7}{'%BW':>7}" + "".join(
-        f"{c + '/t':>13}" for c in others
+        f"{c + '/t':>{w}}" for c, w in others.items()
     )
     lines = [header, "-" * len(header)]
     for shape, contenders in _by_shape(rows).items():
@@ -1915,7 +2061,7 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
             f"{_pct(t['frac_roofline']) if ok else '-':>7}",
             f"{_pct(t['frac_copy_bw']) if ok else '-':>7}",
         ]
-        for c in others:
+        for c, w in others.items():
             r = contenders.get(c)
             if r is None:
                 text = "-"
@@ -1923,7 +2069,7 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
                 text = _fmt(r["tuned_speedup"], 2) if r["tuned_speedup"] else "ok"
             else:
                 text = r["status"]
-            cells.append(f"{text:>13}")
+            cells.append(f"{text:>{w}}")
         lines.append("".join(cells))
     lines.append("")
     lines.append(
@@ -2027,6 +2173,21 @@ def select_shapes(args: argparse.Namespace) -> list[ShapeSpec]:
     return shapes
 
 
+def contender_arg(text: str) -> str:
+    """A --contenders value: a fixed name, or ``rev:<git rev>``, imported
+    now (before any GPU work) and named by its commit."""
+    if text.startswith(REV_PREFIX):
+        try:
+            return load_revision(text.removeprefix(REV_PREFIX)).name
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
+    if text not in CONTENDERS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected one of {', '.join(CONTENDERS)} or rev:<git rev>"
+        )
+    return text
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -2068,9 +2229,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         nargs="+",
-        choices=CONTENDERS,
+        type=contender_arg,
         default=list(CONTENDERS),
-        help="contenders to run (tuned is the baseline of the ratios)",
+        metavar="NAME",
+        help=f"contenders to run, among {', '.join(CONTENDERS)} (the default: all), and "
+        "rev:<git rev>: tuned as this package was at that commit (its own code and shipped "
+        "tables), timed side by side with the working tree's, e.g. rev:HEAD~2. "
+        "tuned is the baseline of the ratios",
     )
     parser.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer")
     parser.add_argument(
@@ -2124,6 +2289,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
+    args.contenders = list(dict.fromkeys(args.contenders))  # rev:<sha> once, however named
     try:
         args.shape_list = select_shapes(args)
         check_csv(args.csv)
@@ -2182,6 +2348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         len(args.shape_list),
         " ".join(args.contenders),
     )
+    for name in args.contenders:
+        if name in _revisions:
+            rev = _revisions[name]
+            logger.info("%s: rev %s, imported as %s", name, rev.given, rev.module.__name__)
 
     ceilings = measure_ceilings(device, args.rep_ms, int(args.copy_mb * 2**20))
     logger.info("ceilings: %s", ", ".join(f"{k} {_fmt(v)}" for k, v in ceilings.details.items()))

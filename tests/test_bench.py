@@ -6,8 +6,10 @@ benchmark's job, not a test's."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -515,6 +517,9 @@ def test_contenders_run_only_where_they_compute_the_call():
     assert runs("H16L4B32C16K-page64") == {"paged", "tuned", "flashmla"}
     for page in (1, 16, 32, 128):
         assert runs(f"H16L4B32C16K-page{page}") == {"paged", "tuned"}
+    for text in ("H16L4B32C16K", "H16L4B32C16K-tree-ragged", "H4L4B32C16K-d256", *KINDS):
+        spec = bench.parse_shape(text)  # another revision's tuned: where tuned runs
+        assert bench.not_applicable("rev:0123456789ab", spec) == bench.not_applicable("tuned", spec)
 
 
 # --- the summary's comparisons --------------------------------------------------------------
@@ -590,3 +595,146 @@ def test_summary_and_table_render_the_new_kinds():
     table = bench.stdout_table(rows, ceilings)
     assert "paged vs FlashMLA (page 64, same pages): t_flashmla / t_paged geomean 1.100" in table
     assert "H16L4B2C500-d256-ragged-treefull " in table
+
+
+# --- rev: contenders: this package at another commit, side by side -----------------------
+
+
+@pytest.fixture(scope="module")
+def head_rev(tmp_path_factory):
+    """The package at HEAD, imported beside the working tree's: the first
+    load in this process (a commit imports once; the tests below share it),
+    with $MLA_VERIFY_CONFIG_DIR set to a value of its own, which the load
+    must leave as it was."""
+    if bench._git("rev-parse", "--verify", "HEAD").returncode != 0:
+        pytest.skip("no git history here (a copy of the tree)")
+    outside = str(tmp_path_factory.mktemp("outside_tables"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLA_VERIFY_CONFIG_DIR", outside)
+        rev = bench.load_revision("HEAD")
+        assert outside == os.environ["MLA_VERIFY_CONFIG_DIR"]
+    return rev
+
+
+def test_a_revision_imports_beside_the_package_with_its_own_ops_and_tables(head_rev):
+    import mla_verify
+
+    commit = bench.resolve_commit("HEAD")
+    name = f"mla_verify_rev_{commit[:12]}"
+    assert (head_rev.given, head_rev.commit) == ("HEAD", commit)
+    assert head_rev.name == f"rev:{commit[:12]}"
+    package = head_rev.module
+    assert package.__name__ == name and package is not mla_verify
+    assert package.verify_mla_fwd is not mla_verify.verify_mla_fwd
+    # its ops under its own namespace; the working tree's where they were
+    assert package.ops.verify_mla_fwd_op._qualname == f"{name}::verify_mla_fwd"
+    assert hasattr(getattr(torch.ops, name), "verify_mla_paged")
+    assert mla_verify.ops.verify_mla_fwd_op._qualname == "mla_verify::verify_mla_fwd"
+    assert hasattr(torch.ops.mla_verify, "verify_mla_paged")
+    # every entry of its exported tables was loaded from them (they took
+    # precedence over any other config dir), and none of the working tree's
+    export = Path(package.__file__).parents[1]
+    exported = {
+        (path.stem, key)
+        for path in (export / "configs").glob("*.json")
+        for key in json.loads(path.read_text())["entries"]
+    }
+    assert exported
+    for arch, key in exported:
+        assert Path(package.lookup._tables[arch][key].source).parent == export / "configs"
+    ours = [e.source for entries in mla_verify.lookup._tables.values() for e in entries.values()]
+    assert ours and not any(source.startswith(str(export)) for source in ours)
+    # its shipped dir too is its export's, not the working tree's package's
+    assert package.tables.shipped_table_dir() == export / "configs"
+    assert bench.load_revision(commit) is head_rev  # once per commit, however named
+
+
+def test_a_revision_that_fails_to_import_leaves_the_config_dir_as_it_was(head_rev, monkeypatch):
+    def fail(name):
+        raise ImportError(f"{name}: broken")
+
+    path = list(sys.path)
+    monkeypatch.setattr(bench, "_revisions", {})
+    monkeypatch.setattr(bench.importlib, "import_module", fail)
+    monkeypatch.setenv("MLA_VERIFY_CONFIG_DIR", "somewhere")
+    with pytest.raises(ImportError, match="broken"):
+        bench.load_revision("HEAD")
+    assert os.environ["MLA_VERIFY_CONFIG_DIR"] == "somewhere"
+    monkeypatch.delenv("MLA_VERIFY_CONFIG_DIR")
+    with pytest.raises(ImportError, match="broken"):
+        bench.load_revision("HEAD")
+    assert "MLA_VERIFY_CONFIG_DIR" not in os.environ
+    assert not bench._revisions and sys.path == path
+
+
+def test_contenders_take_revisions_by_commit(head_rev, capsys):
+    args = bench.parse_args(["--contenders", "tuned", "rev:HEAD", "--list-shapes"])
+    assert args.contenders == ["tuned", head_rev.name]
+    # the same commit named twice is one contender
+    args = bench.parse_args(["--contenders", "rev:HEAD", head_rev.name, "--list-shapes"])
+    assert args.contenders == [head_rev.name]
+    assert bench.parse_args(["--list-shapes"]).contenders == list(bench.CONTENDERS)
+    for bad, message in [
+        ("rev:no-such-rev", "argument --contenders: rev:no-such-rev: not a commit of"),
+        ("fastest", "argument --contenders: 'fastest': expected one of tuned, "),
+    ]:
+        with pytest.raises(SystemExit):  # refused before any GPU time is spent
+            bench.parse_args(["--contenders", "tuned", bad, "--list-shapes"])
+        assert message in capsys.readouterr().err
+
+
+def test_a_revision_runs_its_own_verify_mla_fwd_and_tables(head_rev, device, monkeypatch):
+    """A rev: contender through prepare_contender, as run_shape calls it:
+    its own verify_mla_fwd, table lookup (config=None) on every rotation
+    set, checked against the reference; its own resolve_config's config."""
+    import mla_verify
+
+    package = head_rev.module
+    calls = []
+
+    def fwd(*args, **kwargs):
+        calls.append(kwargs["config"])
+        return package.api.verify_mla_fwd(*args, **kwargs)
+
+    monkeypatch.setattr(package, "verify_mla_fwd", fwd)
+    spec = bench.parse_shape("H2L2B2C9")
+    lens = bench.prefix_lengths(spec)
+    batch = bench.build_batch(
+        spec, lens, rotations=2, slots=2 * (sum(lens) + 4) + 5, device=torch.device(device), seed=2
+    )
+    ctx = types.SimpleNamespace(device=torch.device(device), arch="sm90")
+    row = {}
+    contender = bench.prepare_contender(head_rev.name, batch, batch.sets[0].reference(), ctx, row)
+    assert contender is not None and row["rel_err"] < 6e-3, row
+    assert contender.name == head_rev.name and calls == [None]
+    contender.out.fill_(float("nan"))
+    contender.launches[1]()
+    assert calls == [None, None]
+    assert bench.check_output(contender.output(), batch.sets[1].reference()).ok
+    config, source = mla_verify.resolve_config(2, 2, 2, arch="sm90")
+    assert dataclasses.asdict(contender.config) == dataclasses.asdict(config)
+    assert row["config_source"].endswith("; rev:HEAD") and row["BLOCK_H"] == config.BLOCK_H
+
+
+def test_the_overview_has_a_column_per_revision():
+    ceilings = bench.Ceilings(4.2e12, 780e12)
+    rows = []
+    for shape, contender, us in [
+        ("H16L4B2C500", "tuned", 10.0),
+        ("H16L4B2C500", "rev:0123456789ab", 11.0),
+        ("H16L4B2C500", "rev:ba9876543210", 9.0),
+        ("H16L4B2C900", "tuned", 10.0),
+        ("H16L4B2C900", "rev:0123456789ab", 12.1),
+    ]:
+        row = _row(shape, contender, us)
+        row.update(frac_copy_bw=None, tuned_speedup=us / 10.0)
+        rows.append(row)
+    assert bench.compared(rows)[-2:] == ["rev:0123456789ab", "rev:ba9876543210"]
+    table = bench.stdout_table(rows, ceilings).splitlines()
+    header = table[0]
+    assert header.endswith(" rev:0123456789ab/t rev:ba9876543210/t")
+    assert table[2].endswith("1.10".rjust(19) + "0.90".rjust(19))
+    assert table[3].endswith("1.21".rjust(19) + "-".rjust(19))
+    gm = bench.tuned_geomeans(rows)["rev:0123456789ab"]
+    assert gm == (pytest.approx(1.1**1.5), 2)
+    assert "rev:ba9876543210 0.900 (1 shapes)" in table[-2]
