@@ -1200,7 +1200,26 @@ def _export(commit: str) -> Path:
     if archive.returncode != 0:
         raise RuntimeError(f"git archive {commit}: {archive.stderr.decode(errors='replace')}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-    package = dest / f"mla_verify_rev_{commit[:12]}"
+    return _as_package(dest, commit[:12])
+
+
+def _copy(source: Path, label: str) -> Path:
+    """``_export`` of a directory holding ``mla_verify/`` (and ``configs/``):
+    a revision exported beforehand, where the checkout has no git history
+    (the lent GPU machines get a copy of the working tree without it)."""
+    dest = Path(tempfile.mkdtemp(prefix=f"{label}_", dir=_export_root()))
+    for part in ("mla_verify", "configs"):
+        if (source / part).is_dir():
+            shutil.copytree(
+                source / part, dest / part, ignore=shutil.ignore_patterns("__pycache__")
+            )
+    return _as_package(dest, label)
+
+
+def _as_package(dest: Path, label: str) -> Path:
+    """``dest/mla_verify`` renamed to ``mla_verify_rev_<label>``, its absolute
+    names rewritten to that; returns the package directory."""
+    package = dest / f"mla_verify_rev_{label}"
     (dest / "mla_verify").rename(package)
     for path in package.rglob("*.py"):
         path.write_text(_ABSOLUTE_NAMES.sub(package.name, path.read_text()))
@@ -1208,14 +1227,22 @@ def _export(commit: str) -> Path:
 
 
 def load_revision(rev: str) -> Revision:
-    """The package at ``rev``, exported and imported under its own name,
-    once per commit. Tables load at import: the revision's are its own
-    shipped ones, $MLA_VERIFY_CONFIG_DIR pointing at its ``configs/`` while
-    it imports (the user dir still below them, as for ``tuned``)."""
-    commit = resolve_commit(rev)
+    """The package at ``rev`` (a git rev, or a directory holding the
+    ``mla_verify/`` and ``configs/`` of one, e.g. from ``git archive``),
+    exported and imported under its own name, once per commit (directory).
+    Tables load at import: the revision's are its own shipped ones,
+    $MLA_VERIFY_CONFIG_DIR pointing at its ``configs/`` while it imports
+    (the user dir still below them, as for ``tuned``)."""
+    source = Path(rev)
+    if (source / "mla_verify").is_dir():
+        commit = re.sub(r"\W", "_", source.resolve().name)
+        export = functools.partial(_copy, source, commit)
+    else:
+        commit = resolve_commit(rev)
+        export = functools.partial(_export, commit)
     name = f"{REV_PREFIX}{commit[:12]}"
     if name not in _revisions:
-        package = _export(commit)
+        package = export()
         configs = package.parent / "configs"
         previous = os.environ.get(CONFIG_DIR_VAR)
         os.environ[CONFIG_DIR_VAR] = str(configs) if configs.is_dir() else ""
@@ -2174,8 +2201,9 @@ def select_shapes(args: argparse.Namespace) -> list[ShapeSpec]:
 
 
 def contender_arg(text: str) -> str:
-    """A --contenders value: a fixed name, or ``rev:<git rev>``, imported
-    now (before any GPU work) and named by its commit."""
+    """A --contenders value: a fixed name, or ``rev:<git rev>`` (or
+    ``rev:<directory>`` holding one's mla_verify/ and configs/), imported now
+    (before any GPU work) and named by its commit (the directory's name)."""
     if text.startswith(REV_PREFIX):
         try:
             return load_revision(text.removeprefix(REV_PREFIX)).name
@@ -2234,7 +2262,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="NAME",
         help=f"contenders to run, among {', '.join(CONTENDERS)} (the default: all), and "
         "rev:<git rev>: tuned as this package was at that commit (its own code and shipped "
-        "tables), timed side by side with the working tree's, e.g. rev:HEAD~2. "
+        "tables), timed side by side with the working tree's, e.g. rev:HEAD~2; or "
+        "rev:<directory> holding a revision's mla_verify/ and configs/ (where there is no "
+        "git history). "
         "tuned is the baseline of the ratios",
     )
     parser.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer")

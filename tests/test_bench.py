@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -647,6 +648,26 @@ def test_a_revision_imports_beside_the_package_with_its_own_ops_and_tables(head_
     # its shipped dir too is its export's, not the working tree's package's
     assert package.tables.shipped_table_dir() == export / "configs"
     assert bench.load_revision(commit) is head_rev  # once per commit, however named
+
+
+def test_a_revision_can_be_a_directory_exported_beforehand(tmp_path):
+    """Where the checkout has no git history (the GPU machines get a copy
+    of the tree): a directory holding a revision's mla_verify/ and configs/
+    (here the working tree's), named by the directory."""
+    import mla_verify
+
+    root = Path(bench.__file__).resolve().parents[1]
+    source = tmp_path / "base-copy"
+    for part in ("mla_verify", "configs"):
+        shutil.copytree(root / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    rev = bench.load_revision(str(source))
+    assert rev.name == "rev:base_copy"
+    package = rev.module
+    assert package.__name__ == "mla_verify_rev_base_copy" and package is not mla_verify
+    assert hasattr(torch.ops.mla_verify_rev_base_copy, "verify_mla_paged")
+    export = Path(package.__file__).parents[1]
+    assert export != source and package.tables.shipped_table_dir() == export / "configs"
+    assert bench.load_revision(str(source)) is rev
 
 
 def test_a_revision_that_fails_to_import_leaves_the_config_dir_as_it_was(head_rev, monkeypatch):
