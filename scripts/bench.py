@@ -1141,8 +1141,9 @@ REV_PREFIX = "rev:"
 
 @dataclass(frozen=True)
 class Revision:
-    """The package as it was at ``commit``, imported beside the working
-    tree's as ``module``; ``given``: the rev as the command line named it."""
+    """The package as it was at ``commit`` (its sha, or the name of the
+    directory it was exported to), imported beside the working tree's as
+    ``module``; ``given``: the rev as the command line named it."""
 
     given: str
     commit: str
