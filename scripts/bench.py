@@ -1167,6 +1167,7 @@ _ABSOLUTE_NAMES = re.compile(r"\bmla_verify(?=::|\.configs\b)|(?<=torch\.ops\.)m
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
+    """git in this script's repository, output as bytes."""
     return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, timeout=60)
 
 
@@ -2156,16 +2157,11 @@ def git_commit() -> str:
     if os.environ.get("MLA_VERIFY_COMMIT"):
         return os.environ["MLA_VERIFY_COMMIT"]
     try:
-        result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        result = _git("rev-parse", "--short", "HEAD")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else "unknown"
+    commit = result.stdout.decode().strip()
+    return commit if result.returncode == 0 and commit else "unknown"
 
 
 def run_metadata(device: torch.device, flashinfer_version: str, flashmla_version: str) -> dict:
