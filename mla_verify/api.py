@@ -490,11 +490,9 @@ def verify_mla_fwd(
             custom_mask,
             mask_indptr,
         )
-    workspace = get_workspace(device)
-    part_o, part_lse = workspace.views(
+    part_o, part_lse = get_workspace(device).views(
         plan.partial_slots, plan.num_heads, max_len_extend, head_dims[1]
     )
-    merge_table = workspace.table_view(plan.batch_size) if plan.hopper else None
     kernel.launch(
         plan,
         q_extend,
@@ -508,7 +506,6 @@ def verify_mla_fwd(
         kv_indices,
         part_o,
         part_lse,
-        merge_table,
         sm_scale=sm_scale,
         k_scale=k_scale,
         v_scale=v_scale,

@@ -208,7 +208,6 @@ def _families() -> dict[str, tuple[list, dict[str, object]]]:
         "MERGE_REQUEST_PROGRAMS": kernel.MERGE_REQUEST_PROGRAMS,
         "MERGE_MAX_PROGRAMS": kernel.MERGE_MAX_PROGRAMS,
         "MERGE_MAX_BLOCKS": kernel.MERGE_MAX_BLOCKS,
-        "MERGE_PROGRAMS_PER_SM": kernel.MERGE_PROGRAMS_PER_SM,
         "D_NOPE": D_NOPE,
         "hopper.SHAPE": hopper.SHAPE,
     }

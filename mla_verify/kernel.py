@@ -35,14 +35,14 @@ as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
 plan: balanced shares of the batch's tiles on one wave of CTAs, each
 request's drafts folded in (kernel_sm90's docstring). NUM_KV_SPLITS then
 plays no part, MIN_SHARE sets the smallest share; stage 2 is then
-_merge_shares_kernel, one wave of programs dealt the (request, head, column
-block) items of the requests that several shares hold, from a work list
-stage 1 writes (stage 1 writes the others' output).
+_merge_shares_kernel, one program per (request, head, column block), which
+merges only the requests that several shares hold (stage 1 writes the
+others).
 
 On CUDA sm90 and later, stage 2 is a programmatic dependent launch
-(plan.dependent_launch): its programs (the Triton path's plan first) start
-on the SMs stage 1's CTAs free as they exit, and wait for the whole grid in
-the kernel before reading a partial.
+(plan.dependent_launch): its programs plan on the SMs stage 1's CTAs free as
+they exit, and wait for the whole grid in the kernel before reading a
+partial.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
@@ -87,9 +87,6 @@ MERGE_PROGRAM_ELEMENTS = 8192
 MERGE_REQUEST_PROGRAMS = 64
 MERGE_MAX_PROGRAMS = 4096
 MERGE_MAX_BLOCKS = 16  # 32 columns a block
-# Programs of stage 2 after the shares, an SM: its 48-72 registers a thread
-# (ptxas, sm90) let 8 reside, one wave; they deal the work list's items.
-MERGE_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -130,6 +127,66 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
         first += tl.sum(tl.where(before, units, 0), 0)
         done += tl.sum(units, 0)
     return owner, first
+
+
+@triton.jit
+def _share_positions(
+    KV_INDPTR,
+    req,
+    batch_size,
+    BLOCK_B: tl.constexpr,
+    TOKENS: tl.constexpr,
+    DRAFT_POSITIONS: tl.constexpr,
+):
+    # The Hopper kernel's positions (kernel_sm90._positions: each request's
+    # prefix tiles of TOKENS, then its drafts, DRAFT_POSITIONS in a ragged
+    # batch, one in a uniform one): those of the requests before req,
+    # req's own and the batch's; whether every request holds as many; and
+    # the drafts'.
+    before = 0
+    mine = 0
+    total = 0
+    most = 0
+    for start in range(0, batch_size, BLOCK_B):
+        offs_b = start + tl.arange(0, BLOCK_B)
+        mask_b = offs_b < batch_size
+        lens = _prefix_lens(KV_INDPTR, offs_b, mask_b)
+        positions = tl.where(mask_b, tl.cdiv(lens, TOKENS) + 1, 0)
+        before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
+        mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
+        total += tl.sum(positions, 0)
+        most = tl.maximum(most, tl.max(positions, 0))
+    uniform = most.to(tl.int64) * batch_size == total  # int64: no wrap to equal
+    drafts = DRAFT_POSITIONS
+    if uniform:
+        drafts = 1
+    before += (drafts - 1) * req
+    mine += drafts - 1
+    total += (drafts - 1) * batch_size
+    return before, mine, total, uniform, drafts
+
+
+@triton.jit
+def _share_count(grid_ctas, total, uniform, batch_size, min_share):
+    # The Hopper kernel's share count (kernel_sm90._share_count, the same
+    # rule): one a CTA, of min_share positions at least; where every
+    # request holds as many positions (`uniform`), a multiple or a divisor
+    # of the batch size that costs at most a sixteenth of them; no more
+    # than 1 + 4 sqrt(P) shares a request of P positions, on average.
+    ctas = tl.minimum(grid_ctas, tl.cdiv(total, min_share))
+    work = total.to(tl.float32) * batch_size
+    ctas = tl.minimum(ctas, (4.0 * tl.sqrt_rn(work)).to(tl.int32) + batch_size)
+    aligned = ctas
+    if uniform:
+        if ctas >= batch_size:
+            aligned = ctas - ctas % batch_size
+        else:
+            group = tl.cdiv(batch_size, ctas)
+            if batch_size % group == 0:
+                aligned = batch_size // group
+    if aligned * 16 >= ctas * 15:
+        ctas = aligned
+    return ctas
 
 
 @triton.jit
@@ -432,61 +489,64 @@ def _merge_extend_kernel(
     tl.store(ptr_o, out.to(O.dtype.element_ty), mask=mask_i[:, None])
 
 
-@triton.jit
-def _merge_item(MERGE_TABLE, item, num_heads, last_entry, BLOCKS: tl.constexpr):
-    # Item `item` of stage 2's work list: its request's (first query row,
-    # draft count, first slot, pieces), head and column block. Read before
-    # the caller knows the list holds it (the entry clamped to the batch):
-    # its latency then overlaps the count's.
-    entry = MERGE_TABLE + 2 + 4 * tl.minimum(item // (num_heads * BLOCKS), last_entry)
-    words = (tl.load(entry), tl.load(entry + 1), tl.load(entry + 2), tl.load(entry + 3))
-    return words, item // BLOCKS % num_heads, item % BLOCKS
-
-
-@triton.jit(do_not_specialize=["batch_size"])
+@triton.jit(do_not_specialize=["batch_size", "share_ctas", "min_share"])
 def _merge_shares_kernel(
     O,
-    MERGE_TABLE,
+    QO_INDPTR,
+    KV_INDPTR,
     PART_O,
     PART_LSE,
     stride_o_tok,
     stride_o_head,
     num_heads,
     batch_size,
+    share_ctas,
+    min_share,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     D_BLOCK: tl.constexpr,
-    BLOCKS: tl.constexpr,
     D_NOPE: tl.constexpr,
+    TOKENS: tl.constexpr,
+    DRAFT_POSITIONS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
-    # After the Hopper kernel's shares: the partials of each request that
-    # several shares hold (drafts included), from the work list stage 1
-    # wrote (kernel_sm90.launch_prefix): one item a (request, head, column
-    # block). Each program takes the item of its index, then claims the
-    # next unclaimed one (an atomic count, which stage 1 resets), so a
-    # request of many pieces spreads over many programs, the programs end
-    # together, and a batch held whole costs one wave.
-    if WAIT_PRIOR:  # the list and partials are stage 1's (dependent launch, see launch)
+    # After the Hopper kernel's shares: the partials of a request that
+    # several shares hold (drafts included), columns of block program_id(2).
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    col0 = tl.program_id(2) * D_BLOCK
+    # Positions base .. base + n - 1 are the request's, its drafts' from
+    # base + n - drafts. CTA c's range begins at c * total // ctas, so the
+    # CTA that holds position p is ((p + 1) * ctas - 1) // total (int64:
+    # the products pass 2^31 on large batches). c0 holds the first
+    # position, c1 the drafts' first.
+    base, n, total, uniform, drafts = _share_positions(
+        KV_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS
+    )
+    ctas = _share_count(share_ctas, total, uniform, batch_size, min_share).to(tl.int64)
+    c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
+    c1 = (((base + n - drafts + 1) * ctas - 1) // total).to(tl.int32)
+    if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
         gdc_wait()
-    item = tl.program_id(0)
-    words, head, block = _merge_item(MERGE_TABLE, item, num_heads, batch_size - 1, BLOCKS)
-    items = tl.load(MERGE_TABLE) * num_heads * BLOCKS
-    while item < items:
-        q_start, num_rows, first, pieces = words
-        col0 = block * D_BLOCK
-        # Piece 0 at slot `first`, piece j > 0 at 2 c0 + 2 j (c0 the
-        # request's first share).
+    if c0 != c1:  # else one CTA held the whole request and wrote its output
+        num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
+        # CTA c0's part is its first segment when no earlier request has
+        # work in its range (the previous drafts' first position is before
+        # it), else its last (slot 2 c0 + 1); the later CTAs' is their
+        # first (slot 2 c).
+        earlier = (c0.to(tl.int64) * total // ctas) <= base - drafts
+        first = 2 * c0 + earlier.to(tl.int32)
         _, l_i, acc = _merge_pieces(
             PART_O,
             PART_LSE,
             head,
             num_heads,
             first,
-            first - first % 2,
+            2 * c0,
             2,
-            pieces,
+            c1 - c0 + 1,
             num_rows,
             col0,
             DRAFT_LEN,
@@ -495,19 +555,13 @@ def _merge_shares_kernel(
             D_BLOCK,
             D_NOPE,
         )
-        item = tl.num_programs(0) + tl.atomic_add(MERGE_TABLE + 1, 1)
-        words, next_head, next_block = _merge_item(
-            MERGE_TABLE, item, num_heads, batch_size - 1, BLOCKS
-        )
         offs_i = tl.arange(0, L_PAD)
-        q_row = (q_start + offs_i).to(tl.int64)
+        q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
         offs_d = col0 + tl.arange(0, D_BLOCK)
         ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
         # A row a mask hid every key from has sum 0 and output 0.
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < num_rows)[:, None])
-        head = next_head
-        block = next_block
 
 
 @triton.jit
@@ -596,7 +650,6 @@ def launch(
     kv_indices: torch.Tensor,
     part_o: torch.Tensor,
     part_lse: torch.Tensor,
-    merge_table: torch.Tensor | None = None,
     *,
     sm_scale: float,
     k_scale: float,
@@ -606,9 +659,7 @@ def launch(
 ) -> None:
     """Launch both stages as ``plan`` (a ``plan.Plan`` of this call) says.
     Inputs are trusted (the API validates them); ``part_o`` / ``part_lse``
-    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements,
-    ``merge_table`` (int32, the Hopper kernel's alone)
-    ``merge_table_numel(batch_size)``;
+    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements;
     ``custom_mask`` (uint8, SGLang's layout) and ``mask_indptr`` where the
     plan reads a mask. Looks nothing up, allocates nothing, never
     synchronises."""
@@ -625,7 +676,6 @@ def launch(
             kv_indices,
             part_o,
             part_lse,
-            merge_table,
             batch_size=plan.batch_size,
             draft_len=plan.draft_len,
             block_h=config.BLOCK_H,
@@ -644,12 +694,15 @@ def launch(
         )
         launch_merge_shares(
             o,
-            merge_table,
+            qo_indptr,
+            kv_indptr,
             part_o,
             part_lse,
+            batch_size=plan.batch_size,
             draft_len=plan.draft_len,
+            share_ctas=plan.share_ctas,
+            min_share=plan.min_share,
             column_blocks=plan.merge_blocks,
-            programs=plan.merge_programs,
             dependent=plan.dependent,
         )
         return
@@ -778,50 +831,52 @@ def launch_merge(
 
 def launch_merge_shares(
     o: torch.Tensor,
-    merge_table: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
     part_o: torch.Tensor,
     part_lse: torch.Tensor,
     *,
+    batch_size: int,
     draft_len: int,
+    share_ctas: int,
+    min_share: int,
     column_blocks: int,
-    programs: int,
     dependent: bool,
 ) -> None:
-    """Stage 2 after the Hopper kernel's shares, writes ``o``: merges the
-    requests of the work list stage 1 wrote into ``merge_table`` and leaves
-    the others, which stage 1 wrote; ``programs`` programs take the
-    (request, head, column block) items in turn, ``column_blocks`` a
-    (request, head) (``plan.merge_column_blocks``). ``dependent``: a
-    programmatic dependent launch (``plan.dependent_launch``)."""
+    """Stage 2 after the Hopper kernel's shares (``share_ctas`` per head
+    block, of ``min_share`` positions at least), writes ``o``: merges the
+    requests that several shares hold (drafts included) and leaves the
+    others, which stage 1 wrote; ``column_blocks`` programs a (request,
+    head), each a block of columns (``plan.merge_column_blocks``).
+    ``dependent``: a programmatic dependent launch (``plan.dependent_launch``)."""
     num_heads = o.shape[1]
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
-    _merge_shares_kernel[(programs,)](
+    _merge_shares_kernel[(batch_size, num_heads, blocks)](
         o,
-        merge_table,
+        qo_indptr,
+        kv_indptr,
         part_o,
         part_lse,
         o.stride(0),
         o.stride(1),
         num_heads,
-        (merge_table.numel() - 2) // 4,
+        batch_size,
+        share_ctas,
+        min_share,
         DRAFT_LEN=draft_len,
         L_PAD=l_pad,
         ROWS=max(l_pad, MERGE_SHARES_TILE * blocks // D_NOPE),
         D_BLOCK=D_NOPE // blocks,
-        BLOCKS=blocks,
         D_NOPE=D_NOPE,
+        TOKENS=hopper.TOKENS,
+        DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
+        BLOCK_B=PLAN_BLOCK,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,
         **_dependent_options(dependent),
     )
-
-
-def merge_table_numel(batch_size: int) -> int:
-    """int32 elements of the Hopper kernel's stage-2 work list: two counts,
-    then four words a request."""
-    return 2 + 4 * batch_size
 
 
 def _dependent_options(dependent: bool) -> dict[str, bool]:

@@ -243,7 +243,7 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     # positions at least; where every request holds as many positions
     # (`uniform`), a multiple or a divisor of the batch size that costs
     # at most a sixteenth of them, so that no share holds part of a
-    # request.
+    # request. kernel._share_count is the same rule for stage 2.
     ctas = gl.minimum(grid_ctas, (total + min_share - 1) // min_share)
     # No more than 1 + 4 sqrt(P) shares a request of P positions, on
     # average: beyond that, a merge of more partials costs more than
@@ -262,49 +262,6 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     if aligned * 16 >= ctas * 15:
         ctas = aligned
     return ctas
-
-
-@gluon.jit
-def _write_merge_table(table_args, share, WARPS: gl.constexpr):
-    # Stage 2's work list, written by one CTA's consumers while they wait
-    # for their first tile: the count of requests several shares hold, the
-    # count of items stage 2's programs have claimed (reset), then (first
-    # query row, draft count, first partial slot, pieces) of each. CTA c's
-    # range begins at c * total // ctas, so the CTA that holds position p
-    # is ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on
-    # large batches); c0 holds a request's first position, c1 its drafts'
-    # first. c0's part is its first segment when no earlier request has
-    # work in its range (the previous drafts' first position is before
-    # it), else its last (slot 2 c0 + 1); the later CTAs' is their first
-    # (slot 2 c). Every entry is rewritten each call.
-    MERGE_TABLE, batch_size, total, ctas, writes_table = table_args
-    KV_INDPTR, QO_INDPTR, _, _, _, _, _, drafts = share
-    BLOCK_B: gl.constexpr = 32 * WARPS  # a request a thread
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    if writes_table:
-        count = 0
-        done = 0
-        for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B, layout)
-            ends = done + gl.associative_scan(positions, 0, _add)
-            base = (ends - positions).to(gl.int64)
-            c0 = ((base + 1) * ctas - 1) // total
-            c1 = ((ends.to(gl.int64) - drafts + 1) * ctas - 1) // total
-            request = start + gl.arange(0, BLOCK_B, layout=layout)
-            merged = (request < batch_size) & (c0 != c1)
-            earlier = (c0 * total // ctas) <= base - drafts
-            index = count + gl.associative_scan(merged.to(gl.int32), 0, _add) - 1
-            entry = MERGE_TABLE + 2 + 4 * index
-            q_first = gl.load(QO_INDPTR + request, mask=merged, other=0)
-            num_rows = gl.load(QO_INDPTR + request + 1, mask=merged, other=0) - q_first
-            gl.store(entry, q_first.to(gl.int32), mask=merged)
-            gl.store(entry + 1, num_rows.to(gl.int32), mask=merged)
-            gl.store(entry + 2, (2 * c0).to(gl.int32) + earlier.to(gl.int32), mask=merged)
-            gl.store(entry + 3, (c1 - c0 + 1).to(gl.int32), mask=merged)
-            count += gl.sum(merged.to(gl.int32), 0)
-            done += gl.sum(positions, 0)
-        gl.store(MERGE_TABLE, count)
-        gl.store(MERGE_TABLE + 1, 0)
 
 
 @gluon.jit
@@ -816,7 +773,6 @@ def _consume(
     scales,
     out_args,
     masks,
-    table_args,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
@@ -843,7 +799,6 @@ def _consume(
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
     )
-    _write_merge_table(table_args, share, CONSUMER_WARPS)
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -973,7 +928,6 @@ def _consume_scores(
     scales,
     out_args,
     masks,
-    table_args,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
@@ -999,7 +953,6 @@ def _consume_scores(
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
     )
-    _write_merge_table(table_args, share, WARPGROUP)
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -1243,7 +1196,6 @@ def _prefix_kernel_sm90(
     MASK_INDPTR,
     PART_O,
     PART_LSE,
-    MERGE_TABLE,
     stride_q_tok,
     stride_q_head,
     stride_k_slot,
@@ -1371,7 +1323,6 @@ def _prefix_kernel_sm90(
             V_EXT_FROM_K,
             KV_FP8,
         )
-        table_args = (MERGE_TABLE, batch_size, total, ctas, (cta == 0) & (head_block == 0))
         if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
             # the final row sums.
@@ -1403,7 +1354,6 @@ def _prefix_kernel_sm90(
                             scales,
                             out_args,
                             masks,
-                            table_args,
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
@@ -1462,7 +1412,6 @@ def _prefix_kernel_sm90(
                             scales,
                             out_args,
                             masks,
-                            table_args,
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
@@ -1489,7 +1438,6 @@ def launch_prefix(
     kv_indices,
     part_o,
     part_lse,
-    merge_table,
     *,
     batch_size: int,
     draft_len: int,
@@ -1512,10 +1460,7 @@ def launch_prefix(
     output of every request a share holds whole, and the partials (prefix values
     scaled by ``v_scale``, drafts included) of the others, ``part_o`` /
     ``part_lse`` rows ``(slot, head, draft)`` for ``partial_slots(ctas)``
-    slots, and stage 2's work list into ``merge_table`` (int32,
-    ``kernel.merge_table_numel(batch_size)``: the count of requests to
-    merge, then (first query row, draft count, first slot, pieces) each).
-    Request b has ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most
+    slots. Request b has ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most
     ``draft_len``. ``custom_mask`` (uint8, kernel.py's layout, with
     ``mask_indptr``) replaces the causal draft block, and its prefix bits
     are read too where ``prefix_mask``. ``score_value`` picks that schedule
@@ -1542,7 +1487,6 @@ def launch_prefix(
         mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
-        merge_table,
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),

@@ -28,7 +28,6 @@ from .kernel import (
     MERGE_MAX_BLOCKS,
     MERGE_MAX_PROGRAMS,
     MERGE_PROGRAM_ELEMENTS,
-    MERGE_PROGRAMS_PER_SM,
     MERGE_REQUEST_PROGRAMS,
 )
 from .problem import KV_DTYPE_NAMES, MAX_BATCH_SIZE, MLA_HEAD_DIMS, QK_HEAD_DIM, V_HEAD_DIM
@@ -156,7 +155,6 @@ class Plan:
     score_value      the Hopper kernel runs its score/value schedule
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
-    merge_programs   its programs (one wave at most)
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
     prefix_mask      stage 1 reads the mask's prefix bits
     draft_mask       the mask's draft block replaces the causal one (the
@@ -174,7 +172,6 @@ class Plan:
     score_value: bool
     dependent: bool
     merge_blocks: int
-    merge_programs: int = 0
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
     prefix_mask: bool = False
     draft_mask: bool = False
@@ -217,15 +214,11 @@ def plan_call(
     if not v_from_k:
         config = for_separate_v(config, head_dims)
     config = fit_grid(config, batch_size)
-    share_ctas = merge_blocks = merge_programs = 0
+    share_ctas = 0
     if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
         q, k_buffer, draft_len, v_from_k, head_dims[1]
     ):
-        sms = sm_count(q.device)
-        share_ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
-        merge_blocks = merge_column_blocks(batch_size, num_heads, draft_len, share_ctas)
-        items = batch_size * num_heads * merge_blocks
-        merge_programs = min(items, MERGE_PROGRAMS_PER_SM * sms)
+        share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
     return Plan(
         config=config,
         batch_size=batch_size,
@@ -236,8 +229,9 @@ def plan_call(
         share_ctas=share_ctas,
         score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
         dependent=dependent_launch(q.device),
-        merge_blocks=max(1, merge_blocks),
-        merge_programs=merge_programs,
+        merge_blocks=(
+            merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1
+        ),
         head_dims=head_dims,
         prefix_mask=masked and not skip_prefix_mask,
         draft_mask=masked,
@@ -278,20 +272,6 @@ class SharePlan:
             for k, r in enumerate(worked):
                 pieces[r].append(2 * c + (k > 0))
         return pieces
-
-    def merge_table(self, draft_counts: list[int]) -> list[int]:
-        """Stage 2's work list as stage 1 writes it (kernel_sm90's
-        ``_write_merge_table``) for requests of ``draft_counts`` drafts: the
-        count of requests several shares hold, the count of items claimed
-        (0), then (first query row, draft count, first slot, pieces) of
-        each, in request order."""
-        rows = [sum(draft_counts[:r]) for r in range(len(draft_counts))]
-        entries = [
-            (rows[r], draft_counts[r], slots[0], len(slots))
-            for r, slots in enumerate(self.pieces())
-            if len(slots) > 1
-        ]
-        return [len(entries), 0, *(word for entry in entries for word in entry)]
 
 
 def share_plan(prefix_lens: list[int], ctas: int, min_share: int) -> SharePlan:

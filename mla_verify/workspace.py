@@ -24,7 +24,6 @@ from .device import (
     current_arch,
     sm_count,
 )
-from .kernel import merge_table_numel
 from .lookup import block_config
 from .plan import partial_slots, workspace_numel
 from .problem import (
@@ -50,14 +49,13 @@ class Workspace:
         self.part_lse = torch.empty(0, dtype=torch.float32, device=device)
         self.paged_index = torch.empty(0, dtype=torch.int32, device=device)
         self.paged_drafts = torch.empty(0, dtype=torch.uint8, device=device)
-        self.merge_table = torch.empty(0, dtype=torch.int32, device=device)
         self._used_in_capture = False
         self._kept_for_graphs: list[torch.Tensor] = []
 
     @property
     def nbytes(self) -> int:
-        words = self.part_o.numel() + self.part_lse.numel() + self.merge_table.numel()
-        return (words + self.paged_index.numel()) * 4 + self.paged_drafts.numel()
+        partials = (self.part_o.numel() + self.part_lse.numel()) * 4
+        return partials + self.paged_index.numel() * 4 + self.paged_drafts.numel()
 
     def reserve(self, rows: int, v_dim: int = V_HEAD_DIM) -> None:
         """Make room for ``rows`` (slot, head, draft) partial rows of
@@ -84,25 +82,6 @@ class Workspace:
         if capturing(self.device):
             self._used_in_capture = True
         return self.part_o[:n_o], self.part_lse[:n_lse]
-
-    def reserve_table(self, batch_size: int) -> None:
-        """Make room for the Hopper kernel's stage-2 work list of a batch."""
-        numel = merge_table_numel(batch_size)
-        if numel <= self.merge_table.numel():
-            return
-        self._before_growth(
-            f"holds a merge table for {(self.merge_table.numel() - 2) // 4} requests but "
-            f"this call has {batch_size}; call mla_verify.prepare_workspace(max_batch_size, "
-            "num_heads, draft_len, ...) before graph capture",
-            [self.merge_table],
-        )
-        self.merge_table = torch.empty(numel, dtype=torch.int32, device=self.device)
-
-    def table_view(self, batch_size: int) -> torch.Tensor:
-        self.reserve_table(batch_size)
-        if capturing(self.device):
-            self._used_in_capture = True
-        return self.merge_table[: merge_table_numel(batch_size)]
 
     def reserve_paged(self, index_numel: int, draft_bytes: int) -> None:
         """Make room for a paged call's translation (``paged_numel``)."""
@@ -235,8 +214,7 @@ def workspace_bytes(
         if config.kernel in HOPPER_KERNELS:
             ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
             slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, ctas))
-    partials = workspace_numel(slots, num_heads, draft_len)[1] * (head_dims[1] + 1) * 4
-    return partials + merge_table_numel(max_batch_size) * 4
+    return workspace_numel(slots, num_heads, draft_len)[1] * (head_dims[1] + 1) * 4
 
 
 def _launch_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims) -> VerifyConfig:
@@ -271,9 +249,7 @@ def prepare_workspace(
     nbytes = workspace_bytes(
         max_batch_size, num_heads, draft_len, kv_dtype, arch, sms, head_dims=head_dims
     )
-    partials = nbytes - merge_table_numel(max_batch_size) * 4
-    get_workspace(device).reserve(partials // ((head_dims[1] + 1) * 4), head_dims[1])
-    get_workspace(device).reserve_table(max_batch_size)
+    get_workspace(device).reserve(nbytes // ((head_dims[1] + 1) * 4), head_dims[1])
     return nbytes
 
 

@@ -48,8 +48,8 @@ CODE_FAMILIES = {
     "triton_stage1_helper": ("kernel", "_units_before", {"triton"}),
     "triton_stage1_kernel": ("kernel", "_prefix_kernel", {"triton"}),
     "triton_stage2_helper": ("kernel", "_add_drafts", {"triton"}),
-    "shares_stage2_helper": ("kernel", "_merge_item", {"gluon_sm90"}),
-    "triton_plan_helper": ("kernel", "_prefix_lens", {"triton"}),
+    "shares_stage2_helper": ("kernel", "_share_positions", {"gluon_sm90"}),
+    "shared_plan_helper": ("kernel", "_prefix_lens", {"triton", "gluon_sm90"}),
     "shared_merge_helper": ("kernel", "_merge_pieces", {"triton", "gluon_sm90"}),
     "gluon_partition": ("kernel_sm90", "_consume_values", {"gluon_sm90"}),
     "gluon_constexpr_function": ("kernel_sm90", "_copy_layout", {"gluon_sm90"}),
@@ -134,7 +134,7 @@ def test_without_gluon_the_gluon_family_still_has_a_hash(monkeypatch):
     assert hashes["triton"] == code_hash.KERNEL_HASHES["triton"]
     if GLUON is not None:
         assert hashes["gluon_sm90"] != code_hash.KERNEL_HASHES["gluon_sm90"]
-    assert _changed(monkeypatch, "kernel", "_merge_item") != hashes  # stage 2 still counts
+    assert _changed(monkeypatch, "kernel", "_share_positions") != hashes  # stage 2 still counts
 
 
 def test_kernel_hash_of_a_config_is_its_familys():

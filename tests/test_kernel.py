@@ -27,10 +27,6 @@ def _poison_workspace(device) -> None:
     ws.reserve(1 << 16)
     ws.part_o.fill_(float("nan"))
     ws.part_lse.fill_(float("nan"))
-    # A work list stage 1 failed to write would then merge nothing, and
-    # the requests it lists would keep the output's NaN.
-    ws.reserve_table(1 << 10)
-    ws.merge_table.zero_()
 
 
 def _run_and_check(batch, config, device) -> float:
@@ -303,22 +299,21 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
-def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, programs=5):
+def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks):
     """Stage 2 after ``ctas`` shares of ``batch`` on the given partials,
-    into a NaN-filled output: the work list as the host model of the shares
-    writes it, dealt to ``programs`` programs."""
+    into a NaN-filled output."""
     out = batch.new_output()
-    prefix_lens = batch.kv_indptr.diff().tolist()
-    draft_counts = batch.qo_indptr.diff().tolist()
-    table = plan.share_plan(prefix_lens, ctas, min_share).merge_table(draft_counts)
     kernel.launch_merge_shares(
         out,
-        torch.tensor(table, dtype=torch.int32, device=out.device),
+        batch.qo_indptr,
+        batch.kv_indptr,
         part_o,
         part_lse,
+        batch_size=batch.batch_size,
         draft_len=batch.draft_len,
+        share_ctas=ctas,
+        min_share=min_share,
         column_blocks=column_blocks,
-        programs=programs,
         dependent=plan.dependent_launch(out.device),
     )
     return out
@@ -372,38 +367,14 @@ def test_merge_after_shares(
     _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device)
 
 
-# 150 ragged requests on 40 shares of one position at least: requests split
-# on both sides of PLAN_BLOCK (128), where the work list's writer reads on
-# into a second block of the batch.
-PAST_ONE_PLAN_BLOCK = [(b * 37) % 300 for b in range(150)]
-
-
-def test_merge_after_shares_of_many_requests(device):
-    """Stage 2 deals a long work list (most of 150 requests) to its
-    programs, several items each."""
-    pieces = plan.share_plan(PAST_ONE_PLAN_BLOCK, 40, 1).pieces()
+def test_merge_after_shares_past_one_plan_block(device):
+    """Over PLAN_BLOCK (128) requests, stage 2's plan runs on into a second
+    block: requests split on both sides of it are merged."""
+    prefix_lens = [(b * 37) % 300 for b in range(150)]
+    pieces = plan.share_plan(prefix_lens, 40, 1).pieces()
     split = [b for b, p in enumerate(pieces) if len(p) > 1]
     assert 127 in split and 142 in split
-    _check_merge_after_shares(2, 40, 1, PAST_ONE_PLAN_BLOCK, 4, device)
-
-
-def test_merge_table_of_the_host_model():
-    """The work list lists the requests of several pieces, in order, with
-    their rows, their first slot and their count of pieces."""
-    shares = plan.share_plan([10, 0, 5], 40, 2)
-    assert shares.pieces() == [[0, 2], [6], [12]]
-    assert shares.merge_table([2, 2, 2]) == [1, 0, 0, 2, 0, 2]
-    shares = plan.share_plan([2000, 64, 700], 12, 4)
-    table = shares.merge_table([1, 3, 2])
-    assert table[:2] == [2, 0]
-    for r, entry in zip([0, 2], [table[2:6], table[6:10]]):
-        q_first, num_rows, first, count = entry
-        slots = shares.pieces()[r]
-        assert (q_first, num_rows) == ([0, 1, 4][r], [1, 3, 2][r])
-        assert (first, count) == (slots[0], len(slots))
-        # Piece j > 0 of a request is the first segment of the share after
-        # its first: slot 2 (c0 + j), as stage 2 reads it.
-        assert slots[1:] == [first - first % 2 + 2 * j for j in range(1, count)]
+    _check_merge_after_shares(2, 40, 1, prefix_lens, 4, device)
 
 
 def _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device):
@@ -694,30 +665,6 @@ def test_gpu_hopper_kernel_draft_variants(
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
-@pytest.mark.parametrize("schedule", HOPPER_KERNELS)
-def test_gpu_stage1_writes_the_work_list_of_the_host_model(schedule, monkeypatch):
-    """Stage 1 writes stage 2's work list as the host model of the shares
-    says, past one plan block of requests, and the call is right."""
-    heads, draft_len, min_share = 8, 2, 1
-    monkeypatch.setattr(plan, "sm_count", lambda device: 40)
-    batch = make_batch(heads, draft_len, PAST_ONE_PLAN_BLOCK, device="cuda")
-    config = hopper_config(heads, draft_len, batch.batch_size, schedule).with_min_share(min_share)
-    _poison_workspace("cuda")
-    out = batch.new_output()
-    assert batch.run(out, config) is True
-    ctas = hopper.ctas_per_head_block(40, heads, config.BLOCK_H)
-    shares = plan.share_plan(PAST_ONE_PLAN_BLOCK, ctas, min_share)
-    expected = shares.merge_table([draft_len] * batch.batch_size)
-    listed = expected[2::4]  # first query rows, draft_len a request
-    assert 127 * draft_len in listed and 142 * draft_len in listed
-    table = get_workspace(torch.device("cuda")).merge_table[: len(expected)].tolist()
-    # Word 1 counts the items stage 2's programs claimed after stage 1 reset it.
-    assert table[:1] + table[2:] == expected[:1] + expected[2:]
-    check_close(out, batch.reference())
 
 
 if hopper.available():
