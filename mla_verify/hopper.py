@@ -30,13 +30,7 @@ DRAFT_POSITIONS = 5
 # Registers: 12 warps x 168 fill the register file. The producer keeps 88
 # (two tiles' slot indices; 56 spilled them), the rest goes to the consumers
 # (setmaxnreg); with score/value the value warpgroup holds half the output
-# (128 words a thread) in 176, leaving the score warpgroup 240. ptxas
-# still compiles a partition to the launch's cap (.maxnreg): under a cap of
-# 128 it refused the value warpgroup's 64 x 256 wgmma, which needs 154,
-# though setmaxnreg had raised that warpgroup to 176 (sm90; the ptxas of
-# Triton 3.6 and of 3.9, 2026-12-02). So a third consumer warpgroup (16
-# warps: a cap of 128) cannot hold half the output, and the kernel's
-# 500-700 byte stack frame is spills under the cap of 168.
+# (128 words a thread) in 176, leaving the score warpgroup 240.
 MAX_REGS = 168
 PRODUCER_REGS = 88
 VALUE_REGS = 176
