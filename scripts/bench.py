@@ -1139,6 +1139,12 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
 REV_PREFIX = "rev:"
 
 
+def _rev_name(commit: str) -> str:
+    """A revision contender's name: its commit (or directory name), so that
+    rows keep their meaning after branches move."""
+    return f"{REV_PREFIX}{commit[:12]}"
+
+
 @dataclass(frozen=True)
 class Revision:
     """The package as it was at ``commit`` (its sha, or the name of the
@@ -1151,9 +1157,7 @@ class Revision:
 
     @property
     def name(self) -> str:
-        """The contender's name: the commit, so that rows keep their meaning
-        after branches move."""
-        return f"{REV_PREFIX}{self.commit[:12]}"
+        return _rev_name(self.commit)
 
 
 _revisions: dict[str, Revision] = {}  # contender name -> its revision, imported once
@@ -1242,7 +1246,7 @@ def load_revision(rev: str) -> Revision:
     else:
         commit = resolve_commit(rev)
         export = functools.partial(_export, commit)
-    name = f"{REV_PREFIX}{commit[:12]}"
+    name = _rev_name(commit)
     if name not in _revisions:
         package = export()
         configs = package.parent / "configs"
