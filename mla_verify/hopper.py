@@ -16,12 +16,7 @@ STAGES = 2  # q 72 KB + 2 x 72 KB ring fill the 227 KB of shared memory
 CONSUMER_WARPS = 8  # the columns schedule's consumer partition
 WARPGROUP = 4  # warps of one warpgroup (the score/value partitions)
 PRODUCER_WARPS = 4
-HALF_V = D_NOPE // 2  # output columns per consumer warpgroup (columns schedule)
-# Score/value: output columns of the score warpgroup; the value warpgroup
-# takes the other 384 (two accumulators, 256 + 128). The score warpgroup's
-# chain (scores, softmax, its P V) bounds a tile; a quarter of P V keeps
-# that chain short of the tile's tensor time.
-SCORE_COLS = 128
+HALF_V = D_NOPE // 2  # output columns per consumer warpgroup
 # Positions a share holds at least, where a config names none (a runtime
 # argument: the tuner searches it). One wave of shares of a tile or two each
 # left a small batch a merge of over 100 partials a request.
@@ -34,11 +29,11 @@ DEFAULT_MIN_SHARE = 4
 DRAFT_POSITIONS = 5
 # Registers: 12 warps x 168 fill the register file. The producer keeps 88
 # (two tiles' slot indices; 56 spilled them), the rest goes to the consumers
-# (setmaxnreg); with score/value the value warpgroup holds three quarters
-# of the output (192 words a thread) in 232, leaving the score warpgroup 184.
+# (setmaxnreg); with score/value the value warpgroup holds half the output
+# (128 words a thread) in 176, leaving the score warpgroup 240.
 MAX_REGS = 168
 PRODUCER_REGS = 88
-VALUE_REGS = 232
+VALUE_REGS = 176
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
 SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
@@ -58,7 +53,6 @@ SHAPE = (
     VALUE_REGS,
     HALF_V,
     DRAFT_POSITIONS,
-    SCORE_COLS,
 )
 
 

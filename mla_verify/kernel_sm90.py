@@ -70,8 +70,6 @@ DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
 HALF_V = gl.constexpr(hopper.HALF_V)
-SCORE_COLS = gl.constexpr(hopper.SCORE_COLS)
-TAIL_COLS = gl.constexpr(hopper.HALF_V - hopper.SCORE_COLS)
 D_NOPE = gl.constexpr(problem.D_NOPE)
 D_ROPE = gl.constexpr(problem.D_ROPE)
 
@@ -937,12 +935,12 @@ def _consume_scores(
     DRAFT_MASK: gl.constexpr,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
-    # the online softmax, and output columns 0 .. SCORE_COLS - 1.
+    # the online softmax, and output columns 0 .. 255.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, SCORE_COLS, 16]
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
     )
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -964,7 +962,7 @@ def _consume_scores(
         _await_q()
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-        acc = gl.zeros([ROWS, SCORE_COLS], gl.float32, layout=o_layout)
+        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
         if PREFIX_MASK:
             mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
@@ -990,7 +988,7 @@ def _consume_scores(
             # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(
                 kv_rope_ring.index(stage),
-                kv_nope_ring.index(stage).slice(0, SCORE_COLS, dim=1),
+                kv_nope_ring.index(stage).slice(0, HALF_V, dim=1),
                 acc,
             )
             mbarrier.arrive(empty.index(stage), count=1)
@@ -1013,9 +1011,7 @@ def _consume_scores(
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage), v_tile.slice(0, SCORE_COLS, dim=1), acc
-            )
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
             mbarrier.arrive(empty.index(stage), count=1)
             if not V_EXT_FROM_K:
                 # V's tile carries no P; an arrive keeps that stage's
@@ -1068,77 +1064,56 @@ def _consume_values(
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
 ):
-    # The value warpgroup: output columns SCORE_COLS .. 511, one P V for
-    # each P the score warpgroup hands over, in two accumulators (tail:
-    # columns SCORE_COLS .. 255, acc: 256 .. 511; a slice of the tile
-    # starts at a multiple of its width).
+    # The value warpgroup: output columns 256 .. 511, one P V for each P
+    # the score warpgroup hands over.
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
-    )
-    t_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, TAIL_COLS, 16]
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
     )
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    t_rows: gl.constexpr = gl.SliceLayout(1, t_layout)
     ready, empty, p_bar, sums_bar, sums_free = bars
     _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
-        tail = gl.zeros([ROWS, TAIL_COLS], gl.float32, layout=t_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
             mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
-            acc, tail = _add_values(
-                kv_rope_ring.index(stage), kv_nope_ring.index(stage), xchg.index(stage), acc, tail
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
+            acc = warpgroup_mma(
+                kv_rope_ring.index(stage),
+                kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
+                acc,
             )
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         acc = acc * v_scale
-        tail = tail * v_scale
         if with_drafts:
             stage = t0 % STAGES
             mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
-            acc, tail = _add_values(
-                kv_rope_ring.index(stage), v_tile, xchg.index(stage), acc, tail
-            )
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
             _release_drafts(empty, t0, V_EXT_FROM_K)
             t0 = _after_drafts(t0, V_EXT_FROM_K)
         mbarrier.wait(sums_bar, (b - b0) & 1)
         l_i = xchg.index(STAGES).load(o_rows)
-        l_tail = xchg.index(STAGES).load(t_rows)
         _warps_barrier()  # every warp has read the sums
         mbarrier.arrive(sums_free, count=1)
         dest = _dest(out_args, b, b0, whole, request)
-        _store_out(tail / l_tail[:, None], SCORE_COLS, dest, BLOCK_H, DRAFT_LEN)
         _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
 
-@gluon.jit
-def _add_values(p_tile, v_tile, alpha_smem, acc, tail):
-    # The value warpgroup's share of one P V: the earlier tiles rescaled
-    # by the factor the score warpgroup handed over, then P times V's
-    # columns SCORE_COLS onwards, both products in flight at once.
-    acc = acc * alpha_smem.load(gl.SliceLayout(1, acc.type.layout))[:, None]
-    tail = tail * alpha_smem.load(gl.SliceLayout(1, tail.type.layout))[:, None]
-    tail = warpgroup_mma(p_tile, v_tile.slice(SCORE_COLS, TAIL_COLS, dim=1), tail, is_async=True)
-    acc = warpgroup_mma(p_tile, v_tile.slice(HALF_V, HALF_V, dim=1), acc, is_async=True)
-    return warpgroup_mma_wait(0, deps=[acc, tail])
-
-
 @constexpr_function
-def _row_pieces_layout(width):
-    # The wgmma accumulator's rows and warps for `width` columns (64 or
-    # more, a power of two), each thread holding 8 adjacent ones (a quad
-    # of lanes 32), not 2.
-    regs = [[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < width]
+def _row_pieces_layout():
+    # The wgmma accumulator's rows and warps for 256 columns, each
+    # thread holding 8 adjacent ones (a quad of lanes 32), not 2.
+    regs = [[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64], [0, 128]]
     lanes = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
     warps = [[16, 0], [32, 0]]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [ROWS.value, width])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [ROWS.value, HALF_V.value])
 
 
 @gluon.jit
@@ -1167,7 +1142,7 @@ def _store_out(
             # shared scratch; it pays where a CTA packs many whole
             # requests. Not in the value warpgroup: with 176 registers
             # it spilled.
-            wide = gl.convert_layout(out.to(gl.bfloat16), _row_pieces_layout(out.shape[1]))
+            wide = gl.convert_layout(out.to(gl.bfloat16), _row_pieces_layout())
             _store_output(wide, col0, out_args, BLOCK_H, DRAFT_LEN)
         else:
             _store_output(out.to(gl.bfloat16), col0, out_args, BLOCK_H, DRAFT_LEN)
