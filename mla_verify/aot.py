@@ -130,13 +130,20 @@ def compile_stage1(
     if mask not in MASKS:
         raise ValueError(f"mask: expected one of {MASKS}, got {mask!r}")
     prefix_mask = mask == "prefix"
+    score_value = runs_score_value(config.kernel, kv_dtype)
     on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
-    if on_hopper and v_from_k and kv_dtype in hopper.KV_DTYPES:
+    if on_hopper and hopper.supports(draft_len, kv_dtype, v_from_k, (qk, v), score_value):
         # Without a mask the launch passes kv_indptr in the mask's place.
         pointers |= {"MASK": "*i32" if mask == "none" else "*u8", "MASK_INDPTR": "*i32"}
-        score_value = runs_score_value(config.kernel, kv_dtype)
         return _compile_hopper_kernel(
-            config, draft_len, target, pointers, score_value, mask != "none", prefix_mask
+            config,
+            draft_len,
+            (qk, v),
+            target,
+            pointers,
+            score_value,
+            mask != "none",
+            prefix_mask,
         )
     pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
     constexprs = dict(
@@ -283,13 +290,14 @@ def _signature(
 def _compile_hopper_kernel(
     config: VerifyConfig,
     draft_len: int,
+    head_dims: tuple[int, int],
     target,
     pointers,
     score_value: bool,
     draft_mask: bool,
     prefix_mask: bool,
 ):
-    fn = hopper.gluon_kernel()._prefix_kernel_sm90
+    fn = hopper.gluon_kernel(head_dims)._prefix_kernel_sm90
     constexprs = dict(
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,

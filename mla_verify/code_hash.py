@@ -25,7 +25,6 @@ from triton.runtime.jit import ConstexprFunction
 
 from . import hopper, kernel
 from .config import VerifyConfig, kernel_family
-from .problem import D_NOPE
 
 kernel_sm90 = hopper.gluon_kernel()  # None without Gluon
 
@@ -208,7 +207,6 @@ def _families() -> dict[str, tuple[list, dict[str, object]]]:
         "MERGE_REQUEST_PROGRAMS": kernel.MERGE_REQUEST_PROGRAMS,
         "MERGE_MAX_PROGRAMS": kernel.MERGE_MAX_PROGRAMS,
         "MERGE_MAX_BLOCKS": kernel.MERGE_MAX_BLOCKS,
-        "D_NOPE": D_NOPE,
         "hopper.SHAPE": hopper.SHAPE,
     }
     both = {"PLAN_BLOCK": kernel.PLAN_BLOCK, "MERGE_WARPS": kernel.MERGE_WARPS}

@@ -197,18 +197,21 @@ def default_config(
 ) -> VerifyConfig:
     """Built-in config: sound on any GPU, used where no table entry applies.
 
-    On sm90, for MLA's head dims, the Hopper kernel's score/value schedule
-    (columns for fp8 KV), one wave of 64-row CTAs: the Hopper kernel beat
-    the tuned Triton kernel on 12 of 13 benchmark shapes, and score/value
-    beat columns on all 12 shapes measured (the benchmark notes in git
-    history). Elsewhere (and for other head dims, which the Hopper kernel
-    does not take) the Triton kernel's default, ``triton_default_config``.
+    On sm90, for the calls the Hopper kernel takes (``hopper.supports``,
+    with V passed as engines pass it: MLA's a view of K, the others' a cache
+    of their own), its score/value schedule (columns for fp8 KV), one wave
+    of 64-row CTAs: the Hopper kernel beat the tuned Triton kernel on 12 of
+    13 MLA benchmark shapes, and score/value beat columns on all 12 shapes
+    measured (the benchmark notes in git history). Elsewhere the Triton
+    kernel's default, ``triton_default_config``.
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype = kv_dtype_name(kv_dtype)
-    if arch == "sm90" and draft_len <= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS:
+    if arch == "sm90":
         kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
-        return hopper_config(num_heads, draft_len, batch_size, kernel)
+        mla = tuple(head_dims) == MLA_HEAD_DIMS
+        if hopper.supports(draft_len, kv_dtype, mla, head_dims, kernel == "gluon_sm90_sv"):
+            return hopper_config(num_heads, draft_len, batch_size, kernel)
     return triton_default_config(num_heads, draft_len, batch_size, arch, kv_dtype, head_dims)
 
 

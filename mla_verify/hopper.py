@@ -6,9 +6,10 @@ and the geometry of its shares. Importable without Gluon.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from types import ModuleType
 
-from .problem import D_NOPE, QK_HEAD_DIM, V_HEAD_DIM
+from .problem import D_NOPE, MLA_HEAD_DIMS
 
 ROWS = 64  # query rows per CTA (BLOCK_H heads x L drafts): one wgmma M per warpgroup
 TOKENS = 64  # prefix tokens per ring stage
@@ -37,6 +38,9 @@ VALUE_REGS = 176
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
 SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
+# Ordinary attention with one shared KV head (q/k = v; V a cache of its own
+# or K itself): the score/value schedule, bf16 KV.
+SHARED_KV_HEAD_DIMS = ((256, 256), (128, 128))
 
 # The constants that shape the kernel, hashed with its jitted functions into
 # its family's code_hash.KERNEL_HASHES["gluon_sm90"] (and code_hash.KERNEL_HASH).
@@ -57,14 +61,25 @@ SHAPE = (
 
 
 @functools.cache
-def gluon_kernel() -> ModuleType | None:
-    """The kernel module, or None where this Triton lacks Gluon's Hopper ops
-    (then the Triton kernel runs every call)."""
+def gluon_kernel(head_dims: tuple[int, int] = MLA_HEAD_DIMS) -> ModuleType | None:
+    """The kernel module for ``head_dims`` (MLA's: ``kernel_sm90`` itself),
+    or None where this Triton lacks Gluon's Hopper ops (then the Triton
+    kernel runs every call). Other head dims get kernel_sm90's source run as
+    a module of its own with ``HEAD_DIMS`` set, since its tile shapes are
+    module constants."""
     try:
         from . import kernel_sm90
     except ImportError:
         return None
-    return kernel_sm90
+    head_dims = tuple(head_dims)
+    if head_dims == MLA_HEAD_DIMS:
+        return kernel_sm90
+    name = f"{kernel_sm90.__name__}_{head_dims[0]}x{head_dims[1]}"
+    spec = importlib.util.spec_from_file_location(name, kernel_sm90.__file__)
+    module = importlib.util.module_from_spec(spec)
+    module.HEAD_DIMS = head_dims
+    spec.loader.exec_module(module)
+    return module
 
 
 def available() -> bool:
@@ -80,15 +95,21 @@ def supports(
     draft_len: int,
     kv_dtype_name: str,
     v_from_k: bool,
-    head_dims: tuple[int, int] = (QK_HEAD_DIM, V_HEAD_DIM),
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
+    score_value: bool = True,
 ) -> bool:
     """Calls the Hopper kernel computes (where Gluon is available): absorbed
-    MLA's head dims alone; the Triton kernel takes the rest."""
+    MLA with V a view of K, bf16 or fp8 KV, either schedule; ordinary
+    attention of SHARED_KV_HEAD_DIMS (V a view of K or a cache of its own),
+    bf16 KV, score/value. The Triton kernel takes the rest."""
+    if draft_len > ROWS:
+        return False
+    if tuple(head_dims) == MLA_HEAD_DIMS:
+        return kv_dtype_name in KV_DTYPES and v_from_k
     return (
-        tuple(head_dims) == (QK_HEAD_DIM, V_HEAD_DIM)
-        and draft_len <= ROWS
-        and kv_dtype_name in KV_DTYPES
-        and v_from_k
+        tuple(head_dims) in SHARED_KV_HEAD_DIMS
+        and kv_dtype_name in SCORE_VALUE_KV_DTYPES
+        and score_value
     )
 
 

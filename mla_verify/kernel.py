@@ -31,7 +31,8 @@ the GPU), with no host sync: both stages derive the plan and the draft
 counts from the indptrs on the device.
 
 On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
-as the Gluon kernel of kernel_sm90.py instead (two schedules), with its own
+as the Gluon kernel of kernel_sm90.py instead (two schedules; for 256/256
+and 128/128 a module of that source of its own, hopper.gluon_kernel), with its own
 plan: balanced shares of the batch's tiles on one wave of CTAs, each
 request's drafts folded in (kernel_sm90's docstring). NUM_KV_SPLITS then
 plays no part, MIN_SHARE sets the smallest share; stage 2 is then
@@ -48,8 +49,9 @@ Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
 A row the mask hides every key of a chunk from holds weight 0 there; a row
 that sees no key at all gets output 0.
-Limits: one KV head; page size 1; the Hopper kernel takes MLA calls
-(ragged and masked ones too: plan.py), this one every call.
+Limits: one KV head; page size 1; the Hopper kernel takes MLA calls and
+bf16 256/256 and 128/128 ones (ragged and masked ones too: plan.py,
+hopper.supports), this one every call.
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ from triton.language.extra.cuda import gdc_wait
 
 from . import hopper
 from .config import rows_per_program
-from .problem import D_NOPE
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -506,7 +507,7 @@ def _merge_shares_kernel(
     L_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     D_BLOCK: tl.constexpr,
-    D_NOPE: tl.constexpr,
+    D_V: tl.constexpr,
     TOKENS: tl.constexpr,
     DRAFT_POSITIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -553,7 +554,7 @@ def _merge_shares_kernel(
             L_PAD,
             ROWS,
             D_BLOCK,
-            D_NOPE,
+            D_V,
         )
         offs_i = tl.arange(0, L_PAD)
         q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
@@ -634,8 +635,6 @@ def _add_drafts(
 # interpreter's bf16 tl.dot is wrong, so dots then run on fp32 operands.
 INTERPRETED = not isinstance(_prefix_kernel, triton.runtime.JITFunction)
 
-kernel_sm90 = hopper.gluon_kernel()
-
 
 def launch(
     plan,
@@ -665,9 +664,10 @@ def launch(
     synchronises."""
     config = plan.config
     if plan.hopper:
-        kernel_sm90.launch_prefix(
+        hopper.gluon_kernel(plan.head_dims).launch_prefix(
             q,
             k_buffer,
+            v_buffer,
             k_ext,
             v_ext,
             o,
@@ -849,7 +849,7 @@ def launch_merge_shares(
     others, which stage 1 wrote; ``column_blocks`` programs a (request,
     head), each a block of columns (``plan.merge_column_blocks``).
     ``dependent``: a programmatic dependent launch (``plan.dependent_launch``)."""
-    num_heads = o.shape[1]
+    num_heads, d_v = o.shape[1], o.shape[2]
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
     _merge_shares_kernel[(batch_size, num_heads, blocks)](
@@ -866,9 +866,9 @@ def launch_merge_shares(
         min_share,
         DRAFT_LEN=draft_len,
         L_PAD=l_pad,
-        ROWS=max(l_pad, MERGE_SHARES_TILE * blocks // D_NOPE),
-        D_BLOCK=D_NOPE // blocks,
-        D_NOPE=D_NOPE,
+        ROWS=max(l_pad, MERGE_SHARES_TILE * blocks // d_v),
+        D_BLOCK=d_v // blocks,
+        D_V=d_v,
         TOKENS=hopper.TOKENS,
         DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
         BLOCK_B=PLAN_BLOCK,

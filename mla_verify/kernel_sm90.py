@@ -2,7 +2,8 @@
 ``kernel._prefix_kernel``, with explicit tensor-core layouts and a
 warp-specialised gather. Host facts (tile, registers, shares) are in hopper.py.
 
-Tensors are kernel.py's; V is a view of K (MLA), KV bf16 or fp8 e4m3, q bf16.
+Tensors are kernel.py's; V is a view of K (MLA; other head dims below), KV
+bf16 or fp8 e4m3, q bf16.
 Like kernel.py it reads each request's draft count from qo_indptr (rows past
 it masked) and, with a custom mask, the draft block's bits in place of the
 causal mask, and each prefix tile's bits where they are read.
@@ -33,6 +34,12 @@ written as partials that stage 2 merges.
 
 fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
 P V, so each tile is widened to bf16 in shared memory (the consumers' cost).
+
+Ordinary attention with one shared KV head (q/k = v = 256 or 128, no rope,
+V a cache of its own; bf16, score/value): the same kernel, run as a module
+of its own for those head dims (``hopper.gluon_kernel``). The producer
+gathers each tile's V rows into a third ring at the K rows' slots, the
+drafts' V beside their K; the rope rows carry only P.
 
 Gluon does not run under Triton's interpreter: CI compiles this kernel ahead
 of time and the GPU tests check it against the reference.
@@ -69,9 +76,26 @@ PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
 DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
-HALF_V = gl.constexpr(hopper.HALF_V)
-D_NOPE = gl.constexpr(problem.D_NOPE)
-D_ROPE = gl.constexpr(problem.D_ROPE)
+
+# The head dims this module's kernel computes: absorbed MLA as imported;
+# hopper.gluon_kernel(head_dims) runs this source again as a module of its
+# own for ordinary attention with one shared KV head (q/k = v, no rope, V a
+# cache of its own), with HEAD_DIMS set before it runs. Tile shapes must be
+# constants, and a module constant is one in every warp partition, where
+# constexpr arguments arrive as runtime values.
+HEAD_DIMS = globals().get("HEAD_DIMS", problem.MLA_HEAD_DIMS)
+_mla = tuple(HEAD_DIMS) == problem.MLA_HEAD_DIMS
+MLA = gl.constexpr(_mla)
+# The K columns scored against q's (MLA: the latent ones; its rope columns
+# are D_ROPE more), and V's.
+D_NOPE = gl.constexpr(problem.D_NOPE if _mla else HEAD_DIMS[0])
+D_ROPE = gl.constexpr(problem.D_ROPE if _mla else 0)
+D_V = gl.constexpr(HEAD_DIMS[1])
+HALF_V = gl.constexpr(HEAD_DIMS[1] // 2)  # output columns a consumer warpgroup
+# Columns of the second ring and of q's second buffer: MLA's rope rows.
+# Score/value hands P over in the ring's (64 x 64, TOKENS wide), so other
+# head dims keep the ring for that; their q buffer of it goes unused.
+RING_ROPE = gl.constexpr(problem.D_ROPE)
 
 
 @gluon.jit
@@ -200,7 +224,7 @@ def _gather_tile(
     nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     mask = _tokens(first, nope_layout) < end
     _gather(nope, BASE, nope_rows, mask, stride_row, 0, D_NOPE, nope_layout)
-    if WITH_ROPE:
+    if WITH_ROPE and D_ROPE > 0:
         rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
         mask = _tokens(first, rope_layout) < end
         _gather(rope, BASE, rope_rows, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
@@ -211,7 +235,7 @@ def _gather_drafts(nope, rope, BASE, request, stride_tok, WITH_ROPE: gl.constexp
     # The drafts' own rows of k_extend / v_extend.
     q_first, num_rows, _, _ = request
     nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
-    rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
+    rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
     _gather_tile(
         nope,
         rope,
@@ -223,6 +247,14 @@ def _gather_drafts(nope, rope, BASE, request, stride_tok, WITH_ROPE: gl.constexp
         stride_tok,
         WITH_ROPE,
     )
+
+
+@gluon.jit
+def _gather_values(dst, V_BUF, rows, first, end, stride_row):
+    # A tile's V rows from a V cache of its own (ordinary attention), at
+    # the K gather's rows (laid out as _copy_layout for D_V columns).
+    layout: gl.constexpr = _copy_layout(V_BUF.dtype.element_ty, D_V, PRODUCER_WARPS)
+    _gather(dst, V_BUF, rows, _tokens(first, layout) < end, stride_row, 0, D_V, layout)
 
 
 @gluon.jit
@@ -332,9 +364,19 @@ def _issue_q(
     # One copy a buffer: copies into column slices of one buffer add a
     # CTA barrier between them.
     _copy_q(q_nope, q_args, request, head_block, num_heads, 0, D_NOPE, BLOCK_H, DRAFT_LEN, WARPS)
-    _copy_q(
-        q_rope, q_args, request, head_block, num_heads, D_NOPE, D_ROPE, BLOCK_H, DRAFT_LEN, WARPS
-    )
+    if D_ROPE > 0:
+        _copy_q(
+            q_rope,
+            q_args,
+            request,
+            head_block,
+            num_heads,
+            D_NOPE,
+            D_ROPE,
+            BLOCK_H,
+            DRAFT_LEN,
+            WARPS,
+        )
     async_copy.commit_group()
 
 
@@ -392,13 +434,16 @@ def _produce_drafts(
     ext,
     kv_nope_ring,
     kv_rope_ring,
+    v_ring,
     ready,
     empty,
     t,
     request,
     V_EXT_FROM_K: gl.constexpr,
 ):
-    # Tile t: the drafts' K; then their V unless it is K's view.
+    # Tile t: the drafts' K; then their V unless it is K's view. With a V
+    # ring (not MLA), their V rows go beside K's in tile t (the host then
+    # passes V_EXT_FROM_K: the drafts take one tile).
     K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
     stage = t % STAGES
     mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
@@ -410,6 +455,11 @@ def _produce_drafts(
         stride_ke_tok,
         True,
     )
+    if not MLA:
+        q_first, num_rows, _, _ = request
+        v_layout: gl.constexpr = _copy_layout(V_EXT.dtype.element_ty, D_V, PRODUCER_WARPS)
+        rows = _tokens(q_first, v_layout)
+        _gather_values(v_ring.index(stage), V_EXT, rows, q_first, q_first + num_rows, stride_ve_tok)
     async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
     if not V_EXT_FROM_K:
         stage = (t + 1) % STAGES
@@ -429,27 +479,35 @@ def _produce_drafts(
 def _produce(
     share,
     K_BUF,
+    V_BUF,
     KV_INDICES,
     stride_k_slot,
+    stride_v_slot,
     ext,
     kv_nope_ring,
     kv_rope_ring,
+    v_ring,
     ready,
     empty,
     V_EXT_FROM_K: gl.constexpr,
     KV_FP8: gl.constexpr,
 ):
     # The ring runs on across the share's segments: while the consumers
-    # finish one request, the next one's first tiles arrive.
+    # finish one request, the next one's first tiles arrive. Without rope
+    # columns (not MLA) the rope rows are the K rows' slots (never used)
+    # and V's rows are gathered into the V ring at the same slots.
     nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
-    rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
+    rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
     _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         end = kv_start + hi
         nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
-        rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
+        if D_ROPE > 0:  # noqa: SIM108 (constexpr: one branch is compiled)
+            rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
+        else:
+            rope_rows = nope_rows
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
@@ -459,7 +517,10 @@ def _produce(
             # hides behind it and this tile's copies. Loaded after the wait,
             # they kept the ring from refilling in time (3-14% slower).
             next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
-            next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
+            if D_ROPE > 0:  # noqa: SIM108 (constexpr: one branch is compiled)
+                next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
+            else:
+                next_rope_rows = next_nope_rows
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
@@ -474,6 +535,8 @@ def _produce(
                 stride_k_slot,
                 True,
             )
+            if not MLA:
+                _gather_values(v_ring.index(stage), V_BUF, nope_rows, first, end, stride_v_slot)
             nope_rows = next_nope_rows
             rope_rows = next_rope_rows
             # Each producer thread arrives once its own copies have landed.
@@ -489,6 +552,7 @@ def _produce(
                     ext,
                     kv_nope_ring,
                     kv_rope_ring,
+                    v_ring,
                     ready,
                     empty,
                     t0,
@@ -504,7 +568,8 @@ def _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s):
     # (async proxy).
     # One chain of wgmma, waited once.
     qk = warpgroup_mma(q_nope, kv_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    qk = warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk, is_async=True)
+    if D_ROPE > 0:
+        qk = warpgroup_mma(q_rope, kv_rope.permute((1, 0)), qk, is_async=True)
     return warpgroup_mma_wait(0, deps=[qk])
 
 
@@ -688,7 +753,8 @@ def _consume_drafts(
     qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
     qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
     p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
-    acc = _add_pv(p, p_smem, _draft_values(kv_nope_ring, ready, t, V_EXT_FROM_K), acc)
+    v_tile = _draft_values(kv_nope_ring, kv_nope_ring, ready, t, V_EXT_FROM_K)
+    acc = _add_pv(p, p_smem, v_tile, acc)
     _release_drafts(empty, t, V_EXT_FROM_K)
     return m_i, l_elem, acc
 
@@ -923,6 +989,7 @@ def _consume_scores(
     q_rope,
     kv_nope_ring,
     kv_rope_ring,
+    v_ring,
     xchg,
     bars,
     scales,
@@ -935,12 +1002,12 @@ def _consume_scores(
     DRAFT_MASK: gl.constexpr,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
-    # the online softmax, and output columns 0 .. 255.
+    # the online softmax, and the first half of the output columns.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -987,9 +1054,7 @@ def _consume_scores(
             # stage was freed only once that tile had landed, and the ring
             # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(
-                kv_rope_ring.index(stage),
-                kv_nope_ring.index(stage).slice(0, HALF_V, dim=1),
-                acc,
+                kv_rope_ring.index(stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
             )
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
@@ -1010,7 +1075,7 @@ def _consume_scores(
                 qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, DRAFT_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
+            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
             acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
             mbarrier.arrive(empty.index(stage), count=1)
             if not V_EXT_FROM_K:
@@ -1039,10 +1104,12 @@ def _consume_scores(
 
 
 @gluon.jit
-def _draft_values(kv_nope_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
-    # The drafts' V: tile n's latent rows when V is a view of K, else
-    # tile n + 1.
-    if V_EXT_FROM_K:
+def _draft_values(kv_nope_ring, v_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
+    # The drafts' V: with a V ring (not MLA) its tile n, beside their K;
+    # else tile n's latent rows when V is a view of K, or tile n + 1.
+    if not MLA:
+        v_tile = v_ring.index(n % STAGES)
+    elif V_EXT_FROM_K:
         v_tile = kv_nope_ring.index(n % STAGES)
     else:
         mbarrier.wait(ready.index((n + 1) % STAGES), ((n + 1) // STAGES) & 1)
@@ -1056,6 +1123,7 @@ def _consume_values(
     share,
     kv_nope_ring,
     kv_rope_ring,
+    v_ring,
     xchg,
     bars,
     v_scale,
@@ -1064,10 +1132,10 @@ def _consume_values(
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
 ):
-    # The value warpgroup: output columns 256 .. 511, one P V for each P
-    # the score warpgroup hands over.
+    # The value warpgroup: the second half of the output columns, one P V
+    # for each P the score warpgroup hands over.
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 256, 16]
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     ready, empty, p_bar, sums_bar, sums_free = bars
@@ -1083,9 +1151,7 @@ def _consume_values(
             mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
             acc = warpgroup_mma(
-                kv_rope_ring.index(stage),
-                kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
-                acc,
+                kv_rope_ring.index(stage), v_ring.index(stage).slice(HALF_V, HALF_V, dim=1), acc
             )
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
@@ -1094,7 +1160,7 @@ def _consume_values(
             stage = t0 % STAGES
             mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, ready, t0, V_EXT_FROM_K)
+            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
             acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
             _release_drafts(empty, t0, V_EXT_FROM_K)
             t0 = _after_drafts(t0, V_EXT_FROM_K)
@@ -1108,9 +1174,9 @@ def _consume_values(
 
 @constexpr_function
 def _row_pieces_layout():
-    # The wgmma accumulator's rows and warps for 256 columns, each
-    # thread holding 8 adjacent ones (a quad of lanes 32), not 2.
-    regs = [[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64], [0, 128]]
+    # The wgmma accumulator's rows and warps for HALF_V columns (64 or
+    # more), each thread holding 8 adjacent ones (a quad of lanes 32), not 2.
+    regs = [[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < HALF_V.value]
     lanes = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
     warps = [[16, 0], [32, 0]]
     return gl.DistributedLinearLayout(regs, lanes, warps, [], [ROWS.value, HALF_V.value])
@@ -1152,7 +1218,7 @@ def _store_out(
             head_block, num_heads, request[1], col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
         part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
-        gl.store(PART_O + part_row[:, None] * D_NOPE + offs_d[None, :], out, mask=mask_m[:, None])
+        gl.store(PART_O + part_row[:, None] * D_V + offs_d[None, :], out, mask=mask_m[:, None])
 
 
 @gluon.jit
@@ -1186,6 +1252,7 @@ def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
 def _prefix_kernel_sm90(
     Q,
     K_BUF,
+    V_BUF,
     K_EXT,
     V_EXT,
     O,
@@ -1199,6 +1266,7 @@ def _prefix_kernel_sm90(
     stride_q_tok,
     stride_q_head,
     stride_k_slot,
+    stride_v_slot,
     stride_ke_tok,
     stride_ve_tok,
     stride_o_tok,
@@ -1227,6 +1295,7 @@ def _prefix_kernel_sm90(
         _launch_dependents()
     KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
     gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
+    gl.static_assert(MLA or (SCORE_VALUE and not KV_FP8), "other head dims: score/value, bf16")
     # Warps of the default partition: the consumers (columns) or the
     # score warpgroup.
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
@@ -1286,11 +1355,13 @@ def _prefix_kernel_sm90(
         )
 
         nope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
-        rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
+        rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+            [ROWS, RING_ROPE], gl.bfloat16
+        )
         # Each segment's query rows are staged by the warps that read
         # them (_issue_q).
         q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], rope_smem)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, RING_ROPE], rope_smem)
         # The ring holds KV rows as stored; with fp8 KV (columns), one
         # bf16 tile besides (module docstring).
         kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
@@ -1301,9 +1372,17 @@ def _prefix_kernel_sm90(
         )
         kv_rope_ring = gl.allocate_shared_memory(
             kv_dtype,
-            [STAGES, TOKENS, D_ROPE],
-            gl.NVMMASharedLayout.get_default_for([TOKENS, D_ROPE], kv_dtype),
+            [STAGES, TOKENS, RING_ROPE],
+            gl.NVMMASharedLayout.get_default_for([TOKENS, RING_ROPE], kv_dtype),
         )
+        if MLA:
+            v_ring = kv_nope_ring  # V is the latent columns of K's rows
+        else:
+            v_ring = gl.allocate_shared_memory(
+                kv_dtype,
+                [STAGES, TOKENS, D_V],
+                gl.NVMMASharedLayout.get_default_for([TOKENS, D_V], kv_dtype),
+            )
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for stage in gl.static_range(STAGES):
@@ -1313,11 +1392,14 @@ def _prefix_kernel_sm90(
         produce_args = (
             share,
             K_BUF,
+            V_BUF,
             KV_INDICES,
             stride_k_slot,
+            stride_v_slot,
             ext,
             kv_nope_ring,
             kv_rope_ring,
+            v_ring,
             ready,
             empty,
             V_EXT_FROM_K,
@@ -1349,6 +1431,7 @@ def _prefix_kernel_sm90(
                             q_rope,
                             kv_nope_ring,
                             kv_rope_ring,
+                            v_ring,
                             xchg,
                             bars,
                             scales,
@@ -1367,6 +1450,7 @@ def _prefix_kernel_sm90(
                             share,
                             kv_nope_ring,
                             kv_rope_ring,
+                            v_ring,
                             xchg,
                             bars,
                             v_scale,
@@ -1430,6 +1514,7 @@ def _prefix_kernel_sm90(
 def launch_prefix(
     q,
     k_buffer,
+    v_buffer,
     k_extend,
     v_extend,
     o,
@@ -1466,7 +1551,8 @@ def launch_prefix(
     are read too where ``prefix_mask``. ``score_value`` picks that schedule
     (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over columns.
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
-    go out at this grid's start."""
+    go out at this grid's start. ``v_buffer``: V's cache, read only by a
+    module for other head dims than MLA's (MLA reads V from K's rows)."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     draft_mask = custom_mask is not None
@@ -1475,6 +1561,7 @@ def launch_prefix(
     _prefix_kernel_sm90[grid](
         q,
         k_buffer,
+        v_buffer,
         k_extend,
         v_extend,
         o,
@@ -1490,6 +1577,7 @@ def launch_prefix(
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
+        v_buffer.stride(0),
         k_extend.stride(0),
         v_extend.stride(0),
         o.stride(0),
@@ -1503,7 +1591,8 @@ def launch_prefix(
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
-        V_EXT_FROM_K=v_extend_from_k,
+        # With a V ring (not MLA) the drafts' V goes beside their K: one tile.
+        V_EXT_FROM_K=v_extend_from_k or not _mla,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=launch_dependents,
         PREFIX_MASK=draft_mask and prefix_mask,

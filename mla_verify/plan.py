@@ -45,19 +45,25 @@ def uses_gluon_sm90(
     draft_len: int,
     v_from_k: bool,
     v_dim: int = V_HEAD_DIM,
+    score_value: bool = True,
 ) -> bool:
     """Whether a Hopper config runs the Hopper kernel for this call's
-    tensors (compiled, on an sm90 device, bf16 q, bf16 or fp8 KV, MLA head
-    dims, V a view of K); otherwise the Triton kernel runs the same tile.
-    Metadata only: both kernels read the draft counts and masks on the
-    device."""
+    tensors (compiled, on an sm90 device, bf16 q, and what
+    ``hopper.supports`` names: MLA with V a view of K, or 256/256 and
+    128/128 in bf16 on the score/value schedule); otherwise the Triton
+    kernel runs the same tile. Metadata only: both kernels read the draft
+    counts and masks on the device."""
     return (
         hopper.available()
         and not INTERPRETED
         and q.dtype == torch.bfloat16
         and is_cuda_sm90(q.device)
         and hopper.supports(
-            draft_len, KV_DTYPE_NAMES.get(k_buffer.dtype, ""), v_from_k, (q.shape[-1], v_dim)
+            draft_len,
+            KV_DTYPE_NAMES.get(k_buffer.dtype, ""),
+            v_from_k,
+            (q.shape[-1], v_dim),
+            score_value,
         )
     )
 
@@ -122,18 +128,22 @@ def workspace_numel(
     return rows * v_dim, rows
 
 
-def merge_column_blocks(batch_size: int, num_heads: int, draft_len: int, share_ctas: int) -> int:
+def merge_column_blocks(
+    batch_size: int, num_heads: int, draft_len: int, share_ctas: int, v_dim: int = V_HEAD_DIM
+) -> int:
     """Column blocks of stage 2 after the Hopper kernel's shares
-    (``share_ctas`` per head block): more blocks give each program a
-    narrower tile with more pieces per load and spread a request over more
-    programs, but each program pays the plan and its loads' latency. Sized
-    from the pieces a request holds on average; a power of two."""
+    (``share_ctas`` per head block; ``v_dim`` output columns): more blocks
+    give each program a narrower tile with more pieces per load and spread
+    a request over more programs, but each program pays the plan and its
+    loads' latency. Sized from the pieces a request holds on average; a
+    power of two."""
     pieces = max(1, share_ctas // batch_size)
-    elements = pieces * triton.next_power_of_2(draft_len) * V_HEAD_DIM
+    elements = pieces * triton.next_power_of_2(draft_len) * v_dim
     by_work = _pow2_at_most(elements // MERGE_PROGRAM_ELEMENTS)
     by_request = triton.next_power_of_2(-(-MERGE_REQUEST_PROGRAMS // num_heads))
     most = _pow2_at_most(MERGE_MAX_PROGRAMS // (batch_size * num_heads))
-    return min(MERGE_MAX_BLOCKS, most, max(by_work, by_request))
+    # MERGE_MAX_BLOCKS for MLA's 512 columns: blocks of 32 columns at least.
+    return min(MERGE_MAX_BLOCKS * v_dim // V_HEAD_DIM, most, max(by_work, by_request))
 
 
 def _pow2_at_most(n: int) -> int:
@@ -211,13 +221,15 @@ def plan_call(
     num_heads = q.shape[1]
     head_dims = (q.shape[-1], v_buffer.shape[-1])
     v_from_k = v_is_k_view(k_buffer, v_buffer)
-    if not v_from_k:
+    kv_dtype = KV_DTYPE_NAMES[k_buffer.dtype]
+    hopper_kernel = config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
+        q, k_buffer, draft_len, v_from_k, head_dims[1], runs_score_value(config.kernel, kv_dtype)
+    )
+    if not (v_from_k or hopper_kernel):
         config = for_separate_v(config, head_dims)
     config = fit_grid(config, batch_size)
     share_ctas = 0
-    if config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
-        q, k_buffer, draft_len, v_from_k, head_dims[1]
-    ):
+    if hopper_kernel:
         share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
     return Plan(
         config=config,
@@ -227,10 +239,12 @@ def plan_call(
         v_from_k=v_from_k,
         v_extend_from_k=v_is_k_view(k_extend, v_extend),
         share_ctas=share_ctas,
-        score_value=runs_score_value(config.kernel, KV_DTYPE_NAMES[k_buffer.dtype]),
+        score_value=runs_score_value(config.kernel, kv_dtype),
         dependent=dependent_launch(q.device),
         merge_blocks=(
-            merge_column_blocks(batch_size, num_heads, draft_len, share_ctas) if share_ctas else 1
+            merge_column_blocks(batch_size, num_heads, draft_len, share_ctas, head_dims[1])
+            if share_ctas
+            else 1
         ),
         head_dims=head_dims,
         prefix_mask=masked and not skip_prefix_mask,

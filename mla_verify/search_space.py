@@ -59,21 +59,26 @@ def tile_candidates(
     tuner searches splits separately).
 
     ``kernel=None``: the arch's own kernel. On sm90, where the Hopper
-    kernel runs (MLA, bf16 or fp8 e4m3 KV), its schedules only: columns,
-    and score/value for bf16 (Triton tiles won none of the sm90 buckets
+    kernel runs (``hopper.supports``: MLA with bf16 or fp8 e4m3 KV, 256/256
+    and 128/128 with bf16), its schedules only: columns where it runs, and
+    score/value for bf16 (Triton tiles won none of the MLA buckets on sm90
     against it); elsewhere the Triton kernel's tiles. ``kernel="triton"``:
     the Triton kernel's tiles on any arch, the portable path the tuner
     keeps beside the Hopper winner."""
     if kernel not in (None, "triton"):
         raise ValueError(f"kernel: expected one of (None, 'triton'), got {kernel!r}")
     out: list[VerifyConfig] = []
-    mla = tuple(head_dims) == MLA_HEAD_DIMS
-    hopper_runs = mla and kv_dtype in hopper.KV_DTYPES and draft_len <= MAX_ROWS
-    if kernel is None and arch == "sm90" and hopper_runs:
-        out.append(hopper_config(num_heads, draft_len, 1).with_splits(1))
-        if runs_score_value("gluon_sm90_sv", kv_dtype):
-            out.append(hopper_config(num_heads, draft_len, 1, "gluon_sm90_sv").with_splits(1))
-        if hopper.available():
+    if kernel is None and arch == "sm90":
+        # The engines' way of passing V: MLA's as K's view, the others' as a
+        # cache of its own.
+        v_from_k = tuple(head_dims) == MLA_HEAD_DIMS
+        for schedule in HOPPER_KERNELS:
+            score_value = runs_score_value(schedule, kv_dtype)
+            if schedule == "gluon_sm90_sv" and not score_value:
+                continue  # runs the columns schedule: a duplicate
+            if hopper.supports(draft_len, kv_dtype, v_from_k, head_dims, score_value):
+                out.append(hopper_config(num_heads, draft_len, 1, schedule).with_splits(1))
+        if out and hopper.available():
             return out
     return out + triton_tiles(num_heads, draft_len, arch, head_dims)
 

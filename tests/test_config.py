@@ -221,15 +221,21 @@ def test_tuner_times_one_split_count_for_the_hopper_kernel(kernel):
 
 
 @pytest.mark.parametrize("head_dims", [(256, 256), (128, 128)])
-def test_other_head_dims_take_the_triton_kernel_on_sm90(head_dims):
-    """The Hopper kernel is MLA's: for other head dims the default and the
-    tuner's tiles are the Triton kernel's, and a separate V cache (as
-    SGLang passes it) keeps the tuned tile: K and V together are no wider
-    than MLA's K."""
-    assert default_config(16, 4, 32, "sm90", "bf16", head_dims).kernel == "triton"
+def test_other_head_dims_on_sm90(head_dims):
+    """256/256 and 128/128 with bf16 KV default to the Hopper kernel's
+    score/value schedule, and the tuner searches it alone where Gluon is
+    there; fp8 KV takes the Triton kernel. For the Triton kernel a separate
+    V cache (as SGLang passes it) keeps the tuned tile: K and V together
+    are no wider than MLA's K."""
+    assert default_config(16, 4, 32, "sm90", "bf16", head_dims).kernel == "gluon_sm90_sv"
+    assert default_config(16, 4, 32, "sm90", "fp8_e4m3", head_dims).kernel == "triton"
+    assert default_config(16, 4, 32, "sm80", "bf16", head_dims).kernel == "triton"
     tiles = tile_candidates(16, 4, "sm90", "bf16", head_dims)
-    assert tiles and {c.kernel for c in tiles} == {"triton"}
+    expected = {"gluon_sm90_sv"} if hopper.available() else {"gluon_sm90_sv", "triton"}
+    assert tiles and {c.kernel for c in tiles} == expected
+    fp8_tiles = tile_candidates(16, 4, "sm90", "fp8_e4m3", head_dims)
+    assert fp8_tiles and {c.kernel for c in fp8_tiles} == {"triton"}
     config = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=3, num_warps=8, num_stages=2)
     assert for_separate_v(config, head_dims) == config
-    hopper = for_separate_v(hopper_config(16, 4, 32), head_dims)
-    assert (hopper.kernel, hopper.BLOCK_N, hopper.num_stages) == ("triton", 64, 2)
+    fallback = for_separate_v(hopper_config(16, 4, 32), head_dims)
+    assert (fallback.kernel, fallback.BLOCK_N, fallback.num_stages) == ("triton", 64, 2)

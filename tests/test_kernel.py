@@ -280,15 +280,29 @@ def test_hopper_kernel_takes_ragged_and_masked_calls(monkeypatch):
     assert prefix_bits.hopper and prefix_bits.draft_mask and prefix_bits.prefix_mask
 
 
-def test_hopper_kernel_is_mla_only(monkeypatch):
+def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
+    """MLA with V a view of K, bf16 or fp8, either schedule; 256/256 and
+    128/128 with bf16 KV on the score/value schedule, V a view of K or a
+    cache of its own."""
     monkeypatch.setattr(plan, "INTERPRETED", False)
     monkeypatch.setattr(plan, "is_cuda_sm90", lambda device: True)
     meta = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
-    for qk, v in [(256, 256), (128, 128)]:
-        assert not hopper.supports(4, "bf16", True, (qk, v))
-        assert not plan.uses_gluon_sm90(meta(8, 16, qk), meta(100, 1, qk), 4, True, v)
+    mla = (576, 512)
+    assert hopper.supports(4, "bf16", True, mla, score_value=False)
+    assert hopper.supports(4, "fp8_e4m3", True, mla, score_value=False)
+    assert not hopper.supports(4, "bf16", False, mla)  # a separate V cache
+    assert not hopper.supports(65, "bf16", True, mla)  # more drafts than a tile's rows
+    for dims in [(256, 256), (128, 128)]:
+        for v_from_k in (True, False):
+            assert hopper.supports(4, "bf16", v_from_k, dims)
+        assert not hopper.supports(4, "bf16", False, dims, score_value=False)
+        assert not hopper.supports(4, "fp8_e4m3", False, dims)
     if hopper.available():
         assert plan.uses_gluon_sm90(meta(8, 16, 576), meta(100, 1, 576), 4, True, 512)
+        assert plan.uses_gluon_sm90(meta(8, 16, 256), meta(100, 1, 256), 4, False, 256)
+        assert not plan.uses_gluon_sm90(
+            meta(8, 16, 256), meta(100, 1, 256), 4, False, 256, score_value=False
+        )
 
 
 def test_int64_index_tensors(device):
@@ -529,7 +543,7 @@ def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_d
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
     fake_hopper = SimpleNamespace(launch_prefix=lambda *a, **kw: launched.append(kw["score_value"]))
-    monkeypatch.setattr(kernel, "kernel_sm90", fake_hopper)
+    monkeypatch.setattr(hopper, "gluon_kernel", lambda head_dims: fake_hopper)
     batch = make_batch(16, 2, [70, 5], kv_dtype=kv_dtype, device=device)
     batch.run(batch.new_output(), hopper_config(16, 2, 2, kernel_name))
     assert launched == [score_value]
@@ -879,11 +893,44 @@ def test_gpu_hopper_row_that_sees_no_key_gets_zero(schedule, prefix_len):
     _run_and_check(batch, config, "cuda")
 
 
+# Ordinary attention on the Hopper kernel: V a cache of its own (as SGLang
+# passes it) or K itself, drafts causal, ragged or masked, scaled prefixes.
+SHARED_KV_CALLS = [
+    # id, make_batch kwargs
+    ("v_separate", {"separate_v": True}),
+    ("v_is_k", {}),
+    ("ragged_tree", {"separate_v": True, "mask": "tree", "draft_counts": [1, 4, 3, 2, 4]}),
+    (
+        "prefix_bits",
+        {"separate_v": True, "mask": "tree", "hide_prefix": 0.3, "skip_prefix_custom_mask": False},
+    ),
+    ("scales", {"separate_v": True, "k_scale": 0.75, "v_scale": 1.25}),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
-def test_gpu_hopper_config_runs_other_head_dims_on_the_triton_kernel():
-    """Under a Hopper config, a call with ordinary attention's head dims
-    plans the Triton kernel and computes the same function."""
+@pytest.mark.parametrize("head_dims", [(256, 256), (128, 128)], ids=["d256", "d128"])
+@pytest.mark.parametrize(
+    "kwargs", [c[1] for c in SHARED_KV_CALLS], ids=[c[0] for c in SHARED_KV_CALLS]
+)
+def test_gpu_hopper_kernel_runs_shared_kv_head_dims(head_dims, kwargs, monkeypatch):
+    """256/256 and 128/128 (one KV head, no rope) run on the Hopper kernel's
+    score/value schedule, over every share plan, requests held whole and
+    split, empty prefixes included."""
+    batch = make_batch(16, 4, [3000, 64, 1, 0, 700], device="cuda", head_dims=head_dims, **kwargs)
+    assert _hopper_plan(batch, hopper_config(16, 4, 5, "gluon_sm90_sv")).hopper
+    ref = batch.reference()
+    for sms, min_share in SHARE_PLANS:
+        _check_share_plan(batch, ref, "gluon_sm90_sv", sms, min_share, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+def test_gpu_columns_config_runs_other_head_dims_on_the_triton_kernel():
+    """The columns schedule is MLA's: under it, a call with ordinary
+    attention's head dims plans the Triton kernel and computes the same
+    function."""
     batch = make_batch(16, 4, [3000, 64, 1], device="cuda", head_dims=(256, 256))
     config = hopper_config(16, 4, 3)
     assert not _hopper_plan(batch, config).hopper
