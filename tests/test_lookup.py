@@ -124,8 +124,9 @@ def test_head_dims_entries_stand_in_only_for_their_dims(dirs, caplog):
     config, source = lookup.resolve_config(16, 4, 8, arch="sm90", head_dims=(128, 128))
     assert source == "built-in default"
     assert "--head-dims 128x128" in lookup_records(caplog, logging.WARNING)[-1]
-    # The Hopper kernel takes MLA alone: other dims default to the Triton kernel.
-    assert config.kernel == "triton"
+    # No MLA entry stands in: the built-in default, for bf16 128/128 on sm90
+    # the Hopper kernel's score/value schedule.
+    assert config.kernel == "gluon_sm90_sv"
     with pytest.raises(ValueError, match="head_dims"):
         lookup.block_config(16, 4, 8, arch="sm90", head_dims=(256, 128))
 
