@@ -207,12 +207,29 @@ def default_config(
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype = kv_dtype_name(kv_dtype)
-    if arch == "sm90":
-        kernel = "gluon_sm90_sv" if runs_score_value("gluon_sm90_sv", kv_dtype) else "gluon_sm90"
-        mla = tuple(head_dims) == MLA_HEAD_DIMS
-        if hopper.supports(draft_len, kv_dtype, mla, head_dims, kernel == "gluon_sm90_sv"):
-            return hopper_config(num_heads, draft_len, batch_size, kernel)
+    schedules = hopper_schedules(draft_len, kv_dtype, head_dims) if arch == "sm90" else []
+    if schedules:
+        return hopper_config(num_heads, draft_len, batch_size, schedules[-1])
     return triton_default_config(num_heads, draft_len, batch_size, arch, kv_dtype, head_dims)
+
+
+def hopper_schedules(
+    draft_len: int, kv_dtype: str, head_dims: tuple[int, int] = MLA_HEAD_DIMS
+) -> list[str]:
+    """The Hopper kernel's schedules (``HOPPER_KERNELS``, score/value
+    last) that run a call on sm90 with V passed as engines pass it: MLA's
+    a view of K, the others' a cache of their own (``hopper.supports``). A
+    score/value config for KV it does not take (fp8) runs the columns
+    schedule: left out, a duplicate. ``kv_dtype``: a dtype name."""
+    v_from_k = tuple(head_dims) == MLA_HEAD_DIMS
+    found = []
+    for schedule in HOPPER_KERNELS:
+        score_value = runs_score_value(schedule, kv_dtype)
+        if schedule == "gluon_sm90_sv" and not score_value:
+            continue
+        if hopper.supports(draft_len, kv_dtype, v_from_k, head_dims, score_value):
+            found.append(schedule)
+    return found
 
 
 def triton_default_config(

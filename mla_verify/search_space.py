@@ -19,8 +19,8 @@ from .config import (
     VerifyConfig,
     default_num_kv_splits,
     hopper_config,
+    hopper_schedules,
     rows_per_program,
-    runs_score_value,
     units_for_chunks,
 )
 from .device import SHARED_MEMORY, arch_sm_count, is_amd_arch
@@ -69,15 +69,10 @@ def tile_candidates(
         raise ValueError(f"kernel: expected one of (None, 'triton'), got {kernel!r}")
     out: list[VerifyConfig] = []
     if kernel is None and arch == "sm90":
-        # The engines' way of passing V: MLA's as K's view, the others' as a
-        # cache of its own.
-        v_from_k = tuple(head_dims) == MLA_HEAD_DIMS
-        for schedule in HOPPER_KERNELS:
-            score_value = runs_score_value(schedule, kv_dtype)
-            if schedule == "gluon_sm90_sv" and not score_value:
-                continue  # runs the columns schedule: a duplicate
-            if hopper.supports(draft_len, kv_dtype, v_from_k, head_dims, score_value):
-                out.append(hopper_config(num_heads, draft_len, 1, schedule).with_splits(1))
+        out = [
+            hopper_config(num_heads, draft_len, 1, schedule).with_splits(1)
+            for schedule in hopper_schedules(draft_len, kv_dtype, head_dims)
+        ]
         if out and hopper.available():
             return out
     return out + triton_tiles(num_heads, draft_len, arch, head_dims)

@@ -12,6 +12,7 @@ from mla_verify.config import (
     default_config,
     default_num_kv_splits,
     hopper_config,
+    hopper_schedules,
     kernel_family,
     rows_per_program,
     runs_score_value,
@@ -167,6 +168,17 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
     assert hopper_kernels("sm90", "fp8_e4m3") == ["gluon_sm90"]
     assert hopper_kernels("sm90", "fp16") == []
     assert hopper_kernels("gfx950", "bf16") == []
+
+
+def test_hopper_schedules_name_the_calls_the_hopper_kernel_runs():
+    # MLA: both schedules for bf16, columns for fp8; 256/256 and 128/128:
+    # score/value for bf16 only; nothing past a tile's 64 rows.
+    assert hopper_schedules(4, "bf16") == ["gluon_sm90", "gluon_sm90_sv"]
+    assert hopper_schedules(4, "fp8_e4m3") == ["gluon_sm90"]
+    assert hopper_schedules(65, "bf16") == []
+    for dims in [(256, 256), (128, 128)]:
+        assert hopper_schedules(4, "bf16", dims) == ["gluon_sm90_sv"]
+        assert hopper_schedules(4, "fp8_e4m3", dims) == []
 
 
 @pytest.mark.skipif(not hopper.available(), reason="needs Triton's Gluon")
