@@ -39,7 +39,7 @@ VALUE_REGS = 176
 KV_DTYPES = ("bf16", "fp8_e4m3")
 SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
 # Ordinary attention with one shared KV head (q/k = v; V a cache of its own
-# or K itself): the score/value schedule, bf16 KV.
+# or K itself): both schedules, as for MLA.
 SHARED_KV_HEAD_DIMS = ((256, 256), (128, 128))
 
 # The constants that shape the kernel, hashed with its jitted functions into
@@ -98,19 +98,16 @@ def supports(
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
     score_value: bool = True,
 ) -> bool:
-    """Calls the Hopper kernel computes (where Gluon is available): absorbed
-    MLA with V a view of K, bf16 or fp8 KV, either schedule; ordinary
-    attention of SHARED_KV_HEAD_DIMS (V a view of K or a cache of its own),
-    bf16 KV, score/value. The Triton kernel takes the rest."""
+    """Calls the Hopper kernel computes (where Gluon is available), bf16 or
+    fp8 KV on the columns schedule, bf16 on score/value: absorbed MLA with
+    V a view of K; ordinary attention of SHARED_KV_HEAD_DIMS (V a view of K
+    or a cache of its own). The Triton kernel takes the rest."""
     if draft_len > ROWS:
         return False
+    kv_dtypes = SCORE_VALUE_KV_DTYPES if score_value else KV_DTYPES
     if tuple(head_dims) == MLA_HEAD_DIMS:
         return kv_dtype_name in KV_DTYPES and v_from_k
-    return (
-        tuple(head_dims) in SHARED_KV_HEAD_DIMS
-        and kv_dtype_name in SCORE_VALUE_KV_DTYPES
-        and score_value
-    )
+    return tuple(head_dims) in SHARED_KV_HEAD_DIMS and kv_dtype_name in kv_dtypes
 
 
 def launch_options(score_value: bool) -> dict[str, int]:

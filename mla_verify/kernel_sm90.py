@@ -18,7 +18,8 @@ consume, in one of two schedules:
 
     columns      one 8-warp partition: S = Q K^T split by score columns,
                  online softmax, P through shared memory, O += P V with V the
-                 same latent tile, 256 output columns a warpgroup. Runs fp8.
+                 same latent tile (MLA), half the output columns a
+                 warpgroup. Runs fp8.
     score/value  the score warpgroup computes the whole score tile, the
                  softmax and columns 0-255, and hands P (into the tile's
                  spent rope rows) and the rescale factors to the value
@@ -36,10 +37,11 @@ fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
 P V, so each tile is widened to bf16 in shared memory (the consumers' cost).
 
 Ordinary attention with one shared KV head (q/k = v = 256 or 128, no rope,
-V a cache of its own; bf16, score/value): the same kernel, run as a module
-of its own for those head dims (``hopper.gluon_kernel``). The producer
-gathers each tile's V rows into a third ring at the K rows' slots, the
-drafts' V beside their K; the rope rows carry only P.
+V a cache of its own): the same kernel, run as a module of its own for
+those head dims (``hopper.gluon_kernel``), on either schedule (fp8 KV on
+columns). The producer gathers each tile's V rows into a third ring at the
+K rows' slots, the drafts' V beside their K; score/value's rope rows carry
+only P. With fp8 KV the columns schedule widens K's and V's rows.
 
 Gluon does not run under Triton's interpreter: CI compiles this kernel ahead
 of time and the GPU tests check it against the reference.
@@ -711,15 +713,17 @@ def fp8_to_bf16(x):
 
 
 @gluon.jit
-def _widen(fp8_nope, fp8_rope, nope, rope):
-    # fp8 tile -> bf16 tile, shared by both warpgroups. A warp moves 8
+def _widen(fp8_nope, fp8_second, nope, second):
+    # fp8 tile -> bf16 tile, shared by both warpgroups: K's scored
+    # columns, and the rope columns (MLA) or the V rows (other head
+    # dims) in `second`. A warp moves 8
     # rows x 32 columns a step: its 16-byte stores cover all banks of the
     # 128-byte swizzle. Whole-tile loads and stores: with slices of these
     # buffers Triton puts a CTA barrier between each slice's load and
     # store (8-11% slower end to end, measured).
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [CONSUMER_WARPS, 1], [1, 0])
     nope.store(fp8_to_bf16(fp8_nope.load(layout)))
-    rope.store(fp8_to_bf16(fp8_rope.load(layout)))
+    second.store(fp8_to_bf16(fp8_second.load(layout)))
     # Both warpgroups' rows, visible to wgmma (the async proxy).
     fence_async_shared()
     _warps_barrier()
@@ -731,6 +735,7 @@ def _consume_drafts(
     q_rope,
     kv_nope_ring,
     kv_rope_ring,
+    v_ring,
     p_smem,
     ready,
     empty,
@@ -753,7 +758,7 @@ def _consume_drafts(
     qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
     qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
     p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
-    v_tile = _draft_values(kv_nope_ring, kv_nope_ring, ready, t, V_EXT_FROM_K)
+    v_tile = _draft_values(kv_nope_ring, v_ring, ready, t, V_EXT_FROM_K)
     acc = _add_pv(p, p_smem, v_tile, acc)
     _release_drafts(empty, t, V_EXT_FROM_K)
     return m_i, l_elem, acc
@@ -772,12 +777,21 @@ def _load_draft_rows(dst, BASE, request, stride_tok, col0):
 
 
 @gluon.jit
+def _load_draft_halves(dst, BASE, request, stride_tok):
+    # _load_draft_rows for dst's columns, HALF_V at a time (a whole row
+    # of MLA's 512 at once holds twice the registers).
+    for half in gl.static_range(2):
+        _load_draft_rows(
+            dst.slice(half * HALF_V, HALF_V, dim=1), BASE, request, stride_tok, half * HALF_V
+        )
+
+
+@gluon.jit
 def _consume_loaded_drafts(
     q_nope,
     q_rope,
     ext,
-    wide_nope,
-    wide_rope,
+    wide,
     p_smem,
     masks,
     request,
@@ -794,33 +808,25 @@ def _consume_loaded_drafts(
     # (bf16) into the widened tile themselves. The last prefix tile's
     # P V is done (_add_pv's last barrier): the tile is free.
     K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    wide_nope, wide_rope, wide_v = wide
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    for half in gl.static_range(2):
-        _load_draft_rows(
-            wide_nope.slice(half * HALF_V, HALF_V, dim=1),
-            K_EXT,
-            request,
-            stride_ke_tok,
-            half * HALF_V,
-        )
-    _load_draft_rows(wide_rope, K_EXT, request, stride_ke_tok, D_NOPE)
+    _load_draft_halves(wide_nope, K_EXT, request, stride_ke_tok)
+    if D_ROPE > 0:
+        _load_draft_rows(wide_rope, K_EXT, request, stride_ke_tok, D_NOPE)
+    if not MLA:
+        # V's tile is a buffer of its own: loaded with K's.
+        _load_draft_halves(wide_v, V_EXT, request, stride_ve_tok)
     fence_async_shared()
     _warps_barrier()
     qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
     qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
     p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
-    if not V_EXT_FROM_K:
-        _warps_barrier()  # both warpgroups' scores have read K's rows
-        for half in gl.static_range(2):
-            _load_draft_rows(
-                wide_nope.slice(half * HALF_V, HALF_V, dim=1),
-                V_EXT,
-                request,
-                stride_ve_tok,
-                half * HALF_V,
-            )
+    if MLA:  # noqa: SIM102 (constexpr first: a worker's V_EXT_FROM_K is a runtime value)
+        if not V_EXT_FROM_K:
+            _warps_barrier()  # both warpgroups' scores have read K's rows
+            _load_draft_halves(wide_nope, V_EXT, request, stride_ve_tok)
     # _add_pv fences and waits for every warp's stores before its P V.
-    return m_i, l_elem, _add_pv(p, p_smem, wide_nope, acc)
+    return m_i, l_elem, _add_pv(p, p_smem, wide_v, acc)
 
 
 @gluon.jit
@@ -832,6 +838,7 @@ def _consume(
     q_rope,
     kv_nope_ring,
     kv_rope_ring,
+    v_ring,
     wide,
     p_smem,
     ready,
@@ -847,18 +854,18 @@ def _consume(
     DRAFT_MASK: gl.constexpr,
 ):
     # Warpgroup g computes score columns 32g .. 32g + 31 and output
-    # columns 256g .. 256g + 255 of all 64 rows.
+    # columns g HALF_V .. (g + 1) HALF_V - 1 of all 64 rows.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, HALF_V, 16]
     )
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     score_scale, draft_scale, v_scale = scales
-    wide_nope, wide_rope = wide  # read with fp8 KV only
+    wide_nope, wide_rope, wide_v = wide  # read with fp8 KV only
     _, _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
     segment = _segment(share, gl.minimum(b0, b1), base)
@@ -876,7 +883,7 @@ def _consume(
         # Row sums kept per element and reduced once at the end: one
         # cross-warpgroup reduction per tile instead of two.
         l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-        acc = gl.zeros([ROWS, D_NOPE], gl.float32, layout=o_layout)
+        acc = gl.zeros([ROWS, D_V], gl.float32, layout=o_layout)
         if PREFIX_MASK:
             mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
@@ -894,11 +901,16 @@ def _consume(
                 # the bf16 tile is free, and the fp8 stage is free once read.
                 kv_nope = wide_nope
                 kv_rope = wide_rope
-                _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
+                v_tile = wide_v
+                if MLA:
+                    _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
+                else:
+                    _widen(kv_nope_ring.index(stage), v_ring.index(stage), kv_nope, v_tile)
                 mbarrier.arrive(empty.index(stage), count=1)
             else:
                 kv_nope = kv_nope_ring.index(stage)
                 kv_rope = kv_rope_ring.index(stage)
+                v_tile = v_ring.index(stage)
                 fence_async_shared()  # the gathers wrote through the generic proxy
             qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
@@ -907,7 +919,7 @@ def _consume(
             p, m_i, l_elem, acc = _softmax_step(
                 qk, score_scale, m_i, l_elem, acc, o_rows, PREFIX_MASK
             )
-            acc = _add_pv(p, p_smem, kv_nope, acc)
+            acc = _add_pv(p, p_smem, v_tile, acc)
             if not KV_FP8:
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
@@ -920,8 +932,7 @@ def _consume(
                     q_nope,
                     q_rope,
                     ext,
-                    wide_nope,
-                    wide_rope,
+                    wide,
                     p_smem,
                     masks,
                     request,
@@ -940,6 +951,7 @@ def _consume(
                     q_rope,
                     kv_nope_ring,
                     kv_rope_ring,
+                    v_ring,
                     p_smem,
                     ready,
                     empty,
@@ -1295,7 +1307,6 @@ def _prefix_kernel_sm90(
         _launch_dependents()
     KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
     gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
-    gl.static_assert(MLA or (SCORE_VALUE and not KV_FP8), "other head dims: score/value, bf16")
     # Warps of the default partition: the consumers (columns) or the
     # score warpgroup.
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
@@ -1466,15 +1477,25 @@ def _prefix_kernel_sm90(
                 [VALUE_REGS, PRODUCER_REGS],
             )
         else:
-            # The bf16 tile the consumers read: with fp8 KV the widened
-            # one, with bf16 KV the ring's stages as they are.
+            # The bf16 tile the consumers read with fp8 KV, widened:
+            # K's scored columns, its rope columns (MLA; V is the
+            # scored ones) or else V's rows. With bf16 KV they read the
+            # ring's stages as they are.
             if KV_FP8:
-                wide = (
-                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem),
-                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_ROPE], rope_smem),
-                )
+                wide_nope = gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem)
+                if MLA:
+                    wide_rope = gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_ROPE], rope_smem)
+                    wide_v = wide_nope
+                else:
+                    wide_rope = kv_rope_ring.index(0)  # never read: no rope
+                    wide_v = gl.allocate_shared_memory(
+                        gl.bfloat16,
+                        [TOKENS, D_V],
+                        gl.NVMMASharedLayout.get_default_for([TOKENS, D_V], gl.bfloat16),
+                    )
+                wide = (wide_nope, wide_rope, wide_v)
             else:
-                wide = (kv_nope_ring, kv_rope_ring)
+                wide = (kv_nope_ring, kv_rope_ring, v_ring)
             p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem)
             fence_async_shared()
             gl.warp_specialize(
@@ -1489,6 +1510,7 @@ def _prefix_kernel_sm90(
                             q_rope,
                             kv_nope_ring,
                             kv_rope_ring,
+                            v_ring,
                             wide,
                             p_smem,
                             ready,

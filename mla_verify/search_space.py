@@ -59,12 +59,14 @@ def tile_candidates(
     tuner searches splits separately).
 
     ``kernel=None``: the arch's own kernel. On sm90, where the Hopper
-    kernel runs (``hopper.supports``: MLA with bf16 or fp8 e4m3 KV, 256/256
-    and 128/128 with bf16), its schedules only: columns where it runs, and
-    score/value for bf16 (Triton tiles won none of the MLA buckets on sm90
-    against it); elsewhere the Triton kernel's tiles. ``kernel="triton"``:
-    the Triton kernel's tiles on any arch, the portable path the tuner
-    keeps beside the Hopper winner."""
+    kernel runs (``hopper.supports``: MLA, 256/256 and 128/128, with bf16
+    or fp8 e4m3 KV), its schedules: columns, and score/value for bf16. For
+    MLA those alone (Triton tiles won none of its buckets on sm90 against
+    them); for the other head dims the Triton kernel's tiles too, since on
+    some shapes it was as fast (small batches of short contexts with fp8
+    KV, H4 and H8 with bf16). Elsewhere the Triton kernel's tiles.
+    ``kernel="triton"``: the Triton kernel's tiles on any arch, the portable
+    path the tuner keeps beside the arch's winner."""
     if kernel not in (None, "triton"):
         raise ValueError(f"kernel: expected one of (None, 'triton'), got {kernel!r}")
     out: list[VerifyConfig] = []
@@ -73,7 +75,7 @@ def tile_candidates(
             hopper_config(num_heads, draft_len, 1, schedule).with_splits(1)
             for schedule in hopper_schedules(draft_len, kv_dtype, head_dims)
         ]
-        if out and hopper.available():
+        if out and hopper.available() and tuple(head_dims) == MLA_HEAD_DIMS:
             return out
     return out + triton_tiles(num_heads, draft_len, arch, head_dims)
 

@@ -171,14 +171,13 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
 
 
 def test_hopper_schedules_name_the_calls_the_hopper_kernel_runs():
-    # MLA: both schedules for bf16, columns for fp8; 256/256 and 128/128:
-    # score/value for bf16 only; nothing past a tile's 64 rows.
-    assert hopper_schedules(4, "bf16") == ["gluon_sm90", "gluon_sm90_sv"]
-    assert hopper_schedules(4, "fp8_e4m3") == ["gluon_sm90"]
-    assert hopper_schedules(65, "bf16") == []
-    for dims in [(256, 256), (128, 128)]:
-        assert hopper_schedules(4, "bf16", dims) == ["gluon_sm90_sv"]
-        assert hopper_schedules(4, "fp8_e4m3", dims) == []
+    # MLA, 256/256 and 128/128: both schedules for bf16, columns for fp8;
+    # nothing past a tile's 64 rows, nor for other head dims.
+    for dims in [(576, 512), (256, 256), (128, 128)]:
+        assert hopper_schedules(4, "bf16", dims) == ["gluon_sm90", "gluon_sm90_sv"]
+        assert hopper_schedules(4, "fp8_e4m3", dims) == ["gluon_sm90"]
+        assert hopper_schedules(65, "bf16", dims) == []
+    assert hopper_schedules(4, "bf16", (192, 128)) == []
 
 
 @pytest.mark.skipif(not hopper.available(), reason="needs Triton's Gluon")
@@ -234,19 +233,18 @@ def test_tuner_times_one_split_count_for_the_hopper_kernel(kernel):
 
 @pytest.mark.parametrize("head_dims", [(256, 256), (128, 128)])
 def test_other_head_dims_on_sm90(head_dims):
-    """256/256 and 128/128 with bf16 KV default to the Hopper kernel's
-    score/value schedule, and the tuner searches it alone where Gluon is
-    there; fp8 KV takes the Triton kernel. For the Triton kernel a separate
-    V cache (as SGLang passes it) keeps the tuned tile: K and V together
-    are no wider than MLA's K."""
+    """256/256 and 128/128 default, as MLA does, to the Hopper kernel's
+    score/value schedule with bf16 KV and to its columns schedule with fp8;
+    the tuner searches them beside the Triton kernel's tiles. For
+    the Triton kernel a separate V cache (as SGLang passes it) keeps the
+    tuned tile: K and V together are no wider than MLA's K."""
     assert default_config(16, 4, 32, "sm90", "bf16", head_dims).kernel == "gluon_sm90_sv"
-    assert default_config(16, 4, 32, "sm90", "fp8_e4m3", head_dims).kernel == "triton"
+    assert default_config(16, 4, 32, "sm90", "fp8_e4m3", head_dims).kernel == "gluon_sm90"
     assert default_config(16, 4, 32, "sm80", "bf16", head_dims).kernel == "triton"
     tiles = tile_candidates(16, 4, "sm90", "bf16", head_dims)
-    expected = {"gluon_sm90_sv"} if hopper.available() else {"gluon_sm90_sv", "triton"}
-    assert tiles and {c.kernel for c in tiles} == expected
+    assert {c.kernel for c in tiles} == {"gluon_sm90", "gluon_sm90_sv", "triton"}
     fp8_tiles = tile_candidates(16, 4, "sm90", "fp8_e4m3", head_dims)
-    assert fp8_tiles and {c.kernel for c in fp8_tiles} == {"triton"}
+    assert {c.kernel for c in fp8_tiles} == {"gluon_sm90", "triton"}
     config = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=3, num_warps=8, num_stages=2)
     assert for_separate_v(config, head_dims) == config
     fallback = for_separate_v(hopper_config(16, 4, 32), head_dims)

@@ -281,9 +281,9 @@ def test_hopper_kernel_takes_ragged_and_masked_calls(monkeypatch):
 
 
 def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
-    """MLA with V a view of K, bf16 or fp8, either schedule; 256/256 and
-    128/128 with bf16 KV on the score/value schedule, V a view of K or a
-    cache of its own."""
+    """MLA with V a view of K, 256/256 and 128/128 with V a view of K or a
+    cache of its own: bf16 or fp8 KV on the columns schedule, bf16 on
+    score/value."""
     monkeypatch.setattr(plan, "INTERPRETED", False)
     monkeypatch.setattr(plan, "is_cuda_sm90", lambda device: True)
     meta = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
@@ -295,14 +295,20 @@ def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
     for dims in [(256, 256), (128, 128)]:
         for v_from_k in (True, False):
             assert hopper.supports(4, "bf16", v_from_k, dims)
-        assert not hopper.supports(4, "bf16", False, dims, score_value=False)
-        assert not hopper.supports(4, "fp8_e4m3", False, dims)
+            assert hopper.supports(4, "bf16", v_from_k, dims, score_value=False)
+            assert hopper.supports(4, "fp8_e4m3", v_from_k, dims, score_value=False)
+        assert not hopper.supports(4, "fp8_e4m3", False, dims)  # score/value: bf16 only
+        assert not hopper.supports(4, "fp16", False, dims, score_value=False)
+    assert not hopper.supports(4, "bf16", False, (192, 128), score_value=False)
     if hopper.available():
         assert plan.uses_gluon_sm90(meta(8, 16, 576), meta(100, 1, 576), 4, True, 512)
         assert plan.uses_gluon_sm90(meta(8, 16, 256), meta(100, 1, 256), 4, False, 256)
-        assert not plan.uses_gluon_sm90(
+        assert plan.uses_gluon_sm90(
             meta(8, 16, 256), meta(100, 1, 256), 4, False, 256, score_value=False
         )
+        fp8 = torch.empty(100, 1, 256, dtype=torch.float8_e4m3fn, device="meta")
+        assert plan.uses_gluon_sm90(meta(8, 16, 256), fp8, 4, False, 256, score_value=False)
+        assert not plan.uses_gluon_sm90(meta(8, 16, 256), fp8, 4, False, 256)
 
 
 def test_int64_index_tensors(device):
@@ -906,35 +912,42 @@ SHARED_KV_CALLS = [
     ),
     ("scales", {"separate_v": True, "k_scale": 0.75, "v_scale": 1.25}),
 ]
+# fp8 KV runs the columns schedule only (a score/value config runs it too).
+FP8_SHARED_KV_CALLS = [
+    ("fp8_scales", {"separate_v": True, "k_scale": 0.75, "v_scale": 1.25}),
+    ("fp8_v_is_k", {}),
+    ("fp8_ragged_tree", {"separate_v": True, "mask": "tree", "draft_counts": [1, 4, 3, 2, 4]}),
+    (
+        "fp8_prefix_bits",
+        {"separate_v": True, "mask": "tree", "hide_prefix": 0.3, "skip_prefix_custom_mask": False},
+    ),
+]
+SHARED_KV_SCHEDULE_CALLS = [
+    *[(schedule, name, kwargs) for schedule in HOPPER_KERNELS for name, kwargs in SHARED_KV_CALLS],
+    *[
+        ("gluon_sm90", name, {**kwargs, "kv_dtype": torch.float8_e4m3fn})
+        for name, kwargs in FP8_SHARED_KV_CALLS
+    ],
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
 @pytest.mark.parametrize("head_dims", [(256, 256), (128, 128)], ids=["d256", "d128"])
 @pytest.mark.parametrize(
-    "kwargs", [c[1] for c in SHARED_KV_CALLS], ids=[c[0] for c in SHARED_KV_CALLS]
+    "schedule,kwargs",
+    [c[::2] for c in SHARED_KV_SCHEDULE_CALLS],
+    ids=[f"{c[0]}-{c[1]}" for c in SHARED_KV_SCHEDULE_CALLS],
 )
-def test_gpu_hopper_kernel_runs_shared_kv_head_dims(head_dims, kwargs, monkeypatch):
-    """256/256 and 128/128 (one KV head, no rope) run on the Hopper kernel's
-    score/value schedule, over every share plan, requests held whole and
-    split, empty prefixes included."""
+def test_gpu_hopper_kernel_runs_shared_kv_head_dims(head_dims, schedule, kwargs, monkeypatch):
+    """256/256 and 128/128 (one KV head, no rope) run on either schedule of
+    the Hopper kernel, fp8 KV on columns, over every share plan, requests
+    held whole and split, empty prefixes included."""
     batch = make_batch(16, 4, [3000, 64, 1, 0, 700], device="cuda", head_dims=head_dims, **kwargs)
-    assert _hopper_plan(batch, hopper_config(16, 4, 5, "gluon_sm90_sv")).hopper
+    assert _hopper_plan(batch, hopper_config(16, 4, 5, schedule)).hopper
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
-        _check_share_plan(batch, ref, "gluon_sm90_sv", sms, min_share, monkeypatch)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
-def test_gpu_columns_config_runs_other_head_dims_on_the_triton_kernel():
-    """The columns schedule is MLA's: under it, a call with ordinary
-    attention's head dims plans the Triton kernel and computes the same
-    function."""
-    batch = make_batch(16, 4, [3000, 64, 1], device="cuda", head_dims=(256, 256))
-    config = hopper_config(16, 4, 3)
-    assert not _hopper_plan(batch, config).hopper
-    _run_and_check(batch, config, "cuda")
+        _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
 
 
 @pytest.mark.gpu
