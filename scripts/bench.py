@@ -53,7 +53,8 @@ optional ``K`` (x1024): ``H16L4B32C16K``. Optional suffixes, in any order,
 each at most once, name the kind of call (names print them in this order):
 
 - ``-d256`` / ``-d128``: ordinary attention with one shared KV head, q/k =
-  v = 256 or 128, V a view of K (default: absorbed MLA, 576/512);
+  v = 256 or 128, V a cache of its own as SGLang passes it (default:
+  absorbed MLA, 576/512, V a view of K's first 512 columns);
 - ``-ragged``: request b has E_b drafts, drawn in 1..L with a seed fixed by
   the shape (L >= 2), through ``qo_indptr``;
 - ``-tree``: an SGLang tree mask (``custom_mask``/``mask_indptr``, topk > 1
@@ -122,7 +123,7 @@ from mla_verify.config import (
 )
 from mla_verify.paged import PAGE_SIZES
 from mla_verify.plan import plan_call
-from mla_verify.problem import kv_dtype_name
+from mla_verify.problem import kv_columns, kv_dtype_name
 from mla_verify.tables import ENV_VAR as CONFIG_DIR_VAR
 from mla_verify.testing import (
     Q_DIM,
@@ -511,8 +512,9 @@ def shape_work(
 ) -> Work:
     """The bytes a verify call must move and the FLOPs of its prefix products.
 
-    Bytes: the prefix KV read once, Dqk elements a token (V is a view of K:
-    MLA's first 512 columns, or all of K for 256/256 and 128/128), q and
+    Bytes: the prefix KV read once: Dqk elements a token for MLA (V is a
+    view of K's first 512 columns), Dqk + Dv for 256/256 and 128/128 (V a
+    cache of its own, ``problem.kv_columns``), q and
     out in bf16, and the drafts' K and V: k_extend + v_extend in bf16, or in
     a paged call the drafts' cache rows (Dqk cache elements each). A custom
     mask adds the bytes the kernel must read: the E_b x E_b draft block with
@@ -524,7 +526,8 @@ def shape_work(
     rows = sum(counts)
     prefix = sum(prefix_lens)
     drafts = kv_bytes * rows * dqk if paged else ELEM * rows * (dqk + dv)
-    nbytes = kv_bytes * prefix * dqk + drafts + ELEM * rows * num_heads * (dqk + dv)  # q + out
+    prefix_kv = kv_bytes * prefix * kv_columns(head_dims)
+    nbytes = prefix_kv + drafts + ELEM * rows * num_heads * (dqk + dv)  # q + out
     if mask == "tree":
         nbytes += sum(e * e for e in counts)
     elif mask == "treefull":
@@ -651,7 +654,10 @@ class Batch:
 
     @property
     def pool_bytes(self) -> int:
-        return self.k_buffer.numel() * self.k_buffer.element_size()
+        """The KV pools' bytes: K's, and V's where it is a cache of its own."""
+        k, v = self.k_buffer, self.sets[0].v_buffer
+        own_v = v.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+        return sum(t.numel() * t.element_size() for t in ((k, v) if own_v else (k,)))
 
 
 def plan_pool(
@@ -704,7 +710,7 @@ def estimate_bytes(
         paged += rotations * (pages * page * Q_DIM * spec.kv_bytes + spec.batch_size * most * 4)
     mask = spec.draft_len * (sum(prefix_lens) + tokens) if spec.mask != "causal" else 0
     return (
-        slots * dqk * spec.kv_bytes
+        slots * kv_columns(spec.head_dims) * spec.kv_bytes
         + slots * 8  # the slot permutation
         + 2 * rotations * per_set * 4  # our indices + FlashInfer's
         + paged
@@ -810,7 +816,7 @@ def kv_pool(
 ) -> torch.Tensor:
     """A random [slots, 1, width] pool: ``make_pool``'s for MLA's 576, the
     same values' law in a pool of the model's own width otherwise (256/256
-    and 128/128 keep K alone: V is its view)."""
+    and 128/128: K's, and V's of its own)."""
     if width == Q_DIM:
         return make_pool(slots, kv_dtype, device, seed=seed)
     gen = torch.Generator(device=device)
@@ -834,8 +840,9 @@ def build_batch(
     """Random non-zero data (``mla_verify.testing``) in one pool: each
     rotation set's prefixes and drafts at slots of one random permutation,
     disjoint between sets. v_extend holds k_extend's first Dv columns in a
-    tensor of its own (as SGLang passes it) and V is a view of the pool's K,
-    so every contender reads the same values. Plain shapes: the drafts'
+    tensor of its own (as SGLang passes it) and V is a view of the pool's K
+    (MLA), so every contender reads the same values; 256/256 and 128/128
+    take V from a pool of its own at the same slots, as SGLang passes it. Plain shapes: the drafts'
     slots hold k_extend, for FlashInfer. Tree shapes: one SGLang tree mask
     (``make_batch(mask="tree")``, every prefix bit set), shared by the sets.
     Paged shapes: each set also copied into a cache of ``spec.page_size``
@@ -866,6 +873,9 @@ def build_batch(
         skip_prefix_custom_mask=spec.mask != "treefull",
     )
     first = dataclasses.replace(first, v_extend=first.v_extend.contiguous())
+    if not spec.mla:
+        v_pool = kv_pool(slots, spec.head_dims[1], kv_dtype, device, seed + 4)
+        first = dataclasses.replace(first, v_buffer=v_pool)
     lens = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
     sets = [
         dataclasses.replace(first, kv_indices=perm[r, :prefix].to(torch.int32))
@@ -1930,7 +1940,7 @@ def tuned_geomeans(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[float | No
 def describe_call(spec: ShapeSpec) -> str:
     """The kind of call a shape times, in words."""
     dqk, dv = spec.head_dims
-    parts = ["absorbed MLA 576/512" if spec.mla else f"head dims {dqk}/{dv}, V a view of K"]
+    parts = ["absorbed MLA 576/512" if spec.mla else f"head dims {dqk}/{dv}, V a cache of its own"]
     if spec.ragged:
         counts = draft_counts(spec)
         parts.append(f"ragged drafts 1..{spec.draft_len} ({sum(counts)} in all)")

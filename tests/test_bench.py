@@ -378,12 +378,14 @@ def test_head_dims_change_bytes_per_token_and_flops(dims):
     lens = [600, 400]
     work = bench.shape_work(8, 4, lens, head_dims=dims)
     tokens = 8
-    # K once (V is its view), q and out of the heads, k_extend and v_extend
-    assert work.bytes == 2 * (1000 * dqk + tokens * 8 * (dqk + dv) + tokens * (dqk + dv))
+    # K and V once (V a cache of its own), q and out of the heads, k_extend
+    # and v_extend
+    kv = 1000 * (dqk + dv)
+    assert work.bytes == 2 * (kv + tokens * 8 * (dqk + dv) + tokens * (dqk + dv))
     assert work.flops == 2 * 8 * 4 * 1000 * (dqk + dv)
     spec = bench.parse_shape(f"H8L4B2C500-d{dqk}-fp8")
     fp8 = bench.spec_work(spec, [500, 500])
-    assert bench.shape_work(8, 4, [500, 500], 2, head_dims=dims).bytes - fp8.bytes == 1000 * dqk
+    assert bench.shape_work(8, 4, [500, 500], 2, head_dims=dims).bytes - fp8.bytes == kv
 
 
 def test_ragged_work_counts_each_requests_drafts():
@@ -562,7 +564,7 @@ def test_memory_estimate_counts_each_kinds_tensors():
     assert need("H16L4B32C1000-page64") == need("H16L4B32C1000")
     assert need("H16L4B32C1000", flashmla=False) < need("H16L4B32C1000")
     assert need("H16L4B32C1000-page1") > need("H16L4B32C1000", flashmla=False)
-    # a 256-wide pool instead of 576, and fewer q/out columns
+    # 256-wide K and V pools instead of one 576 wide, and fewer q/out columns
     assert need("H16L4B32C1000-d256") < need("H16L4B32C1000", flashmla=False)
     tree = need("H16L4B32C1000-tree") - need("H16L4B32C1000", flashmla=False)
     assert tree == 4 * 32 * (1000 + 4)  # the mask, every row's bits
