@@ -4,9 +4,10 @@ shapes, dtypes, strides and the config, never from tensor values.
 ``plan_call`` picks stage 1's kernel (the Hopper kernel where it can run
 the call, else the Triton kernel with the same tile), the grid, the
 workspace slots, whether V is a view of K and which mask bits the kernels
-read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA
-calls (ragged drafts and tree masks included); other head dims take the
-Triton kernel. ``share_plan`` is the host-side model of the Hopper
+read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA,
+256/256 and 128/128 calls (``hopper.supports``; ragged drafts and tree
+masks included); other calls take the Triton kernel. ``share_plan`` is
+the host-side model of the Hopper
 kernel's share rule, which both kernels compute on the device and the
 tests hold them to.
 """
@@ -50,7 +51,7 @@ def uses_gluon_sm90(
     """Whether a Hopper config runs the Hopper kernel for this call's
     tensors (compiled, on an sm90 device, bf16 q, and what
     ``hopper.supports`` names: MLA with V a view of K, or 256/256 and
-    128/128 in bf16 on the score/value schedule); otherwise the Triton
+    128/128; fp8 KV on the columns schedule only); otherwise the Triton
     kernel runs the same tile. Metadata only: both kernels read the draft
     counts and masks on the device."""
     return (
