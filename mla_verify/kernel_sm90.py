@@ -71,7 +71,7 @@ _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_glo
 # globals); their values and meaning live in hopper.py.
 ROWS = gl.constexpr(hopper.ROWS)
 TOKENS = gl.constexpr(hopper.TOKENS)
-STAGES = gl.constexpr(hopper.STAGES)
+STAGES = gl.constexpr(globals().get("RING_STAGES", hopper.STAGES))
 CONSUMER_WARPS = gl.constexpr(hopper.CONSUMER_WARPS)
 WARPGROUP = gl.constexpr(hopper.WARPGROUP)
 PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
