@@ -78,7 +78,6 @@ def gluon_kernel(head_dims: tuple[int, int] = MLA_HEAD_DIMS) -> ModuleType | Non
     spec = importlib.util.spec_from_file_location(name, kernel_sm90.__file__)
     module = importlib.util.module_from_spec(spec)
     module.HEAD_DIMS = head_dims
-    module.RING_STAGES = 3  # experiment: fp8 rows only (bf16 256/256 overflows)
     spec.loader.exec_module(module)
     return module
 

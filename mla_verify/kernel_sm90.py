@@ -71,7 +71,7 @@ _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_glo
 # globals); their values and meaning live in hopper.py.
 ROWS = gl.constexpr(hopper.ROWS)
 TOKENS = gl.constexpr(hopper.TOKENS)
-STAGES = gl.constexpr(globals().get("RING_STAGES", hopper.STAGES))
+STAGES = gl.constexpr(hopper.STAGES)
 CONSUMER_WARPS = gl.constexpr(hopper.CONSUMER_WARPS)
 WARPGROUP = gl.constexpr(hopper.WARPGROUP)
 PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
@@ -721,18 +721,12 @@ def _widen(fp8_nope, fp8_second, nope, second):
     # 128-byte swizzle. Whole-tile loads and stores: with slices of these
     # buffers Triton puts a CTA barrier between each slice's load and
     # store (8-11% slower end to end, measured).
-    _widen_rows(fp8_nope, nope)
-    _widen_rows(fp8_second, second)
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [CONSUMER_WARPS, 1], [1, 0])
+    nope.store(fp8_to_bf16(fp8_nope.load(layout)))
+    second.store(fp8_to_bf16(fp8_second.load(layout)))
     # Both warpgroups' rows, visible to wgmma (the async proxy).
     fence_async_shared()
     _warps_barrier()
-
-
-@gluon.jit
-def _widen_rows(fp8_tile, tile):
-    # One buffer of _widen, with no fence.
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [CONSUMER_WARPS, 1], [1, 0])
-    tile.store(fp8_to_bf16(fp8_tile.load(layout)))
 
 
 @gluon.jit
@@ -905,31 +899,20 @@ def _consume(
             if KV_FP8:
                 # The previous tile's P V is done (_add_pv's last barrier):
                 # the bf16 tile is free, and the fp8 stage is free once read.
+                kv_nope = wide_nope
+                kv_rope = wide_rope
                 v_tile = wide_v
                 if MLA:
-                    _widen(
-                        kv_nope_ring.index(stage), kv_rope_ring.index(stage), wide_nope, wide_rope
-                    )
-                    mbarrier.arrive(empty.index(stage), count=1)
-                    qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
+                    _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
                 else:
-                    # K's rows first; V's are widened while Q K^T runs on
-                    # the tensor cores (_add_pv fences them before P V).
-                    _widen_rows(kv_nope_ring.index(stage), wide_nope)
-                    fence_async_shared()
-                    _warps_barrier()
-                    qk = warpgroup_mma(
-                        q_nope, wide_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True
-                    )
-                    _widen_rows(v_ring.index(stage), v_tile)
-                    mbarrier.arrive(empty.index(stage), count=1)
-                    qk = warpgroup_mma_wait(0, deps=[qk])
+                    _widen(kv_nope_ring.index(stage), v_ring.index(stage), kv_nope, v_tile)
+                mbarrier.arrive(empty.index(stage), count=1)
             else:
+                kv_nope = kv_nope_ring.index(stage)
+                kv_rope = kv_rope_ring.index(stage)
                 v_tile = v_ring.index(stage)
                 fence_async_shared()  # the gathers wrote through the generic proxy
-                qk = _scores(
-                    q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s
-                )
+            qk = _scores(q_nope, q_rope, kv_nope, kv_rope, zero_s)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
