@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-dtype", choices=["bf16", "fp8_e4m3"], default="bf16", help="KV cache dtype"
     )
+    p.add_argument(
+        "--head-dims",
+        default="576x512",
+        help="q/k x v head dims: 576x512 (absorbed MLA, V a view of K; the default), "
+        "256 or 128 (one shared KV head, V a cache of its own, as SGLang passes it)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random batch (default 0)")
     return p
 
@@ -75,6 +81,15 @@ def _sizes(p: argparse.ArgumentParser, args: argparse.Namespace, on_gpu: bool) -
     return list(sizes.values())
 
 
+def _head_dims(p: argparse.ArgumentParser, text: str) -> tuple[int, int]:
+    from mla_verify import problem
+
+    try:
+        return problem.parse_head_dims(text)
+    except ValueError as exc:
+        p.error(f"--head-dims: {exc}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = _parser()
@@ -89,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "mla_verify", *argv])
 
     heads, draft_len, bs, context = _sizes(p, args, on_gpu)
+    head_dims = _head_dims(p, args.head_dims)
 
     import mla_verify
     from mla_verify.testing import ATOL, MAX_RELATIVE_ERROR, RTOL, check_close, make_batch
@@ -97,19 +113,33 @@ def main(argv: list[str] | None = None) -> int:
     kv_dtype = mla_verify.problem.kv_dtype_from_name(args.kv_dtype)
     device = "cuda" if on_gpu else "cpu"
 
+    mla = head_dims == mla_verify.problem.MLA_HEAD_DIMS
     batch = make_batch(
-        heads, draft_len, [context] * bs, kv_dtype=kv_dtype, device=device, seed=args.seed
+        heads,
+        draft_len,
+        [context] * bs,
+        kv_dtype=kv_dtype,
+        device=device,
+        seed=args.seed,
+        head_dims=head_dims,
+        separate_v=not mla,
     )
     if on_gpu:
         arch = mla_verify.current_arch()
-        config, source = mla_verify.resolve_config(heads, draft_len, bs, kv_dtype, arch)
+        config, source = mla_verify.resolve_config(
+            heads, draft_len, bs, kv_dtype, arch, head_dims=head_dims
+        )
     else:  # what verify_mla_fwd uses in the interpreter: there is no GPU to tune for
         arch = "cpu"
-        config = mla_verify.default_config(heads, draft_len, bs, arch)
+        config = mla_verify.default_config(heads, draft_len, bs, arch, head_dims=head_dims)
         source = "built-in default (CPU interpreter)"
     where = torch.cuda.get_device_name() if on_gpu else "CPU (Triton interpreter)"
+    dims = "{}/{}".format(*head_dims)
     print(f"device   {where}, arch {arch}")
-    print(f"shape    H={heads} L={draft_len} batch={bs} context={context} kv={args.kv_dtype}")
+    print(
+        f"shape    H={heads} L={draft_len} batch={bs} context={context} kv={args.kv_dtype} "
+        f"head dims {dims}"
+    )
     print(f"config   {config.to_dict()}")
     print(f"source   {source}")
     out = batch.new_output()
@@ -127,11 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     if on_gpu:
         import triton.testing
 
-        mla_verify.prepare_workspace(bs, heads, draft_len, kv_dtype)
+        mla_verify.prepare_workspace(bs, heads, draft_len, kv_dtype, head_dims=head_dims)
         ms = triton.testing.do_bench_cudagraph(
             lambda: batch.run(out), rep=100, return_mode="median"
         )
-        kv_bytes = bs * context * 576 * batch.k_buffer.element_size()
+        columns = mla_verify.problem.kv_columns(head_dims)
+        kv_bytes = bs * context * columns * batch.k_buffer.element_size()
         print(
             f"time     {ms * 1e3:.1f} us (CUDA-graph replays, median), "
             f"prefix KV read at {kv_bytes / ms / 1e6:.0f} GB/s"

@@ -106,6 +106,19 @@ def check_head_dims(head_dims: object) -> tuple[int, int]:
     return qk, v
 
 
+def parse_head_dims(text: str) -> tuple[int, int]:
+    """``"576x512"`` or ``"256"`` (one dim for both) as a supported (q/k, v)
+    pair, else a ValueError naming the choices: how the command lines spell
+    head dims."""
+    try:
+        qk, _, v = text.partition("x")
+        return check_head_dims((int(qk), int(v or qk)))
+    except ValueError:
+        raise ValueError(
+            f"expected head dims among {HEAD_DIMS} as QKxV or D, got {text!r}"
+        ) from None
+
+
 def kv_columns(head_dims: tuple[int, int]) -> int:
     """Columns of a prefix token the Triton kernel loads: K's alone for
     absorbed MLA (V is a view of its first columns), K's and V's where V is

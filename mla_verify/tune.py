@@ -81,7 +81,6 @@ from .config import (
 )
 from .device import check_arch, current_arch, is_amd_arch
 from .problem import (
-    HEAD_DIMS,
     MAX_BATCH_SIZE,
     MAX_DRAFT_LEN,
     MAX_HEADS,
@@ -89,9 +88,9 @@ from .problem import (
     MIN_DRAFT_LEN,
     MIN_HEADS,
     MLA_HEAD_DIMS,
-    check_head_dims,
     check_range,
     kv_dtype_from_name,
+    parse_head_dims,
 )
 from .search_space import (
     amd_option_candidates,
@@ -641,12 +640,9 @@ def _head_dims(text: str) -> list[tuple[int, int]]:
     dims = []
     for item in filter(None, text.split(",")):
         try:
-            qk, _, v = item.partition("x")
-            dims.append(check_head_dims((int(qk), int(v or qk))))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected head dims among {HEAD_DIMS} as QKxV or D, got {item!r}"
-            ) from None
+            dims.append(parse_head_dims(item))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     if not dims:
         raise argparse.ArgumentTypeError(f"expected head dims, got {text!r}")
     return dims

@@ -55,6 +55,14 @@ def test_fp8_runs_state_their_tolerance_not_bf16s(capsys):
     assert "bf16" not in out
 
 
+@pytest.mark.parametrize("dims", ["256", "128x128"])
+def test_shared_kv_head_dims_run_with_v_a_cache_of_its_own(capsys, dims):
+    rc, out = run_main(capsys, [*SMALL, "--head-dims", dims, "--kv-dtype", "fp8_e4m3"])
+    assert rc == 0 and out.splitlines()[-1].startswith("PASS")
+    qk = dims.partition("x")[0]
+    assert f"head dims {qk}/{qk}" in out
+
+
 def test_the_seed_makes_the_figure_reproducible(capsys):
     first = run_main(capsys, SMALL)[1].splitlines()[-1]
     second = run_main(capsys, SMALL)[1].splitlines()[-1]
@@ -87,6 +95,8 @@ BAD = {
     "seed_negative": (["--seed", "-1"], "--seed: expected an int in 0.."),
     "kv_dtype_int8": (["--kv-dtype", "int8"], "argument --kv-dtype: invalid choice: 'int8'"),
     "heads_not_a_number": (["--heads", "x"], "argument --heads: invalid int value: 'x'"),
+    "head_dims_192": (["--head-dims", "192x128"], "--head-dims: expected head dims among"),
+    "head_dims_word": (["--head-dims", "mla"], "--head-dims: expected head dims among"),
 }
 
 
