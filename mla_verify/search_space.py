@@ -62,9 +62,9 @@ def tile_candidates(
     kernel runs (``hopper.supports``: MLA, 256/256 and 128/128, with bf16
     or fp8 e4m3 KV), its schedules: columns, and score/value for bf16. For
     MLA those alone (Triton tiles won none of its buckets on sm90 against
-    them); for the other head dims the Triton kernel's tiles too, since on
-    some shapes it was as fast (small batches of short contexts with fp8
-    KV, H4 and H8 with bf16). Elsewhere the Triton kernel's tiles.
+    them); for the other head dims the Triton kernel's tiles too, which won
+    8 of the 27 fp8 256/256 buckets on the H200 (H4, and H8 at batch 64).
+    Elsewhere the Triton kernel's tiles.
     ``kernel="triton"``: the Triton kernel's tiles on any arch, the portable
     path the tuner keeps beside the arch's winner."""
     if kernel not in (None, "triton"):

@@ -842,8 +842,8 @@ def build_batch(
     disjoint between sets. v_extend holds k_extend's first Dv columns in a
     tensor of its own (as SGLang passes it) and V is a view of the pool's K
     (MLA), so every contender reads the same values; 256/256 and 128/128
-    take V from a pool of its own at the same slots, as SGLang passes it. Plain shapes: the drafts'
-    slots hold k_extend, for FlashInfer. Tree shapes: one SGLang tree mask
+    take V from a pool of its own at the same slots, as SGLang passes it.
+    Plain shapes: the drafts' slots hold k_extend, for FlashInfer. Tree shapes: one SGLang tree mask
     (``make_batch(mask="tree")``, every prefix bit set), shared by the sets.
     Paged shapes: each set also copied into a cache of ``spec.page_size``
     pages, prefix then drafts, pages scattered."""
