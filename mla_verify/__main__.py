@@ -113,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     kv_dtype = mla_verify.problem.kv_dtype_from_name(args.kv_dtype)
     device = "cuda" if on_gpu else "cpu"
 
-    mla = head_dims == mla_verify.problem.MLA_HEAD_DIMS
     batch = make_batch(
         heads,
         draft_len,
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         device=device,
         seed=args.seed,
         head_dims=head_dims,
-        separate_v=not mla,
+        separate_v=head_dims != mla_verify.problem.MLA_HEAD_DIMS,  # as SGLang passes V
     )
     if on_gpu:
         arch = mla_verify.current_arch()

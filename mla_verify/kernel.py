@@ -49,8 +49,8 @@ Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
 A row the mask hides every key of a chunk from holds weight 0 there; a row
 that sees no key at all gets output 0.
-Limits: one KV head; page size 1; the Hopper kernel takes MLA calls and
-bf16 256/256 and 128/128 ones (ragged and masked ones too: plan.py,
+Limits: one KV head; page size 1; the Hopper kernel takes MLA, 256/256 and
+128/128 calls, bf16 or fp8 KV (ragged and masked ones too: plan.py,
 hopper.supports), this one every call.
 """
 

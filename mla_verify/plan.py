@@ -7,9 +7,8 @@ workspace slots, whether V is a view of K and which mask bits the kernels
 read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA,
 256/256 and 128/128 calls (``hopper.supports``; ragged drafts and tree
 masks included); other calls take the Triton kernel. ``share_plan`` is
-the host-side model of the Hopper
-kernel's share rule, which both kernels compute on the device and the
-tests hold them to.
+the host-side model of the Hopper kernel's share rule, which both kernels
+compute on the device and the tests hold them to.
 """
 
 from __future__ import annotations
