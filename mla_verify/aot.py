@@ -307,6 +307,7 @@ def _compile_hopper_kernel(
         BLOCK_B=kernel.PLAN_BLOCK,
         HEAD_BLOCKS=hopper.plan_width(head_blocks),
         PLAN_REQUESTS=hopper.plan_requests(head_blocks, kernel.PLAN_BLOCK),
+        RAGGED=False,  # every request with L drafts, as the tuner times it
         V_EXT_FROM_K=False,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)

@@ -139,17 +139,18 @@ def _share_positions(
     BLOCK_B: tl.constexpr,
     TOKENS: tl.constexpr,
     DRAFT_POSITIONS: tl.constexpr,
+    RAGGED: tl.constexpr,
 ):
     # The Hopper kernel's positions where every request has heads in every
     # head block (kernel_sm90's plan: each request's prefix tiles of
     # TOKENS, then its drafts, DRAFT_POSITIONS in a ragged batch, one in a
     # uniform one): those of the requests before req and the batch's;
     # whether every request holds as many; the drafts'; and the fewest
-    # drafts of any request.
+    # drafts of any request (read where the call is RAGGED).
     before = 0
     total = 0
     most = 0
-    fewest = tl.load(QO_INDPTR + 1) - tl.load(QO_INDPTR)
+    fewest = (tl.load(QO_INDPTR + 1) - tl.load(QO_INDPTR)).to(tl.int32)
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
@@ -158,15 +159,16 @@ def _share_positions(
         before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
         total += tl.sum(positions, 0)
         most = tl.maximum(most, tl.max(positions, 0))
-        rows = tl.where(mask_b, _prefix_lens(QO_INDPTR, offs_b, mask_b), fewest)
-        fewest = tl.minimum(fewest, tl.min(rows, 0))
+        if RAGGED:
+            rows = tl.where(mask_b, _prefix_lens(QO_INDPTR, offs_b, mask_b), fewest)
+            fewest = tl.minimum(fewest, tl.min(rows, 0))
     uniform = most.to(tl.int64) * batch_size == total  # int64: no wrap to equal
     drafts = DRAFT_POSITIONS
     if uniform:
         drafts = 1
     before += (drafts - 1) * req
     total += (drafts - 1) * batch_size
-    return before, total, uniform, drafts, fewest.to(tl.int32)
+    return before, total, uniform, drafts, fewest
 
 
 @triton.jit
@@ -604,6 +606,7 @@ def _merge_shares_kernel(
     TOKENS: tl.constexpr,
     DRAFT_POSITIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    RAGGED: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
     # After the Hopper kernel's shares: the partials of a request that
@@ -622,28 +625,31 @@ def _merge_shares_kernel(
     # a single head block), each head block has a row of the grid; else
     # the CTAs are shared out by work (kernel_sm90's plan).
     base, total, uniform, drafts, fewest = _share_positions(
-        KV_INDPTR, QO_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS
+        KV_INDPTR, QO_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS, RAGGED
     )
     first_cta = head_block * share_ctas
     block_ctas = share_ctas
     requests = batch_size
     last = head_blocks - 1
-    if fewest < tl.where(last == 0, 0, TILE_ROWS // tl.cdiv(num_heads, tl.maximum(last, 1)) + 1):
-        first_cta, block_ctas, total, uniform, drafts, requests, base = _head_block_shares(
-            KV_INDPTR,
-            QO_INDPTR,
-            req,
-            head_block,
-            batch_size,
-            num_heads,
-            TILE_ROWS,
-            head_blocks * share_ctas,
-            head_blocks,
-            BLOCK_B,
-            HEAD_BLOCKS,
-            TOKENS,
-            DRAFT_POSITIONS,
-        )
+    if RAGGED:  # noqa: SIM102 (constexpr: the plan of draft counts compiles for ragged calls)
+        if fewest < tl.where(
+            last == 0, 0, TILE_ROWS // tl.cdiv(num_heads, tl.maximum(last, 1)) + 1
+        ):
+            first_cta, block_ctas, total, uniform, drafts, requests, base = _head_block_shares(
+                KV_INDPTR,
+                QO_INDPTR,
+                req,
+                head_block,
+                batch_size,
+                num_heads,
+                TILE_ROWS,
+                head_blocks * share_ctas,
+                head_blocks,
+                BLOCK_B,
+                HEAD_BLOCKS,
+                TOKENS,
+                DRAFT_POSITIONS,
+            )
     # Positions base .. base + n - 1 of the head block are the request's,
     # its drafts' from base + n - drafts. The head block's CTA c holds
     # positions from c * total // ctas, so the one that holds position p
@@ -814,6 +820,7 @@ def launch(
             custom_mask=custom_mask if plan.draft_mask else None,
             mask_indptr=mask_indptr if plan.draft_mask else None,
             prefix_mask=plan.prefix_mask,
+            ragged=plan.ragged,
         )
         launch_merge_shares(
             o,
@@ -828,6 +835,7 @@ def launch(
             min_share=plan.min_share,
             column_blocks=plan.merge_blocks,
             dependent=plan.dependent,
+            ragged=plan.ragged,
         )
         return
     num_heads = q.shape[1]
@@ -967,6 +975,7 @@ def launch_merge_shares(
     min_share: int,
     column_blocks: int,
     dependent: bool,
+    ragged: bool = True,
 ) -> None:
     """Stage 2 after the Hopper kernel's shares (``share_ctas`` CTAs per head
     block of ``block_h`` heads, shares of ``min_share`` positions at least),
@@ -974,7 +983,8 @@ def launch_merge_shares(
     included) and leaves the others, which stage 1 wrote; ``column_blocks``
     programs a (request, head), each a block of columns
     (``plan.merge_column_blocks``). ``dependent``: a programmatic dependent
-    launch (``plan.dependent_launch``)."""
+    launch (``plan.dependent_launch``). ``ragged``: as stage 1 was launched
+    (some request may have fewer than ``draft_len`` drafts)."""
     num_heads, d_v = o.shape[1], o.shape[2]
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
@@ -1001,6 +1011,7 @@ def launch_merge_shares(
         TOKENS=hopper.TOKENS,
         DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
         BLOCK_B=hopper.plan_requests(head_blocks, PLAN_BLOCK),
+        RAGGED=ragged,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,

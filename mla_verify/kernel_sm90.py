@@ -282,7 +282,15 @@ def _gather_values(dst, V_BUF, rows, first, end, stride_row):
 
 
 @gluon.jit
-def _positions(share_block, start, batch_size, drafts, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+def _positions(
+    share_block,
+    start,
+    batch_size,
+    drafts,
+    BLOCK_B: gl.constexpr,
+    RAGGED: gl.constexpr,
+    layout: gl.constexpr,
+):
     # Positions of requests start .. start + BLOCK_B - 1 in the head block
     # (0 past the batch, and for a request with no heads in it): one per
     # prefix tile, and `drafts` for the drafts.
@@ -292,10 +300,11 @@ def _positions(share_block, start, batch_size, drafts, BLOCK_B: gl.constexpr, la
     lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
         KV_INDPTR + offs, mask=mask, other=0
     )
-    rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
-        QO_INDPTR + offs, mask=mask, other=0
-    )
-    mask &= rows.to(gl.int32) >= min_rows
+    if RAGGED:
+        rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            QO_INDPTR + offs, mask=mask, other=0
+        )
+        mask &= rows.to(gl.int32) >= min_rows
     return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
 
 
@@ -459,6 +468,18 @@ def _segment(share, b, base):
     whole = (j_lo == 0) & with_drafts
     request = (q_first, num_rows, kv_len, b)
     return kv_start, lo, hi, with_drafts, whole, request, base + tiles + drafts
+
+
+@gluon.jit
+def _tile_segment(share, b, base, DRAFT_LEN: gl.constexpr, RAGGED: gl.constexpr):
+    # _segment for the default partition (the consumers or the score
+    # warpgroup): where the call is not ragged every request has L drafts,
+    # and L as a constant keeps the row coordinates' divisions constant.
+    kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
+    q_first, num_rows, kv_len, b = request
+    if not RAGGED:
+        num_rows = DRAFT_LEN
+    return kv_start, lo, hi, with_drafts, whole, (q_first, num_rows, kv_len, b), base
 
 
 @gluon.jit
@@ -995,6 +1016,7 @@ def _consume(
     KV_FP8: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
+    RAGGED: gl.constexpr,
 ):
     # Warpgroup g computes score columns 32g .. 32g + 31 and output
     # columns g HALF_V .. (g + 1) HALF_V - 1 of all 64 rows.
@@ -1011,7 +1033,7 @@ def _consume(
     wide_nope, wide_rope, wide_v = wide  # read with fp8 KV only
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
-    segment = _segment(share, gl.minimum(b0, b1), base)
+    segment = _tile_segment(share, gl.minimum(b0, b1), base, DRAFT_LEN, RAGGED)
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
     )
@@ -1020,7 +1042,7 @@ def _consume(
         kv_start, lo, hi, with_drafts, whole, request, base = segment
         # The next request's segment, read a request ahead (b1's own
         # again on the last).
-        segment = _segment(share, gl.minimum(b + 1, b1), base)
+        segment = _tile_segment(share, gl.minimum(b + 1, b1), base, DRAFT_LEN, RAGGED)
         _await_q()
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         # Row sums kept per element and reduced once at the end: one
@@ -1151,6 +1173,7 @@ def _consume_scores(
     V_EXT_FROM_K: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
+    RAGGED: gl.constexpr,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
     # the online softmax, and the first half of the output columns.
@@ -1167,7 +1190,7 @@ def _consume_scores(
     score_scale, draft_scale, v_scale = scales
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
-    segment = _segment(share, gl.minimum(b0, b1), base)
+    segment = _tile_segment(share, gl.minimum(b0, b1), base, DRAFT_LEN, RAGGED)
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
     )
@@ -1176,7 +1199,7 @@ def _consume_scores(
         kv_start, lo, hi, with_drafts, whole, request, base = segment
         # The next request's segment, read a request ahead (b1's own
         # again on the last).
-        segment = _segment(share, gl.minimum(b + 1, b1), base)
+        segment = _tile_segment(share, gl.minimum(b + 1, b1), base, DRAFT_LEN, RAGGED)
         _await_q()
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
@@ -1439,6 +1462,7 @@ def _prefix_kernel_sm90(
     BLOCK_B: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
     PLAN_REQUESTS: gl.constexpr,
+    RAGGED: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     SCORE_VALUE: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
@@ -1472,13 +1496,12 @@ def _prefix_kernel_sm90(
     fewest = DRAFT_LEN
     everywhere = (KV_INDPTR, QO_INDPTR, 0)
     for start in range(0, batch_size, BLOCK_B):
-        positions = _positions(everywhere, start, batch_size, 1, BLOCK_B, plan_layout)
+        positions = _positions(everywhere, start, batch_size, 1, BLOCK_B, False, plan_layout)
         total += gl.sum(positions, 0)
         most = gl.maximum(most, gl.max(positions, 0))
-        fewest = gl.minimum(
-            fewest,
-            gl.min(_draft_counts(QO_INDPTR, start, batch_size, BLOCK_B, DRAFT_LEN, plan_layout), 0),
-        )
+        if RAGGED:
+            counts = _draft_counts(QO_INDPTR, start, batch_size, BLOCK_B, DRAFT_LEN, plan_layout)
+            fewest = gl.minimum(fewest, gl.min(counts, 0))
     head_block = gl.program_id(0)
     first_cta = head_block * gl.num_programs(1)
     block_ctas = gl.num_programs(1)
@@ -1487,17 +1510,18 @@ def _prefix_kernel_sm90(
     drafts = gl.where(uniform, 1, DRAFT_POSITIONS)
     total += (drafts - 1) * batch_size
     requests = batch_size
-    if fewest < _min_rows(head_blocks - 1, num_heads, tile_rows):
-        head_block, first_cta, block_ctas, total, uniform, drafts, requests = _head_block_plan(
-            (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
-            batch_size,
-            first_cta + gl.program_id(1),
-            head_blocks * block_ctas,
-            head_blocks,
-            PLAN_REQUESTS,
-            HEAD_BLOCKS,
-            MAIN_WARPS,
-        )
+    if RAGGED:  # noqa: SIM102 (constexpr: the plan of draft counts compiles for ragged calls)
+        if fewest < _min_rows(head_blocks - 1, num_heads, tile_rows):
+            head_block, first_cta, block_ctas, total, uniform, drafts, requests = _head_block_plan(
+                (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
+                batch_size,
+                first_cta + gl.program_id(1),
+                head_blocks * block_ctas,
+                head_blocks,
+                PLAN_REQUESTS,
+                HEAD_BLOCKS,
+                MAIN_WARPS,
+            )
     grid_cta = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
     # The share's requests: those with heads in the head block.
     share_block = (KV_INDPTR, QO_INDPTR, _min_rows(head_block, num_heads, tile_rows))
@@ -1519,7 +1543,9 @@ def _prefix_kernel_sm90(
         b1 = 0
         done = 0
         for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, plan_layout)
+            positions = _positions(
+                share_block, start, batch_size, drafts, BLOCK_B, RAGGED, plan_layout
+            )
             ends = done + gl.associative_scan(positions, 0, _add)
             before = ends - drafts < s0
             b0 += gl.sum(before.to(gl.int32), 0)
@@ -1630,6 +1656,7 @@ def _prefix_kernel_sm90(
                             V_EXT_FROM_K,
                             PREFIX_MASK,
                             DRAFT_MASK,
+                            RAGGED,
                         ),
                     ),
                     (
@@ -1701,6 +1728,7 @@ def _prefix_kernel_sm90(
                             KV_FP8,
                             PREFIX_MASK,
                             DRAFT_MASK,
+                            RAGGED,
                         ),
                     ),
                     (_produce, produce_args),
@@ -1738,6 +1766,7 @@ def launch_prefix(
     custom_mask=None,
     mask_indptr=None,
     prefix_mask: bool = False,
+    ragged: bool = True,
 ) -> None:
     """Stage 1 on sm90 on ``ctas`` CTAs per head block (of ``block_h``
     heads at ``draft_len`` drafts; a ragged batch's head blocks get CTAs in
@@ -1753,7 +1782,9 @@ def launch_prefix(
     (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over columns.
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
     go out at this grid's start. ``v_buffer``: V's cache, read only by a
-    module for other head dims than MLA's (MLA reads V from K's rows)."""
+    module for other head dims than MLA's (MLA reads V from K's rows).
+    ``ragged``: some request may have fewer than ``draft_len`` drafts (the
+    kernel then reads the counts into its plan and row coordinates)."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     draft_mask = custom_mask is not None
@@ -1794,6 +1825,7 @@ def launch_prefix(
         BLOCK_B=plan_block,
         HEAD_BLOCKS=hopper.plan_width(head_blocks),
         PLAN_REQUESTS=hopper.plan_requests(head_blocks, plan_block),
+        RAGGED=ragged,
         # With a V ring (not MLA) the drafts' V goes beside their K: one tile.
         V_EXT_FROM_K=v_extend_from_k or not _mla,
         SCORE_VALUE=score_value,

@@ -171,6 +171,9 @@ class Plan:
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
+    ragged           some request may have fewer than draft_len drafts (q
+                     has fewer rows than batch x draft_len): the Hopper
+                     kernel packs its rows and plans by them
     prefix_mask      stage 1 reads the mask's prefix bits
     draft_mask       the mask's draft block replaces the causal one (the
                      Hopper kernel reads it in stage 1, the Triton path in
@@ -188,6 +191,7 @@ class Plan:
     dependent: bool
     merge_blocks: int
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
+    ragged: bool = True
     prefix_mask: bool = False
     draft_mask: bool = False
 
@@ -259,6 +263,7 @@ def plan_call(
             else 1
         ),
         head_dims=head_dims,
+        ragged=q.shape[0] < batch_size * draft_len,
         prefix_mask=masked and not skip_prefix_mask,
         draft_mask=masked,
     )

@@ -337,6 +337,7 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, block
         min_share=min_share,
         column_blocks=column_blocks,
         dependent=plan.dependent_launch(out.device),
+        ragged=batch.q.shape[0] < batch.batch_size * batch.draft_len,
     )
     return out
 
