@@ -298,16 +298,10 @@ def _compile_hopper_kernel(
     prefix_mask: bool,
 ):
     fn = hopper.gluon_kernel(head_dims)._prefix_kernel_sm90
-    # The plan's width follows the head count, a runtime value: MLA's 128
-    # heads (its widest in practice).
-    head_blocks = hopper.head_blocks(128, config.BLOCK_H)
     constexprs = dict(
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,
         BLOCK_B=kernel.PLAN_BLOCK,
-        HEAD_BLOCKS=hopper.plan_width(head_blocks),
-        PLAN_REQUESTS=hopper.plan_requests(head_blocks, kernel.PLAN_BLOCK),
-        RAGGED=False,  # every request with L drafts, as the tuner times it
         V_EXT_FROM_K=False,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)

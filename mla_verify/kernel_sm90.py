@@ -120,25 +120,6 @@ def _launch_dependents():
 
 
 @gluon.jit
-def _heads_per_tile(num_rows, tile_rows):
-    # A request of num_rows <= L drafts packs its rows densely: each of
-    # its head blocks holds tile_rows // num_rows heads (tile_rows =
-    # BLOCK_H L: BLOCK_H heads at L drafts), so a ragged batch's short
-    # requests fill fewer tiles (plan.head_block_plan).
-    return tile_rows // gl.maximum(num_rows, 1)
-
-
-@gluon.jit
-def _min_rows(head_block, num_heads, tile_rows):
-    # The fewest drafts of a request with heads in head_block (a scalar or
-    # a vector of them): head block k > 0 holds heads of a request of E
-    # drafts where k (tile_rows // E) < H, that is E > tile_rows //
-    # cdiv(H, k). One value, not three, carried into the partitions.
-    k = gl.maximum(head_block, 1)
-    return gl.where(head_block == 0, 0, tile_rows // ((num_heads + k - 1) // k) + 1)
-
-
-@gluon.jit
 def _row_coords(
     head_block,
     num_heads,
@@ -147,15 +128,12 @@ def _row_coords(
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
 ):
-    # Row m of the tile is (head h, draft i) with m = (h - h0) * num_rows
-    # + i, h0 the head block's first head (_heads_per_tile); a head block
-    # past the request's heads masks every row.
-    heads = _heads_per_tile(num_rows, BLOCK_H * DRAFT_LEN)
-    rows = gl.maximum(num_rows, 1)
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i; a
+    # request of num_rows <= L drafts owns rows i < num_rows.
     offs_m = gl.arange(0, ROWS, layout=layout)
-    offs_h = head_block * heads + offs_m // rows
-    offs_i = offs_m % rows
-    mask_m = (offs_m < heads * rows) & (offs_h < num_heads) & (offs_i < num_rows)
+    offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+    offs_i = offs_m % DRAFT_LEN
+    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
     return offs_h, offs_i, mask_m
 
 
@@ -282,135 +260,15 @@ def _gather_values(dst, V_BUF, rows, first, end, stride_row):
 
 
 @gluon.jit
-def _positions(
-    share_block,
-    start,
-    batch_size,
-    drafts,
-    BLOCK_B: gl.constexpr,
-    RAGGED: gl.constexpr,
-    layout: gl.constexpr,
-):
-    # Positions of requests start .. start + BLOCK_B - 1 in the head block
-    # (0 past the batch, and for a request with no heads in it): one per
-    # prefix tile, and `drafts` for the drafts.
-    KV_INDPTR, QO_INDPTR, min_rows = share_block
+def _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+    # Positions of requests start .. start + BLOCK_B - 1 (0 past the
+    # batch): one per prefix tile, and `drafts` for the drafts.
     offs = start + gl.arange(0, BLOCK_B, layout=layout)
     mask = offs < batch_size
     lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
         KV_INDPTR + offs, mask=mask, other=0
     )
-    if RAGGED:
-        rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
-            QO_INDPTR + offs, mask=mask, other=0
-        )
-        mask &= rows.to(gl.int32) >= min_rows
     return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
-
-
-@gluon.jit
-def _draft_counts(
-    QO_INDPTR,
-    start,
-    batch_size,
-    BLOCK_B: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    layout: gl.constexpr,
-):
-    # Draft counts of requests start .. start + BLOCK_B - 1 (L past the
-    # batch).
-    offs = start + gl.arange(0, BLOCK_B, layout=layout)
-    mask = offs < batch_size
-    rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
-        QO_INDPTR + offs, mask=mask, other=0
-    )
-    return gl.where(mask, rows.to(gl.int32), DRAFT_LEN)
-
-
-@gluon.jit
-def _head_block_plan(
-    share_block,
-    batch_size,
-    grid_cta,
-    grid_ctas,
-    head_blocks,
-    BLOCK_B: gl.constexpr,
-    HEAD_BLOCKS: gl.constexpr,
-    WARPS: gl.constexpr,
-):
-    # Which head block grid CTA grid_cta works for (plan.head_block_plan
-    # models it): one CTA a head block, the rest in proportion to their
-    # work, each request in it weighing its prefix tiles plus
-    # DRAFT_POSITIONS, so that a ragged batch's head blocks of fewer
-    # requests get fewer CTAs (all alike when uniform). Returns the head
-    # block, its first CTA and its CTA count, and its shares' inputs: its
-    # positions (drafts weighing DRAFT_POSITIONS unless every request in
-    # it holds as many tiles, then one), whether uniform, the drafts'
-    # weight and its requests. One pass over the batch for every head
-    # block at once (HEAD_BLOCKS >= head_blocks, a power of two); no scan
-    # nor layout change (either left the consumers' loop spilling: 1.2x
-    # slower).
-    KV_INDPTR, QO_INDPTR, num_heads, tile_rows = share_block
-    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
-    block_layout: gl.constexpr = gl.SliceLayout(1, layout)
-    request_layout: gl.constexpr = gl.SliceLayout(0, layout)
-    blocks = gl.arange(0, HEAD_BLOCKS, layout=block_layout)
-    min_rows = _min_rows(blocks, num_heads, tile_rows)
-    # Sums carried as tiles, reduced after the loop: triton 3.6 fails to
-    # lower a loop that carries a slice of a tile's layout.
-    total = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
-    most = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
-    count = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
-    prior = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)  # earlier blocks' work
-    work = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)  # every block's, in row 0
-    for start in range(0, batch_size, BLOCK_B):
-        offs = start + gl.arange(0, BLOCK_B, layout=request_layout)
-        mask = offs < batch_size
-        lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
-            KV_INDPTR + offs, mask=mask, other=0
-        )
-        rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
-            QO_INDPTR + offs, mask=mask, other=0
-        )
-        inside = (
-            (rows.to(gl.int32)[None, :] >= min_rows[:, None])
-            & (blocks < head_blocks)[:, None]
-            & mask[None, :]
-        )
-        tiles = (lens.to(gl.int32) + TOKENS - 1) // TOKENS
-        positions = gl.where(inside, (tiles + 1)[None, :], 0)
-        total += positions
-        most = gl.maximum(most, positions)
-        count += inside.to(gl.int32)
-        # A request's work in each head block before: its weight times
-        # the head blocks before that it is in.
-        below = gl.sum(inside.to(gl.int32), 0)
-        weight = gl.where(mask, tiles + DRAFT_POSITIONS, 0)
-        prior += gl.minimum(blocks[:, None], below[None, :]) * weight[None, :]
-        work += gl.where(blocks[:, None] == 0, (below * weight)[None, :], 0)
-    total = gl.sum(total, 1)
-    most = gl.max(most, 1)
-    count = gl.sum(count, 1)
-    prior = gl.sum(prior, 1)
-    work = gl.sum(gl.sum(work, 1), 0)
-    uniform = most.to(gl.int64) * count == total  # int64: no wrap to equal
-    drafts = gl.where(uniform, 1, DRAFT_POSITIONS)
-    total += (drafts - 1) * count
-    first = blocks + ((grid_ctas - head_blocks) * prior.to(gl.int64) // work).to(gl.int32)
-    first = gl.where(blocks < head_blocks, first, grid_ctas)
-    mine = gl.sum((first <= grid_cta).to(gl.int32), 0) - 1
-    here = blocks == mine
-    first_cta = gl.sum(gl.where(here, first, 0), 0)
-    next_cta = gl.min(gl.where(blocks > mine, first, grid_ctas), 0)
-    return (
-        mine,
-        first_cta,
-        next_cta - first_cta,
-        gl.sum(gl.where(here, total, 0), 0),
-        gl.sum(gl.where(here, uniform.to(gl.int32), 0), 0) != 0,
-        gl.sum(gl.where(here, drafts, 0), 0),
-        gl.sum(gl.where(here, count, 0), 0),
-    )
 
 
 @gluon.jit
@@ -446,40 +304,23 @@ def _segment(share, b, base):
     # batch are b's): its prefix tokens lo .. hi - 1, whether the
     # drafts' first position is in it, whether it is the whole request,
     # the request (first query row, draft count, prefix length, index),
-    # and where the next request's positions begin. A request with no
-    # heads in the head block holds no positions: an empty segment, all
-    # of whose rows are masked.
-    share_block, _, _, _, s0, s1, drafts = share
-    KV_INDPTR, QO_INDPTR, min_rows = share_block
+    # and where the next request's positions begin.
+    KV_INDPTR, QO_INDPTR, _, _, _, s0, s1, drafts = share
     kv_start = gl.load(KV_INDPTR + b)
     kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
-    # Ragged drafts: the counts are read here, on the device (q holds
-    # every request's rows back to back).
-    q_first = gl.load(QO_INDPTR + b)
-    num_rows = (gl.load(QO_INDPTR + b + 1) - q_first).to(gl.int32)
-    present = num_rows >= min_rows
-    tiles = gl.where(present, (kv_len + TOKENS - 1) // TOKENS, 0)
-    drafts = gl.where(present, drafts, 0)
+    tiles = (kv_len + TOKENS - 1) // TOKENS
     j_lo = gl.maximum(s0 - base, 0)
     j_hi = gl.minimum(tiles + drafts, s1 - base)
     hi = gl.minimum(j_hi * TOKENS, kv_len)
     lo = gl.minimum(j_lo * TOKENS, hi)
     with_drafts = (j_lo <= tiles) & (j_hi > tiles)
     whole = (j_lo == 0) & with_drafts
+    # Ragged drafts: the counts are read here, on the device (q holds
+    # every request's rows back to back).
+    q_first = gl.load(QO_INDPTR + b)
+    num_rows = (gl.load(QO_INDPTR + b + 1) - q_first).to(gl.int32)
     request = (q_first, num_rows, kv_len, b)
     return kv_start, lo, hi, with_drafts, whole, request, base + tiles + drafts
-
-
-@gluon.jit
-def _tile_segment(share, b, base, DRAFT_LEN: gl.constexpr, RAGGED: gl.constexpr):
-    # _segment for the default partition (the consumers or the score
-    # warpgroup): where the call is not ragged every request has L drafts,
-    # and L as a constant keeps the row coordinates' divisions constant.
-    kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
-    q_first, num_rows, kv_len, b = request
-    if not RAGGED:
-        num_rows = DRAFT_LEN
-    return kv_start, lo, hi, with_drafts, whole, (q_first, num_rows, kv_len, b), base
 
 
 @gluon.jit
@@ -659,7 +500,7 @@ def _produce(
     # and V's rows are gathered into the V ring at the same slots.
     nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
-    _, b0, b1, base, _, _, _ = share
+    _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
@@ -772,46 +613,39 @@ def _mask_tail(qk, first, hi):
 
 
 @gluon.jit
-def _drafts_of_rows(num_rows, layout: gl.constexpr):
-    # The draft each tile row holds (_row_coords: row m is draft
-    # m % num_rows of its head).
-    return gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % gl.maximum(num_rows, 1)
-
-
-@gluon.jit
-def _mask_rows(masks, request, layout: gl.constexpr):
+def _mask_rows(masks, request, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
     # Where each tile row's mask bits begin (kernel.py's layout): row
     # (h, i) of request b reads MASK[mask_indptr[b] + i * (P_b + E_b) + j],
     # its P_b prefix keys first, then its E_b drafts.
     _, MASK_INDPTR = masks
     _, num_rows, kv_len, b = request
-    offs_i = _drafts_of_rows(num_rows, layout)
+    offs_i = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
     return gl.load(MASK_INDPTR + b).to(gl.int64) + offs_i.to(gl.int64) * (kv_len + num_rows)
 
 
 @gluon.jit
-def _mask_bits(masks, rows, request, key0, key_end, layout: gl.constexpr):
+def _mask_bits(masks, rows, request, key0, key_end, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
     # The mask bits of keys key0 .. key0 + 63 (those before key_end) of
     # every tile row, from its start `rows` (_mask_rows); 0 elsewhere.
     MASK, _ = masks
     _, num_rows, _, _ = request
-    offs_i = _drafts_of_rows(num_rows, layout)
+    offs_i = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
     keys = key0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
     seen = (offs_i < num_rows)[:, None] & (keys < key_end)[None, :]
     return gl.load(MASK + rows[:, None] + keys[None, :], mask=seen, other=0)
 
 
 @gluon.jit
-def _mask_drafts(qk, masks, request, DRAFT_MASK: gl.constexpr):
+def _mask_drafts(qk, masks, request, DRAFT_LEN: gl.constexpr, DRAFT_MASK: gl.constexpr):
     # The drafts' tile: row (h, i) sees drafts 0..i, or those its mask
     # bits show (DRAFT_MASK).
     layout: gl.constexpr = qk.type.layout
-    _, num_rows, kv_len, _ = request
     if DRAFT_MASK:
-        rows = _mask_rows(masks, request, layout) + kv_len
-        visible = _mask_bits(masks, rows, request, 0, num_rows, layout) != 0
+        _, num_rows, kv_len, _ = request
+        rows = _mask_rows(masks, request, DRAFT_LEN, layout) + kv_len
+        visible = _mask_bits(masks, rows, request, 0, num_rows, DRAFT_LEN, layout) != 0
     else:
-        draft_of_row = _drafts_of_rows(num_rows, layout)
+        draft_of_row = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
         draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
         visible = draft[None, :] <= draft_of_row[:, None]
     return gl.where(visible, qk, float("-inf"))
@@ -913,6 +747,7 @@ def _consume_drafts(
     l_elem,
     acc,
     zero_s,
+    DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
 ):
@@ -921,7 +756,7 @@ def _consume_drafts(
     # scored without k_scale.
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s)
-    qk = _mask_drafts(qk, masks, request, DRAFT_MASK)
+    qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
     p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
     v_tile = _draft_values(kv_nope_ring, v_ring, ready, t, V_EXT_FROM_K)
     acc = _add_pv(p, p_smem, v_tile, acc)
@@ -965,6 +800,7 @@ def _consume_loaded_drafts(
     l_elem,
     acc,
     zero_s,
+    DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
 ):
@@ -983,7 +819,7 @@ def _consume_loaded_drafts(
     fence_async_shared()
     _warps_barrier()
     qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
-    qk = _mask_drafts(qk, masks, request, DRAFT_MASK)
+    qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
     p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
     if MLA:  # noqa: SIM102 (constexpr first: a worker's V_EXT_FROM_K is a runtime value)
         if not V_EXT_FROM_K:
@@ -1016,7 +852,6 @@ def _consume(
     KV_FP8: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
-    RAGGED: gl.constexpr,
 ):
     # Warpgroup g computes score columns 32g .. 32g + 31 and output
     # columns g HALF_V .. (g + 1) HALF_V - 1 of all 64 rows.
@@ -1031,9 +866,9 @@ def _consume(
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     score_scale, draft_scale, v_scale = scales
     wide_nope, wide_rope, wide_v = wide  # read with fp8 KV only
-    _, b0, b1, base, _, _, _ = share
+    _, _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
-    segment = _tile_segment(share, gl.minimum(b0, b1), base, DRAFT_LEN, RAGGED)
+    segment = _segment(share, gl.minimum(b0, b1), base)
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
     )
@@ -1042,7 +877,7 @@ def _consume(
         kv_start, lo, hi, with_drafts, whole, request, base = segment
         # The next request's segment, read a request ahead (b1's own
         # again on the last).
-        segment = _tile_segment(share, gl.minimum(b + 1, b1), base, DRAFT_LEN, RAGGED)
+        segment = _segment(share, gl.minimum(b + 1, b1), base)
         _await_q()
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         # Row sums kept per element and reduced once at the end: one
@@ -1050,14 +885,16 @@ def _consume(
         l_elem = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, D_V], gl.float32, layout=o_layout)
         if PREFIX_MASK:
-            mask_rows = _mask_rows(masks, request, s_layout)
+            mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
             if PREFIX_MASK:
                 # Loaded before the wait, which hides their latency.
-                bits = _mask_bits(masks, mask_rows, request, lo + t * TOKENS, hi, s_layout)
+                bits = _mask_bits(
+                    masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
+                )
             mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
             if KV_FP8:
                 # The previous tile's P V is done (_add_pv's last barrier):
@@ -1104,6 +941,7 @@ def _consume(
                     l_elem,
                     acc,
                     zero_s,
+                    DRAFT_LEN,
                     V_EXT_FROM_K,
                     DRAFT_MASK,
                 )
@@ -1125,6 +963,7 @@ def _consume(
                     l_elem,
                     acc,
                     zero_s,
+                    DRAFT_LEN,
                     V_EXT_FROM_K,
                     DRAFT_MASK,
                 )
@@ -1173,7 +1012,6 @@ def _consume_scores(
     V_EXT_FROM_K: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
-    RAGGED: gl.constexpr,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
     # the online softmax, and the first half of the output columns.
@@ -1188,9 +1026,9 @@ def _consume_scores(
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     ready, empty, p_bar, sums_bar, sums_free = bars
     score_scale, draft_scale, v_scale = scales
-    _, b0, b1, base, _, _, _ = share
+    _, _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
-    segment = _tile_segment(share, gl.minimum(b0, b1), base, DRAFT_LEN, RAGGED)
+    segment = _segment(share, gl.minimum(b0, b1), base)
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
     )
@@ -1199,20 +1037,22 @@ def _consume_scores(
         kv_start, lo, hi, with_drafts, whole, request, base = segment
         # The next request's segment, read a request ahead (b1's own
         # again on the last).
-        segment = _tile_segment(share, gl.minimum(b + 1, b1), base, DRAFT_LEN, RAGGED)
+        segment = _segment(share, gl.minimum(b + 1, b1), base)
         _await_q()
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
         if PREFIX_MASK:
-            mask_rows = _mask_rows(masks, request, s_layout)
+            mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
             if PREFIX_MASK:
                 # Loaded before the tile's wait, which hides their latency.
-                bits = _mask_bits(masks, mask_rows, request, lo + t * TOKENS, hi, s_layout)
+                bits = _mask_bits(
+                    masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
+                )
             qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
@@ -1242,7 +1082,7 @@ def _consume_scores(
             _stage_next(
                 segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
             )
-            qk = _mask_drafts(qk, masks, request, DRAFT_MASK)
+            qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
             alpha, m_i, l_i = _hand_over(
                 qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, DRAFT_MASK
             )
@@ -1311,7 +1151,7 @@ def _consume_values(
     )
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     ready, empty, p_bar, sums_bar, sums_free = bars
-    _, b0, b1, base, _, _, _ = share
+    _, _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
@@ -1360,7 +1200,7 @@ def _store_out(
 ):
     # Output columns col0 onwards of the tile's rows: the output itself
     # when the segment is the whole request (drafts included), else the
-    # segment's partial, row (slot, tile row).
+    # segment's partial.
     (
         write_output,
         O,
@@ -1389,16 +1229,8 @@ def _store_out(
         offs_h, offs_i, mask_m, offs_d = _tile_coords(
             head_block, num_heads, request[1], col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
-        part_row = _partial_rows(slot, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout))
+        part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
         gl.store(PART_O + part_row[:, None] * D_V + offs_d[None, :], out, mask=mask_m[:, None])
-
-
-@gluon.jit
-def _partial_rows(slot, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
-    # Partial rows (slot, tile row): BLOCK_H L rows a slot, whatever the
-    # request's draft count (stage 2 finds a head's rows from it).
-    rows = gl.arange(0, ROWS, layout=layout)
-    return (slot * (BLOCK_H * DRAFT_LEN) + rows).to(gl.int64)
 
 
 @gluon.jit
@@ -1424,7 +1256,7 @@ def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         offs_h, offs_i, mask_m = _row_coords(
             head_block, num_heads, request[1], BLOCK_H, DRAFT_LEN, layout
         )
-        row = _partial_rows(slot, BLOCK_H, DRAFT_LEN, layout)
+        row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
         gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
 
@@ -1460,9 +1292,6 @@ def _prefix_kernel_sm90(
     DRAFT_LEN: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
-    HEAD_BLOCKS: gl.constexpr,
-    PLAN_REQUESTS: gl.constexpr,
-    RAGGED: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     SCORE_VALUE: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
@@ -1481,54 +1310,25 @@ def _prefix_kernel_sm90(
     # Warps of the default partition: the consumers (columns) or the
     # score warpgroup.
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
+    head_block = gl.program_id(0)
+    cta = gl.program_id(1)
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
-    # The grid is one wave of CTAs; each works for one head block, and its
-    # head block's positions (each request's prefix tiles, then its
-    # drafts) are cut into equal ranges, one per CTA, of min_share
-    # positions at least (_share_count). Where every request has heads in
-    # every head block (L drafts each, or a single head block), each head
-    # block gets a row of the grid; else _head_block_plan shares the grid
-    # out by work.
-    head_blocks = gl.num_programs(0)
-    tile_rows: gl.constexpr = BLOCK_H * DRAFT_LEN
+    # The share (module docstring): the batch's positions, cut into
+    # equal ranges, one per CTA, of min_share positions at least.
     total = 0
     most = 0
-    fewest = DRAFT_LEN
-    everywhere = (KV_INDPTR, QO_INDPTR, 0)
     for start in range(0, batch_size, BLOCK_B):
-        positions = _positions(everywhere, start, batch_size, 1, BLOCK_B, False, plan_layout)
+        positions = _positions(KV_INDPTR, start, batch_size, 1, BLOCK_B, plan_layout)
         total += gl.sum(positions, 0)
         most = gl.maximum(most, gl.max(positions, 0))
-        if RAGGED:
-            counts = _draft_counts(QO_INDPTR, start, batch_size, BLOCK_B, DRAFT_LEN, plan_layout)
-            fewest = gl.minimum(fewest, gl.min(counts, 0))
-    head_block = gl.program_id(0)
-    first_cta = head_block * gl.num_programs(1)
-    block_ctas = gl.num_programs(1)
-    # int64: no wrap to equal
+    # A ragged batch's drafts weigh DRAFT_POSITIONS (int64: no wrap to
+    # equal).
     uniform = most.to(gl.int64) * batch_size == total
-    drafts = gl.where(uniform, 1, DRAFT_POSITIONS)
+    drafts = DRAFT_POSITIONS
+    if uniform:
+        drafts = 1
     total += (drafts - 1) * batch_size
-    requests = batch_size
-    if RAGGED:  # noqa: SIM102 (constexpr: the plan of draft counts compiles for ragged calls)
-        if fewest < _min_rows(head_blocks - 1, num_heads, tile_rows):
-            head_block, first_cta, block_ctas, total, uniform, drafts, requests = _head_block_plan(
-                (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
-                batch_size,
-                first_cta + gl.program_id(1),
-                head_blocks * block_ctas,
-                head_blocks,
-                PLAN_REQUESTS,
-                HEAD_BLOCKS,
-                MAIN_WARPS,
-            )
-    grid_cta = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
-    # The share's requests: those with heads in the head block.
-    share_block = (KV_INDPTR, QO_INDPTR, _min_rows(head_block, num_heads, tile_rows))
-    cta = grid_cta - first_cta
-    ctas = requests * 0
-    if requests > 0:  # else no request has heads in the head block
-        ctas = _share_count(block_ctas, total, uniform, requests, min_share)
+    ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
     if cta < ctas:
         s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
         s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
@@ -1536,23 +1336,20 @@ def _prefix_kernel_sm90(
         # position at s0 or later), the one that holds position s1 - 1,
         # and where the first one's positions begin (Gluon scans only in
         # the kernel body). b1 < b0: the range holds drafts' later
-        # positions alone, and nothing to do. Requests with no heads in
-        # the head block hold no positions: neither b0 nor b1 is one.
+        # positions alone, and nothing to do.
         b0 = 0
         base0 = 0
         b1 = 0
         done = 0
         for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(
-                share_block, start, batch_size, drafts, BLOCK_B, RAGGED, plan_layout
-            )
+            positions = _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B, plan_layout)
             ends = done + gl.associative_scan(positions, 0, _add)
             before = ends - drafts < s0
             b0 += gl.sum(before.to(gl.int32), 0)
             base0 += gl.sum(gl.where(before, positions, 0), 0)
             b1 += gl.sum((ends < s1).to(gl.int32), 0)
             done += gl.sum(positions, 0)
-        share = (share_block, b0, b1, base0, s0, s1, drafts)
+        share = (KV_INDPTR, QO_INDPTR, b0, b1, base0, s0, s1, drafts)
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
         scales = (score_scale, draft_scale, v_scale)
@@ -1563,7 +1360,7 @@ def _prefix_kernel_sm90(
             stride_o_head,
             PART_O,
             PART_LSE,
-            grid_cta,
+            cta,
             head_block,
             num_heads,
         )
@@ -1656,7 +1453,6 @@ def _prefix_kernel_sm90(
                             V_EXT_FROM_K,
                             PREFIX_MASK,
                             DRAFT_MASK,
-                            RAGGED,
                         ),
                     ),
                     (
@@ -1728,7 +1524,6 @@ def _prefix_kernel_sm90(
                             KV_FP8,
                             PREFIX_MASK,
                             DRAFT_MASK,
-                            RAGGED,
                         ),
                     ),
                     (_produce, produce_args),
@@ -1766,31 +1561,26 @@ def launch_prefix(
     custom_mask=None,
     mask_indptr=None,
     prefix_mask: bool = False,
-    ragged: bool = True,
 ) -> None:
-    """Stage 1 on sm90 on ``ctas`` CTAs per head block (of ``block_h``
-    heads at ``draft_len`` drafts; a ragged batch's head blocks get CTAs in
-    proportion to their work), shares of at least ``min_share`` positions
-    (fewer shares on a small batch): writes the output of every request a
-    share holds whole, and the partials (prefix values scaled by
-    ``v_scale``, drafts included) of the others, ``part_o`` / ``part_lse``
-    rows ``(slot, tile row)`` (``hopper.partial_rows``). Request b has
-    ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most ``draft_len``.
-    ``custom_mask`` (uint8, kernel.py's layout, with ``mask_indptr``)
-    replaces the causal draft block, and its prefix bits are read too where
-    ``prefix_mask``. ``score_value`` picks that schedule
+    """Stage 1 on sm90 with ``ctas`` shares per head block, each of at least
+    ``min_share`` positions (fewer shares on a small batch): writes the
+    output of every request a share holds whole, and the partials (prefix values
+    scaled by ``v_scale``, drafts included) of the others, ``part_o`` /
+    ``part_lse`` rows ``(slot, head, draft)`` for ``partial_slots(ctas)``
+    slots. Request b has ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most
+    ``draft_len``. ``custom_mask`` (uint8, kernel.py's layout, with
+    ``mask_indptr``) replaces the causal draft block, and its prefix bits
+    are read too where ``prefix_mask``. ``score_value`` picks that schedule
     (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over columns.
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
     go out at this grid's start. ``v_buffer``: V's cache, read only by a
-    module for other head dims than MLA's (MLA reads V from K's rows).
-    ``ragged``: some request may have fewer than ``draft_len`` drafts (the
-    kernel then reads the counts into its plan and row coordinates)."""
+    module for other head dims than MLA's (MLA reads V from K's rows)."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     draft_mask = custom_mask is not None
     num_heads = q.shape[1]
-    head_blocks = hopper.head_blocks(num_heads, block_h)
-    _prefix_kernel_sm90[(head_blocks, ctas)](
+    grid = ((num_heads + block_h - 1) // block_h, ctas)
+    _prefix_kernel_sm90[grid](
         q,
         k_buffer,
         v_buffer,
@@ -1823,9 +1613,6 @@ def launch_prefix(
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
-        HEAD_BLOCKS=hopper.plan_width(head_blocks),
-        PLAN_REQUESTS=hopper.plan_requests(head_blocks, plan_block),
-        RAGGED=ragged,
         # With a V ring (not MLA) the drafts' V goes beside their K: one tile.
         V_EXT_FROM_K=v_extend_from_k or not _mla,
         SCORE_VALUE=score_value,
