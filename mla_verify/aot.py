@@ -110,14 +110,17 @@ def compile_stage1(
     *,
     mask: str = "none",
     separate_v: bool = False,
+    ragged: bool = False,
 ):
     """Stage 1 compiled for ``arch`` as a launch there compiles it (Triton's
     CompiledKernel). MLA takes V as a view of K unless ``separate_v`` (the
     Triton kernel then runs, as plan.for_separate_v says); other head dims a
     V cache of its own, as engines pass them. ``mask``: "none", "draft" (a custom
     mask's draft block: the Hopper kernel reads it, the Triton kernel's
-    stage 1 does not) or "prefix" (its prefix bits too). The split count and
-    share floor are runtime values: any will do."""
+    stage 1 does not) or "prefix" (its prefix bits too). ``ragged``: the
+    Hopper kernel's module for calls with fewer than L drafts in some
+    request. The split count and share floor are runtime values: any will
+    do."""
     if not isinstance(kernel._prefix_kernel, JITFunction):  # decorated under the interpreter
         raise RuntimeError("aot: TRITON_INTERPRET is set; compile in a process without it")
     target, _ = TARGETS[arch]
@@ -144,6 +147,7 @@ def compile_stage1(
             score_value,
             mask != "none",
             prefix_mask,
+            ragged,
         )
     pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
     constexprs = dict(
@@ -296,12 +300,18 @@ def _compile_hopper_kernel(
     score_value: bool,
     draft_mask: bool,
     prefix_mask: bool,
+    ragged: bool,
 ):
-    fn = hopper.gluon_kernel(head_dims)._prefix_kernel_sm90
+    fn = hopper.gluon_kernel(head_dims, ragged)._prefix_kernel_sm90
+    # The plan's width follows the head count, a runtime value: MLA's 128
+    # heads (its widest in practice).
+    head_blocks = hopper.head_blocks(128, config.BLOCK_H)
     constexprs = dict(
         DRAFT_LEN=draft_len,
         BLOCK_H=config.BLOCK_H,
         BLOCK_B=kernel.PLAN_BLOCK,
+        HEAD_BLOCKS=hopper.plan_width(head_blocks),
+        PLAN_REQUESTS=hopper.plan_requests(head_blocks, kernel.PLAN_BLOCK),
         V_EXT_FROM_K=False,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)

@@ -490,9 +490,7 @@ def verify_mla_fwd(
             custom_mask,
             mask_indptr,
         )
-    part_o, part_lse = get_workspace(device).views(
-        plan.partial_slots, plan.num_heads, max_len_extend, head_dims[1]
-    )
+    part_o, part_lse = get_workspace(device).views(plan.partial_rows, head_dims[1])
     kernel.launch(
         plan,
         q_extend,

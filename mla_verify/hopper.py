@@ -28,6 +28,9 @@ DEFAULT_MIN_SHARE = 4
 # requests gets fewer positions. A uniform batch counts one: its cuts fall
 # at request boundaries or split every request alike.
 DRAFT_POSITIONS = 5
+# (head block, request) pairs the plan of a launch reads at once, in its
+# registers: 128 requests of up to 32 head blocks.
+PLAN_ELEMENTS = 4096
 # Registers: 12 warps x 168 fill the register file. The producer keeps 88
 # (two tiles' slot indices; 56 spilled them), the rest goes to the consumers
 # (setmaxnreg); with score/value the value warpgroup holds half the output
@@ -57,27 +60,33 @@ SHAPE = (
     VALUE_REGS,
     HALF_V,
     DRAFT_POSITIONS,
+    PLAN_ELEMENTS,
 )
 
 
 @functools.cache
-def gluon_kernel(head_dims: tuple[int, int] = MLA_HEAD_DIMS) -> ModuleType | None:
-    """The kernel module for ``head_dims`` (MLA's: ``kernel_sm90`` itself),
-    or None where this Triton lacks Gluon's Hopper ops (then the Triton
-    kernel runs every call). Other head dims get kernel_sm90's source run as
-    a module of its own with ``HEAD_DIMS`` set, since its tile shapes are
-    module constants."""
+def gluon_kernel(
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS, ragged: bool = False
+) -> ModuleType | None:
+    """The kernel module for ``head_dims`` (MLA's: ``kernel_sm90`` itself)
+    and ``ragged`` calls (some request with fewer than L drafts), or None
+    where this Triton lacks Gluon's Hopper ops (then the Triton kernel runs
+    every call). Other variants get kernel_sm90's source run as a module of
+    its own with ``HEAD_DIMS`` and ``RAGGED`` set, since its tile shapes and
+    those choices are module constants (a constant in every warp
+    partition)."""
     try:
         from . import kernel_sm90
     except ImportError:
         return None
     head_dims = tuple(head_dims)
-    if head_dims == MLA_HEAD_DIMS:
+    if head_dims == MLA_HEAD_DIMS and not ragged:
         return kernel_sm90
-    name = f"{kernel_sm90.__name__}_{head_dims[0]}x{head_dims[1]}"
+    name = f"{kernel_sm90.__name__}_{head_dims[0]}x{head_dims[1]}" + ("_ragged" if ragged else "")
     spec = importlib.util.spec_from_file_location(name, kernel_sm90.__file__)
     module = importlib.util.module_from_spec(spec)
     module.HEAD_DIMS = head_dims
+    module.RAGGED = ragged
     spec.loader.exec_module(module)
     return module
 
@@ -116,13 +125,33 @@ def launch_options(score_value: bool) -> dict[str, int]:
     return {"num_warps": warps, "maxnreg": MAX_REGS}
 
 
+def head_blocks(num_heads: int, block_h: int) -> int:
+    """Head blocks of BLOCK_H heads: the tiles of a request with L drafts
+    (one with fewer packs more heads a tile and fills fewer of them)."""
+    return (num_heads + block_h - 1) // block_h
+
+
+def plan_width(blocks: int) -> int:
+    """The head blocks the kernels' plan reads at once: a power of two, 2
+    at least."""
+    return max(2, 1 << (blocks - 1).bit_length())
+
+
+def plan_requests(blocks: int, batch_block: int) -> int:
+    """Requests the plan reads a step for ``blocks`` head blocks at once:
+    ``batch_block``, fewer where the (head block, request) tile would pass
+    PLAN_ELEMENTS (hundreds of heads in small blocks)."""
+    return max(32, min(batch_block, PLAN_ELEMENTS // plan_width(blocks)))
+
+
 def ctas_per_head_block(sm_count: int, num_heads: int, block_h: int) -> int:
-    """The share count: one wave of CTAs (one per SM) over the head blocks."""
-    head_blocks = (num_heads + block_h - 1) // block_h
-    return max(1, sm_count // head_blocks)
+    """CTAs per head block: one wave of CTAs (one per SM) over the head
+    blocks."""
+    return max(1, sm_count // head_blocks(num_heads, block_h))
 
 
-def partial_slots(ctas: int) -> int:
-    """Partial slots of a launch with ``ctas`` shares per head block: one
-    for each CTA's first segment and one for its last."""
-    return 2 * ctas
+def partial_rows(ctas: int, num_heads: int, draft_len: int, block_h: int) -> int:
+    """Partial rows of a launch with ``ctas`` CTAs per head block: two
+    slots a CTA (its first segment's and its last's), each of one tile's
+    BLOCK_H x L rows."""
+    return 2 * ctas * head_blocks(num_heads, block_h) * block_h * draft_len

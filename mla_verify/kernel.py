@@ -16,7 +16,9 @@ tokens; U = bs * NUM_KV_SPLITS work units):
     o        [T, H, Dv]
     part_o   [U, H, L, Dv]    fp32 workspace: normalised output of each unit
     part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each unit
-             (the Hopper kernel: U = 2 slots per share, see partial_slots)
+             (the Hopper kernel: U = 2 slots a CTA of a head block; with
+             ragged drafts [2 x its grid, BLOCK_H x L] rows, see
+             hopper.partial_rows)
 
 Algorithm: the batch's prefix tokens are cut into chunks of one size, sized
 from the total so that every request's chunks fit in U units; stage 1 runs
@@ -133,21 +135,27 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
 @triton.jit
 def _share_positions(
     KV_INDPTR,
+    QO_INDPTR,
     req,
     batch_size,
     BLOCK_B: tl.constexpr,
     TOKENS: tl.constexpr,
     DRAFT_POSITIONS: tl.constexpr,
+    RAGGED: tl.constexpr,
 ):
-    # The Hopper kernel's positions (kernel_sm90._positions: each request's
-    # prefix tiles of TOKENS, then its drafts, DRAFT_POSITIONS in a ragged
-    # batch, one in a uniform one): those of the requests before req,
-    # req's own and the batch's; whether every request holds as many; and
-    # the drafts'.
+    # The Hopper kernel's positions where every request has heads in every
+    # head block (kernel_sm90's plan: each request's prefix tiles of
+    # TOKENS, then its drafts, DRAFT_POSITIONS in a ragged batch, one in a
+    # uniform one): those of the requests before req, req's own and the
+    # batch's; whether every request holds as many; the drafts'; and, where
+    # the call is RAGGED, the fewest drafts of any request.
     before = 0
     mine = 0
     total = 0
     most = 0
+    fewest = 0
+    if RAGGED:
+        fewest = (tl.load(QO_INDPTR + 1) - tl.load(QO_INDPTR)).to(tl.int32)
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
@@ -157,6 +165,9 @@ def _share_positions(
         mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
         total += tl.sum(positions, 0)
         most = tl.maximum(most, tl.max(positions, 0))
+        if RAGGED:
+            rows = tl.where(mask_b, _prefix_lens(QO_INDPTR, offs_b, mask_b), fewest)
+            fewest = tl.minimum(fewest, tl.min(rows, 0))
     uniform = most.to(tl.int64) * batch_size == total  # int64: no wrap to equal
     drafts = DRAFT_POSITIONS
     if uniform:
@@ -164,7 +175,103 @@ def _share_positions(
     before += (drafts - 1) * req
     mine += drafts - 1
     total += (drafts - 1) * batch_size
-    return before, mine, total, uniform, drafts
+    return before, mine, total, uniform, drafts, fewest
+
+
+@triton.jit
+def _min_rows(head_block, num_heads, tile_rows):
+    # The fewest drafts of a request with heads in head_block (a scalar or
+    # a vector of them; kernel_sm90._min_rows).
+    k = tl.maximum(head_block, 1)
+    return tl.where(head_block == 0, 0, tile_rows // tl.cdiv(num_heads, k) + 1)
+
+
+@triton.jit
+def _head_block_shares(
+    KV_INDPTR,
+    QO_INDPTR,
+    req,
+    head_block,
+    batch_size,
+    num_heads,
+    tile_rows,
+    grid_ctas,
+    head_blocks,
+    BLOCK_B: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    TOKENS: tl.constexpr,
+    DRAFT_POSITIONS: tl.constexpr,
+):
+    # The Hopper kernel's plan for head_block where some request has no
+    # heads in some head block (kernel_sm90._head_block_plan and
+    # _positions, the same rule): a request of E drafts has heads in head
+    # blocks hb with hb * (tile_rows // E) < num_heads (E at least
+    # kernel_sm90._min_rows); its positions there are its prefix tiles of
+    # TOKENS, then its drafts, DRAFT_POSITIONS unless every request in the
+    # head block holds as many, else one. Each head block gets one CTA and
+    # the rest of the grid's in proportion to its work (its requests'
+    # tiles plus DRAFT_POSITIONS each). Returns the head block's first CTA
+    # and CTA count, its positions, whether uniform, the drafts' weight,
+    # its requests, and the positions of its requests before req. All head
+    # blocks at once (HEAD_BLOCKS >= head_blocks, a power of two).
+    blocks = tl.arange(0, HEAD_BLOCKS)
+    min_rows = _min_rows(blocks, num_heads, tile_rows)
+    # Sums carried as tiles, reduced after the loop: triton 3.6 fails to
+    # lower a loop that carries a reduction's result vector.
+    tile = tl.zeros([HEAD_BLOCKS, BLOCK_B], dtype=tl.int32)
+    total = tile
+    most = tile
+    count = tile
+    before = tile
+    earlier = tile
+    prior = tile  # earlier blocks' work
+    work = tile  # every block's, in row 0
+    for start in range(0, batch_size, BLOCK_B):
+        offs_b = start + tl.arange(0, BLOCK_B)
+        mask_b = offs_b < batch_size
+        rows = _prefix_lens(QO_INDPTR, offs_b, mask_b)
+        inside = (
+            (rows[None, :] >= min_rows[:, None]) & (blocks < head_blocks)[:, None] & mask_b[None, :]
+        )
+        tiles = tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), TOKENS)
+        positions = tl.where(inside, (tiles + 1)[None, :], 0)
+        total += positions
+        most = tl.maximum(most, positions)
+        count += inside.to(tl.int32)
+        ahead = inside & (offs_b < req)[None, :]
+        before += tl.where(ahead, positions, 0)
+        earlier += ahead.to(tl.int32)
+        # Work: a request's tiles plus DRAFT_POSITIONS in each head block
+        # it is in.
+        below = tl.sum(inside.to(tl.int32), 0)
+        weight = tl.where(mask_b, tiles + DRAFT_POSITIONS, 0)
+        prior += tl.minimum(blocks[:, None], below[None, :]) * weight[None, :]
+        work += tl.where(blocks[:, None] == 0, (below * weight)[None, :], 0)
+    total = tl.sum(total, 1)
+    most = tl.max(most, 1)
+    count = tl.sum(count, 1)
+    before = tl.sum(before, 1)
+    earlier = tl.sum(earlier, 1)
+    prior = tl.sum(prior, 1)
+    work = tl.sum(tl.sum(work, 1), 0)
+    uniform = most.to(tl.int64) * count == total  # int64: no wrap to equal
+    drafts = tl.where(uniform, 1, DRAFT_POSITIONS)
+    total += (drafts - 1) * count
+    before += (drafts - 1) * earlier
+    first = blocks + ((grid_ctas - head_blocks) * prior.to(tl.int64) // work).to(tl.int32)
+    first = tl.where(blocks < head_blocks, first, grid_ctas)
+    here = blocks == head_block
+    first_cta = tl.sum(tl.where(here, first, 0), 0)
+    next_cta = tl.min(tl.where(blocks > head_block, first, grid_ctas), 0)
+    return (
+        first_cta,
+        next_cta - first_cta,
+        tl.sum(tl.where(here, total, 0), 0),
+        tl.sum(tl.where(here, uniform.to(tl.int32), 0), 0) != 0,
+        tl.sum(tl.where(here, drafts, 0), 0),
+        tl.sum(tl.where(here, count, 0), 0),
+        tl.sum(tl.where(here, before, 0), 0),
+    )
 
 
 @triton.jit
@@ -328,15 +435,14 @@ def _prefix_kernel(
 def _merge_pieces(
     PART_O,
     PART_LSE,
-    head,
-    num_heads,
+    row_stride,
+    row0,
     first,
     later,
     step,
     num_pieces,
     num_rows,
     col0,
-    DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     D_BLOCK: tl.constexpr,
@@ -344,7 +450,8 @@ def _merge_pieces(
 ):
     # Merges a request's partials ("pieces"; log2-sum-exp2 weights) for one
     # head, drafts 0 .. num_rows - 1, columns col0 .. col0 + D_BLOCK - 1:
-    # piece 0 is at partial slot `first`, piece j > 0 at later + step * j.
+    # piece 0 is at partial slot `first`, piece j > 0 at later + step * j;
+    # a slot's draft i is row slot * row_stride + row0 + i.
     # A piece of weight 0 (lse -inf, values 0) adds nothing. Row r of the tile is draft
     # r % L_PAD of slot r // L_PAD; each slot merges every SLOTS-th piece, so
     # one load fetches SLOTS pieces and the loop (a chain of L2 round trips
@@ -362,7 +469,7 @@ def _merge_pieces(
         piece = piece0 + slot
         valid = (draft < num_rows) & (piece < num_pieces)
         part = tl.where(piece == 0, first, later + step * piece)
-        part_row = ((part * num_heads + head) * DRAFT_LEN + draft).to(tl.int64)
+        part_row = part.to(tl.int64) * row_stride + row0 + draft
         lse = tl.load(PART_LSE + part_row, mask=valid, other=float("-inf"))
         part = tl.load(
             PART_O + part_row[:, None] * D_V + offs_d[None, :], mask=valid[:, None], other=0.0
@@ -431,15 +538,14 @@ def _merge_extend_kernel(
     m_i, l_i, acc = _merge_pieces(
         PART_O,
         PART_LSE,
-        head,
-        num_heads,
+        num_heads * DRAFT_LEN,
+        head * DRAFT_LEN,
         first,
         first,
         1,
         num_pieces,
         num_rows,
         0,
-        DRAFT_LEN,
         L_PAD,
         BLOCK_L,
         D_V,
@@ -501,9 +607,12 @@ def _merge_shares_kernel(
     stride_o_head,
     num_heads,
     batch_size,
+    head_blocks,
     share_ctas,
     min_share,
     DRAFT_LEN: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
     L_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     D_BLOCK: tl.constexpr,
@@ -511,6 +620,7 @@ def _merge_shares_kernel(
     TOKENS: tl.constexpr,
     DRAFT_POSITIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    RAGGED: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
     # After the Hopper kernel's shares: the partials of a request that
@@ -518,46 +628,84 @@ def _merge_shares_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     col0 = tl.program_id(2) * D_BLOCK
-    # Positions base .. base + n - 1 are the request's, its drafts' from
-    # base + n - drafts. CTA c's range begins at c * total // ctas, so the
-    # CTA that holds position p is ((p + 1) * ctas - 1) // total (int64:
-    # the products pass 2^31 on large batches). c0 holds the first
-    # position, c1 the drafts' first.
-    base, n, total, uniform, drafts = _share_positions(
-        KV_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS
+    base, n, total, uniform, drafts, fewest = _share_positions(
+        KV_INDPTR, QO_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS, RAGGED
     )
-    ctas = _share_count(share_ctas, total, uniform, batch_size, min_share).to(tl.int64)
+    # Partial rows (slot, head, draft), the slots the head block's CTAs'
+    # (kernel_sm90._partial_rows).
+    row_stride = num_heads * DRAFT_LEN
+    row0 = head * DRAFT_LEN
+    first_slot = 0
+    block_ctas = share_ctas
+    requests = batch_size
+    if RAGGED:
+        # Rows (slot, tile row), the slots the grid's CTAs': the head's
+        # head block and first row there (kernel_sm90._row_coords: E
+        # drafts pack TILE_ROWS // E heads a tile). Where some request has
+        # no heads in some head block, the CTAs are shared out by work
+        # (kernel_sm90's plan); else each head block has a row of the grid.
+        num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
+        heads = TILE_ROWS // tl.maximum(num_rows, 1)
+        head_block = head // heads
+        row_stride = TILE_ROWS
+        row0 = (head - head_block * heads) * num_rows
+        first_slot = 2 * head_block * share_ctas
+        if fewest < _min_rows(head_blocks - 1, num_heads, TILE_ROWS):
+            first_cta, block_ctas, total, uniform, drafts, requests, base = _head_block_shares(
+                KV_INDPTR,
+                QO_INDPTR,
+                req,
+                head_block,
+                batch_size,
+                num_heads,
+                TILE_ROWS,
+                head_blocks * share_ctas,
+                head_blocks,
+                BLOCK_B,
+                HEAD_BLOCKS,
+                TOKENS,
+                DRAFT_POSITIONS,
+            )
+            first_slot = 2 * first_cta
+            kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
+            n = tl.cdiv(kv_len, TOKENS) + drafts
+    # Positions base .. base + n - 1 of the head block are the request's,
+    # its drafts' from base + n - drafts. The head block's CTA c holds
+    # positions from c * total // ctas, so the one that holds position p
+    # is ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on
+    # large batches). c0 holds the first position, c1 the drafts' first.
+    ctas = _share_count(block_ctas, total, uniform, requests, min_share).to(tl.int64)
     c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
     c1 = (((base + n - drafts + 1) * ctas - 1) // total).to(tl.int32)
     if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
         gdc_wait()
     if c0 != c1:  # else one CTA held the whole request and wrote its output
-        num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
+        q_first = tl.load(QO_INDPTR + req)
+        num_rows = (tl.load(QO_INDPTR + req + 1) - q_first).to(tl.int32)
         # CTA c0's part is its first segment when no earlier request has
         # work in its range (the previous drafts' first position is before
         # it), else its last (slot 2 c0 + 1); the later CTAs' is their
         # first (slot 2 c).
         earlier = (c0.to(tl.int64) * total // ctas) <= base - drafts
-        first = 2 * c0 + earlier.to(tl.int32)
+        slot0 = first_slot + 2 * c0
         _, l_i, acc = _merge_pieces(
             PART_O,
             PART_LSE,
-            head,
-            num_heads,
-            first,
-            2 * c0,
+            row_stride,
+            row0,
+            slot0 + earlier.to(tl.int32),
+            slot0,
             2,
             c1 - c0 + 1,
             num_rows,
             col0,
-            DRAFT_LEN,
             L_PAD,
             ROWS,
             D_BLOCK,
             D_V,
         )
         offs_i = tl.arange(0, L_PAD)
-        q_row = (tl.load(QO_INDPTR + req) + offs_i).to(tl.int64)
+        q_row = (q_first + offs_i).to(tl.int64)
         offs_d = col0 + tl.arange(0, D_BLOCK)
         ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
         # A row a mask hid every key from has sum 0 and output 0.
@@ -658,13 +806,13 @@ def launch(
 ) -> None:
     """Launch both stages as ``plan`` (a ``plan.Plan`` of this call) says.
     Inputs are trusted (the API validates them); ``part_o`` / ``part_lse``
-    hold at least ``workspace_numel(plan.partial_slots, ...)`` elements;
+    hold at least ``workspace_numel(plan.partial_rows, ...)`` elements;
     ``custom_mask`` (uint8, SGLang's layout) and ``mask_indptr`` where the
     plan reads a mask. Looks nothing up, allocates nothing, never
     synchronises."""
     config = plan.config
     if plan.hopper:
-        hopper.gluon_kernel(plan.head_dims).launch_prefix(
+        hopper.gluon_kernel(plan.head_dims, plan.ragged).launch_prefix(
             q,
             k_buffer,
             v_buffer,
@@ -700,10 +848,12 @@ def launch(
             part_lse,
             batch_size=plan.batch_size,
             draft_len=plan.draft_len,
+            block_h=config.BLOCK_H,
             share_ctas=plan.share_ctas,
             min_share=plan.min_share,
             column_blocks=plan.merge_blocks,
             dependent=plan.dependent,
+            ragged=plan.ragged,
         )
         return
     num_heads = q.shape[1]
@@ -838,20 +988,25 @@ def launch_merge_shares(
     *,
     batch_size: int,
     draft_len: int,
+    block_h: int,
     share_ctas: int,
     min_share: int,
     column_blocks: int,
     dependent: bool,
+    ragged: bool = True,
 ) -> None:
-    """Stage 2 after the Hopper kernel's shares (``share_ctas`` per head
-    block, of ``min_share`` positions at least), writes ``o``: merges the
-    requests that several shares hold (drafts included) and leaves the
-    others, which stage 1 wrote; ``column_blocks`` programs a (request,
-    head), each a block of columns (``plan.merge_column_blocks``).
-    ``dependent``: a programmatic dependent launch (``plan.dependent_launch``)."""
+    """Stage 2 after the Hopper kernel's shares (``share_ctas`` CTAs per head
+    block of ``block_h`` heads, shares of ``min_share`` positions at least),
+    writes ``o``: merges the requests that several shares hold (drafts
+    included) and leaves the others, which stage 1 wrote; ``column_blocks``
+    programs a (request, head), each a block of columns
+    (``plan.merge_column_blocks``). ``dependent``: a programmatic dependent
+    launch (``plan.dependent_launch``). ``ragged``: as stage 1 was launched
+    (some request may have fewer than ``draft_len`` drafts)."""
     num_heads, d_v = o.shape[1], o.shape[2]
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
+    head_blocks = hopper.head_blocks(num_heads, block_h)
     _merge_shares_kernel[(batch_size, num_heads, blocks)](
         o,
         qo_indptr,
@@ -862,16 +1017,20 @@ def launch_merge_shares(
         o.stride(1),
         num_heads,
         batch_size,
+        head_blocks,
         share_ctas,
         min_share,
         DRAFT_LEN=draft_len,
+        TILE_ROWS=block_h * draft_len,
+        HEAD_BLOCKS=hopper.plan_width(head_blocks),
         L_PAD=l_pad,
         ROWS=max(l_pad, MERGE_SHARES_TILE * blocks // d_v),
         D_BLOCK=d_v // blocks,
         D_V=d_v,
         TOKENS=hopper.TOKENS,
         DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
-        BLOCK_B=PLAN_BLOCK,
+        BLOCK_B=hopper.plan_requests(head_blocks, PLAN_BLOCK),
+        RAGGED=ragged,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,

@@ -33,6 +33,14 @@ models it on the host). A CTA runs its range request by request; a request
 it holds whole is written out, the first and last of its range may be parts,
 written as partials that stage 2 merges.
 
+Ragged drafts (a module of its own, RAGGED; the host picks it where q has
+fewer than bs x L rows): a request of E < L drafts packs its rows densely,
+(BLOCK_H L) // E heads a tile, so it has heads in fewer head blocks; where
+some request has none in some head block, the grid's CTAs go to the head
+blocks in proportion to their work (``_head_block_plan``;
+plan.head_block_plan models it), and each cuts its own requests' positions.
+Calls whose requests all have L drafts compile to code that knows L.
+
 fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
 P V, so each tile is widened to bf16 in shared memory (the consumers' cost).
 
@@ -94,6 +102,13 @@ D_NOPE = gl.constexpr(problem.D_NOPE if _mla else HEAD_DIMS[0])
 D_ROPE = gl.constexpr(problem.D_ROPE if _mla else 0)
 D_V = gl.constexpr(HEAD_DIMS[1])
 HALF_V = gl.constexpr(HEAD_DIMS[1] // 2)  # output columns a consumer warpgroup
+# Whether this module's kernel takes ragged drafts (hopper.gluon_kernel(
+# head_dims, ragged)): a request of E < L drafts then packs its rows into
+# fewer tiles, and the plan reads the draft counts. A module constant, so
+# that calls whose requests all have L drafts compile to code that knows L
+# in every partition (a worker partition gets constexpr arguments as
+# runtime values).
+RAGGED = gl.constexpr(globals().get("RAGGED", False))
 # Columns of the second ring and of q's second buffer: MLA's rope rows.
 # Score/value hands P over in the ring's (64 x 64, TOKENS wide), so other
 # head dims keep the ring for that; their q buffer of it goes unused.
@@ -120,6 +135,25 @@ def _launch_dependents():
 
 
 @gluon.jit
+def _heads_per_tile(num_rows, tile_rows):
+    # A request of num_rows <= L drafts packs its rows densely: each of
+    # its head blocks holds tile_rows // num_rows heads (tile_rows =
+    # BLOCK_H L: BLOCK_H heads at L drafts), so a ragged batch's short
+    # requests fill fewer tiles (plan.head_block_plan).
+    return tile_rows // gl.maximum(num_rows, 1)
+
+
+@gluon.jit
+def _min_rows(head_block, num_heads, tile_rows):
+    # The fewest drafts of a request with heads in head_block (a scalar or
+    # a vector of them): head block k > 0 holds heads of a request of E
+    # drafts where k (tile_rows // E) < H, that is E > tile_rows //
+    # cdiv(H, k). One value, not three, carried into the partitions.
+    k = gl.maximum(head_block, 1)
+    return gl.where(head_block == 0, 0, tile_rows // ((num_heads + k - 1) // k) + 1)
+
+
+@gluon.jit
 def _row_coords(
     head_block,
     num_heads,
@@ -128,12 +162,20 @@ def _row_coords(
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
 ):
-    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i; a
-    # request of num_rows <= L drafts owns rows i < num_rows.
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * E + i, h0
+    # the head block's first head: E = L, or with RAGGED the request's
+    # num_rows drafts (_heads_per_tile heads a tile); a head block past the
+    # request's heads masks every row.
+    if RAGGED:
+        heads = _heads_per_tile(num_rows, BLOCK_H * DRAFT_LEN)
+        rows = gl.maximum(num_rows, 1)
+    else:
+        heads = BLOCK_H
+        rows = DRAFT_LEN
     offs_m = gl.arange(0, ROWS, layout=layout)
-    offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
-    offs_i = offs_m % DRAFT_LEN
-    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
+    offs_h = head_block * heads + offs_m // rows
+    offs_i = offs_m % rows
+    mask_m = (offs_m < heads * rows) & (offs_h < num_heads) & (offs_i < num_rows)
     return offs_h, offs_i, mask_m
 
 
@@ -260,15 +302,134 @@ def _gather_values(dst, V_BUF, rows, first, end, stride_row):
 
 
 @gluon.jit
-def _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B: gl.constexpr, layout: gl.constexpr):
-    # Positions of requests start .. start + BLOCK_B - 1 (0 past the
-    # batch): one per prefix tile, and `drafts` for the drafts.
+def _positions(
+    share_block,
+    start,
+    batch_size,
+    drafts,
+    BLOCK_B: gl.constexpr,
+    layout: gl.constexpr,
+):
+    # Positions of requests start .. start + BLOCK_B - 1 in the head block
+    # (0 past the batch, and for a request with no heads in it): one per
+    # prefix tile, and `drafts` for the drafts.
+    KV_INDPTR, QO_INDPTR, min_rows = share_block
     offs = start + gl.arange(0, BLOCK_B, layout=layout)
     mask = offs < batch_size
     lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
         KV_INDPTR + offs, mask=mask, other=0
     )
+    if RAGGED:
+        rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            QO_INDPTR + offs, mask=mask, other=0
+        )
+        mask &= rows.to(gl.int32) >= min_rows
     return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
+
+
+@gluon.jit
+def _draft_counts(
+    QO_INDPTR,
+    start,
+    batch_size,
+    BLOCK_B: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    layout: gl.constexpr,
+):
+    # Draft counts of requests start .. start + BLOCK_B - 1 (L past the
+    # batch).
+    offs = start + gl.arange(0, BLOCK_B, layout=layout)
+    mask = offs < batch_size
+    rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+        QO_INDPTR + offs, mask=mask, other=0
+    )
+    return gl.where(mask, rows.to(gl.int32), DRAFT_LEN)
+
+
+@gluon.jit
+def _head_block_plan(
+    share_block,
+    batch_size,
+    grid_cta,
+    grid_ctas,
+    head_blocks,
+    BLOCK_B: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    WARPS: gl.constexpr,
+):
+    # Which head block grid CTA grid_cta works for (plan.head_block_plan
+    # models it): one CTA a head block, the rest in proportion to their
+    # work, each request in it weighing its prefix tiles plus
+    # DRAFT_POSITIONS, so that a ragged batch's head blocks of fewer
+    # requests get fewer CTAs (all alike when uniform). Returns the head
+    # block, its first CTA and its CTA count, and its shares' inputs: its
+    # positions (drafts weighing DRAFT_POSITIONS unless every request in
+    # it holds as many tiles, then one), whether uniform, the drafts'
+    # weight and its requests. One pass over the batch for every head
+    # block at once (HEAD_BLOCKS >= head_blocks, a power of two); no scan
+    # nor layout change (either left the consumers' loop spilling: 1.2x
+    # slower).
+    KV_INDPTR, QO_INDPTR, num_heads, tile_rows = share_block
+    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+    block_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    request_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    blocks = gl.arange(0, HEAD_BLOCKS, layout=block_layout)
+    min_rows = _min_rows(blocks, num_heads, tile_rows)
+    # Sums carried as tiles, reduced after the loop: triton 3.6 fails to
+    # lower a loop that carries a slice of a tile's layout.
+    total = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
+    most = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
+    count = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
+    prior = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)  # earlier blocks' work
+    work = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)  # every block's, in row 0
+    for start in range(0, batch_size, BLOCK_B):
+        offs = start + gl.arange(0, BLOCK_B, layout=request_layout)
+        mask = offs < batch_size
+        lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            KV_INDPTR + offs, mask=mask, other=0
+        )
+        rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            QO_INDPTR + offs, mask=mask, other=0
+        )
+        inside = (
+            (rows.to(gl.int32)[None, :] >= min_rows[:, None])
+            & (blocks < head_blocks)[:, None]
+            & mask[None, :]
+        )
+        tiles = (lens.to(gl.int32) + TOKENS - 1) // TOKENS
+        positions = gl.where(inside, (tiles + 1)[None, :], 0)
+        total += positions
+        most = gl.maximum(most, positions)
+        count += inside.to(gl.int32)
+        # A request's work in each head block before: its weight times
+        # the head blocks before that it is in.
+        below = gl.sum(inside.to(gl.int32), 0)
+        weight = gl.where(mask, tiles + DRAFT_POSITIONS, 0)
+        prior += gl.minimum(blocks[:, None], below[None, :]) * weight[None, :]
+        work += gl.where(blocks[:, None] == 0, (below * weight)[None, :], 0)
+    total = gl.sum(total, 1)
+    most = gl.max(most, 1)
+    count = gl.sum(count, 1)
+    prior = gl.sum(prior, 1)
+    work = gl.sum(gl.sum(work, 1), 0)
+    uniform = most.to(gl.int64) * count == total  # int64: no wrap to equal
+    drafts = gl.where(uniform, 1, DRAFT_POSITIONS)
+    total += (drafts - 1) * count
+    first = blocks + ((grid_ctas - head_blocks) * prior.to(gl.int64) // work).to(gl.int32)
+    first = gl.where(blocks < head_blocks, first, grid_ctas)
+    mine = gl.sum((first <= grid_cta).to(gl.int32), 0) - 1
+    here = blocks == mine
+    first_cta = gl.sum(gl.where(here, first, 0), 0)
+    next_cta = gl.min(gl.where(blocks > mine, first, grid_ctas), 0)
+    return (
+        mine,
+        first_cta,
+        next_cta - first_cta,
+        gl.sum(gl.where(here, total, 0), 0),
+        gl.sum(gl.where(here, uniform.to(gl.int32), 0), 0) != 0,
+        gl.sum(gl.where(here, drafts, 0), 0),
+        gl.sum(gl.where(here, count, 0), 0),
+    )
 
 
 @gluon.jit
@@ -304,21 +465,28 @@ def _segment(share, b, base):
     # batch are b's): its prefix tokens lo .. hi - 1, whether the
     # drafts' first position is in it, whether it is the whole request,
     # the request (first query row, draft count, prefix length, index),
-    # and where the next request's positions begin.
-    KV_INDPTR, QO_INDPTR, _, _, _, s0, s1, drafts = share
+    # and where the next request's positions begin. A request with no
+    # heads in the head block holds no positions: an empty segment, all
+    # of whose rows are masked.
+    share_block, _, _, _, s0, s1, drafts = share
+    KV_INDPTR, QO_INDPTR, min_rows = share_block
     kv_start = gl.load(KV_INDPTR + b)
     kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
+    # Ragged drafts: the counts are read here, on the device (q holds
+    # every request's rows back to back).
+    q_first = gl.load(QO_INDPTR + b)
+    num_rows = (gl.load(QO_INDPTR + b + 1) - q_first).to(gl.int32)
     tiles = (kv_len + TOKENS - 1) // TOKENS
+    if RAGGED:
+        present = num_rows >= min_rows
+        tiles = gl.where(present, tiles, 0)
+        drafts = gl.where(present, drafts, 0)
     j_lo = gl.maximum(s0 - base, 0)
     j_hi = gl.minimum(tiles + drafts, s1 - base)
     hi = gl.minimum(j_hi * TOKENS, kv_len)
     lo = gl.minimum(j_lo * TOKENS, hi)
     with_drafts = (j_lo <= tiles) & (j_hi > tiles)
     whole = (j_lo == 0) & with_drafts
-    # Ragged drafts: the counts are read here, on the device (q holds
-    # every request's rows back to back).
-    q_first = gl.load(QO_INDPTR + b)
-    num_rows = (gl.load(QO_INDPTR + b + 1) - q_first).to(gl.int32)
     request = (q_first, num_rows, kv_len, b)
     return kv_start, lo, hi, with_drafts, whole, request, base + tiles + drafts
 
@@ -500,7 +668,7 @@ def _produce(
     # and V's rows are gathered into the V ring at the same slots.
     nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
-    _, _, b0, b1, base, _, _, _ = share
+    _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
@@ -613,13 +781,25 @@ def _mask_tail(qk, first, hi):
 
 
 @gluon.jit
+def _drafts_of_rows(num_rows, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
+    # The draft each tile row holds (_row_coords: row m is draft m % E of
+    # its head).
+    offs_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    if RAGGED:  # noqa: SIM108 (constexpr: one branch is compiled)
+        offs_i = offs_m % gl.maximum(num_rows, 1)
+    else:
+        offs_i = offs_m % DRAFT_LEN
+    return offs_i
+
+
+@gluon.jit
 def _mask_rows(masks, request, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
     # Where each tile row's mask bits begin (kernel.py's layout): row
     # (h, i) of request b reads MASK[mask_indptr[b] + i * (P_b + E_b) + j],
     # its P_b prefix keys first, then its E_b drafts.
     _, MASK_INDPTR = masks
     _, num_rows, kv_len, b = request
-    offs_i = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+    offs_i = _drafts_of_rows(num_rows, DRAFT_LEN, layout)
     return gl.load(MASK_INDPTR + b).to(gl.int64) + offs_i.to(gl.int64) * (kv_len + num_rows)
 
 
@@ -629,7 +809,7 @@ def _mask_bits(masks, rows, request, key0, key_end, DRAFT_LEN: gl.constexpr, lay
     # every tile row, from its start `rows` (_mask_rows); 0 elsewhere.
     MASK, _ = masks
     _, num_rows, _, _ = request
-    offs_i = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+    offs_i = _drafts_of_rows(num_rows, DRAFT_LEN, layout)
     keys = key0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
     seen = (offs_i < num_rows)[:, None] & (keys < key_end)[None, :]
     return gl.load(MASK + rows[:, None] + keys[None, :], mask=seen, other=0)
@@ -640,12 +820,12 @@ def _mask_drafts(qk, masks, request, DRAFT_LEN: gl.constexpr, DRAFT_MASK: gl.con
     # The drafts' tile: row (h, i) sees drafts 0..i, or those its mask
     # bits show (DRAFT_MASK).
     layout: gl.constexpr = qk.type.layout
+    _, num_rows, kv_len, _ = request
     if DRAFT_MASK:
-        _, num_rows, kv_len, _ = request
         rows = _mask_rows(masks, request, DRAFT_LEN, layout) + kv_len
         visible = _mask_bits(masks, rows, request, 0, num_rows, DRAFT_LEN, layout) != 0
     else:
-        draft_of_row = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) % DRAFT_LEN
+        draft_of_row = _drafts_of_rows(num_rows, DRAFT_LEN, layout)
         draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
         visible = draft[None, :] <= draft_of_row[:, None]
     return gl.where(visible, qk, float("-inf"))
@@ -866,7 +1046,7 @@ def _consume(
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     score_scale, draft_scale, v_scale = scales
     wide_nope, wide_rope, wide_v = wide  # read with fp8 KV only
-    _, _, b0, b1, base, _, _, _ = share
+    _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
     segment = _segment(share, gl.minimum(b0, b1), base)
     _stage_next(
@@ -1026,7 +1206,7 @@ def _consume_scores(
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     ready, empty, p_bar, sums_bar, sums_free = bars
     score_scale, draft_scale, v_scale = scales
-    _, _, b0, b1, base, _, _, _ = share
+    _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
     segment = _segment(share, gl.minimum(b0, b1), base)
     _stage_next(
@@ -1151,7 +1331,7 @@ def _consume_values(
     )
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     ready, empty, p_bar, sums_bar, sums_free = bars
-    _, _, b0, b1, base, _, _, _ = share
+    _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
@@ -1200,7 +1380,7 @@ def _store_out(
 ):
     # Output columns col0 onwards of the tile's rows: the output itself
     # when the segment is the whole request (drafts included), else the
-    # segment's partial.
+    # segment's partial, row (slot, tile row).
     (
         write_output,
         O,
@@ -1229,8 +1409,30 @@ def _store_out(
         offs_h, offs_i, mask_m, offs_d = _tile_coords(
             head_block, num_heads, request[1], col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
-        part_row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+        rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        part_row = _partial_rows(slot, offs_h, offs_i, num_heads, BLOCK_H, DRAFT_LEN, rows_layout)
         gl.store(PART_O + part_row[:, None] * D_V + offs_d[None, :], out, mask=mask_m[:, None])
+
+
+@gluon.jit
+def _partial_rows(
+    slot,
+    offs_h,
+    offs_i,
+    num_heads,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    layout: gl.constexpr,
+):
+    # A segment's partial rows: (slot, head, draft), the slot one of its
+    # head block's CTAs'; with RAGGED (slot, tile row), the slot one of the
+    # grid's CTAs' (stage 2 finds a head's rows from its draft count).
+    if RAGGED:
+        rows = gl.arange(0, ROWS, layout=layout)
+        part_row = slot * (BLOCK_H * DRAFT_LEN) + rows
+    else:
+        part_row = (slot * num_heads + offs_h) * DRAFT_LEN + offs_i
+    return part_row.to(gl.int64)
 
 
 @gluon.jit
@@ -1256,7 +1458,7 @@ def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         offs_h, offs_i, mask_m = _row_coords(
             head_block, num_heads, request[1], BLOCK_H, DRAFT_LEN, layout
         )
-        row = ((slot * num_heads + offs_h) * DRAFT_LEN + offs_i).to(gl.int64)
+        row = _partial_rows(slot, offs_h, offs_i, num_heads, BLOCK_H, DRAFT_LEN, layout)
         gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
 
 
@@ -1292,6 +1494,8 @@ def _prefix_kernel_sm90(
     DRAFT_LEN: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    PLAN_REQUESTS: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     SCORE_VALUE: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
@@ -1313,14 +1517,20 @@ def _prefix_kernel_sm90(
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
-    # The share (module docstring): the batch's positions, cut into
+    # The share (module docstring): the head block's positions, cut into
     # equal ranges, one per CTA, of min_share positions at least.
+    tile_rows: gl.constexpr = BLOCK_H * DRAFT_LEN
     total = 0
     most = 0
+    fewest = DRAFT_LEN
+    everywhere = (KV_INDPTR, QO_INDPTR, 0)
     for start in range(0, batch_size, BLOCK_B):
-        positions = _positions(KV_INDPTR, start, batch_size, 1, BLOCK_B, plan_layout)
+        positions = _positions(everywhere, start, batch_size, 1, BLOCK_B, plan_layout)
         total += gl.sum(positions, 0)
         most = gl.maximum(most, gl.max(positions, 0))
+        if RAGGED:
+            counts = _draft_counts(QO_INDPTR, start, batch_size, BLOCK_B, DRAFT_LEN, plan_layout)
+            fewest = gl.minimum(fewest, gl.min(counts, 0))
     # A ragged batch's drafts weigh DRAFT_POSITIONS (int64: no wrap to
     # equal).
     uniform = most.to(gl.int64) * batch_size == total
@@ -1328,7 +1538,35 @@ def _prefix_kernel_sm90(
     if uniform:
         drafts = 1
     total += (drafts - 1) * batch_size
-    ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
+    slot_cta = cta  # the CTA's partial slots (_partial_rows)
+    min_rows = 0  # the fewest drafts of a request with heads in the head block
+    if RAGGED:
+        # Where some request has no heads in some head block, the grid's
+        # CTAs are shared out by work (_head_block_plan); else each head
+        # block keeps its row of the grid.
+        head_blocks = gl.num_programs(0)
+        slot_cta = head_block * gl.num_programs(1) + cta
+        block_ctas = gl.num_programs(1)
+        requests = batch_size
+        if fewest < _min_rows(head_blocks - 1, num_heads, tile_rows):
+            head_block, first_cta, block_ctas, total, uniform, drafts, requests = _head_block_plan(
+                (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
+                batch_size,
+                slot_cta,
+                head_blocks * block_ctas,
+                head_blocks,
+                PLAN_REQUESTS,
+                HEAD_BLOCKS,
+                MAIN_WARPS,
+            )
+            cta = slot_cta - first_cta
+        min_rows = _min_rows(head_block, num_heads, tile_rows)
+        ctas = requests * 0
+        if requests > 0:  # else no request has heads in the head block
+            ctas = _share_count(block_ctas, total, uniform, requests, min_share)
+    else:
+        ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
+    share_block = (KV_INDPTR, QO_INDPTR, min_rows)
     if cta < ctas:
         s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
         s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
@@ -1336,20 +1574,21 @@ def _prefix_kernel_sm90(
         # position at s0 or later), the one that holds position s1 - 1,
         # and where the first one's positions begin (Gluon scans only in
         # the kernel body). b1 < b0: the range holds drafts' later
-        # positions alone, and nothing to do.
+        # positions alone, and nothing to do. Requests with no heads in
+        # the head block hold no positions: neither b0 nor b1 is one.
         b0 = 0
         base0 = 0
         b1 = 0
         done = 0
         for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(KV_INDPTR, start, batch_size, drafts, BLOCK_B, plan_layout)
+            positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, plan_layout)
             ends = done + gl.associative_scan(positions, 0, _add)
             before = ends - drafts < s0
             b0 += gl.sum(before.to(gl.int32), 0)
             base0 += gl.sum(gl.where(before, positions, 0), 0)
             b1 += gl.sum((ends < s1).to(gl.int32), 0)
             done += gl.sum(positions, 0)
-        share = (KV_INDPTR, QO_INDPTR, b0, b1, base0, s0, s1, drafts)
+        share = (share_block, b0, b1, base0, s0, s1, drafts)
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
         scales = (score_scale, draft_scale, v_scale)
@@ -1360,7 +1599,7 @@ def _prefix_kernel_sm90(
             stride_o_head,
             PART_O,
             PART_LSE,
-            cta,
+            slot_cta,
             head_block,
             num_heads,
         )
@@ -1562,25 +1801,29 @@ def launch_prefix(
     mask_indptr=None,
     prefix_mask: bool = False,
 ) -> None:
-    """Stage 1 on sm90 with ``ctas`` shares per head block, each of at least
-    ``min_share`` positions (fewer shares on a small batch): writes the
-    output of every request a share holds whole, and the partials (prefix values
-    scaled by ``v_scale``, drafts included) of the others, ``part_o`` /
-    ``part_lse`` rows ``(slot, head, draft)`` for ``partial_slots(ctas)``
-    slots. Request b has ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most
-    ``draft_len``. ``custom_mask`` (uint8, kernel.py's layout, with
-    ``mask_indptr``) replaces the causal draft block, and its prefix bits
-    are read too where ``prefix_mask``. ``score_value`` picks that schedule
+    """Stage 1 on sm90 on ``ctas`` CTAs per head block (of ``block_h``
+    heads at ``draft_len`` drafts; a ragged batch's head blocks get CTAs in
+    proportion to their work), shares of at least ``min_share`` positions
+    (fewer shares on a small batch): writes the output of every request a
+    share holds whole, and the partials (prefix values scaled by
+    ``v_scale``, drafts included) of the others, ``part_o`` / ``part_lse``
+    rows ``(slot, tile row)`` (``hopper.partial_rows``). Request b has
+    ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most ``draft_len``.
+    ``custom_mask`` (uint8, kernel.py's layout, with ``mask_indptr``)
+    replaces the causal draft block, and its prefix bits are read too where
+    ``prefix_mask``. ``score_value`` picks that schedule
     (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over columns.
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
     go out at this grid's start. ``v_buffer``: V's cache, read only by a
-    module for other head dims than MLA's (MLA reads V from K's rows)."""
+    module for other head dims than MLA's (MLA reads V from K's rows). The
+    module's RAGGED: some request may have fewer than ``draft_len`` drafts
+    (its rows packed, its head blocks planned by work)."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     draft_mask = custom_mask is not None
     num_heads = q.shape[1]
-    grid = ((num_heads + block_h - 1) // block_h, ctas)
-    _prefix_kernel_sm90[grid](
+    head_blocks = hopper.head_blocks(num_heads, block_h)
+    _prefix_kernel_sm90[(head_blocks, ctas)](
         q,
         k_buffer,
         v_buffer,
@@ -1613,6 +1856,8 @@ def launch_prefix(
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
+        HEAD_BLOCKS=hopper.plan_width(head_blocks),
+        PLAN_REQUESTS=hopper.plan_requests(head_blocks, plan_block),
         # With a V ring (not MLA) the drafts' V goes beside their K: one tile.
         V_EXT_FROM_K=v_extend_from_k or not _mla,
         SCORE_VALUE=score_value,

@@ -6,9 +6,9 @@ the call, else the Triton kernel with the same tile), the grid, the
 workspace slots, whether V is a view of K and which mask bits the kernels
 read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA,
 256/256 and 128/128 calls (``hopper.supports``; ragged drafts and tree
-masks included); other calls take the Triton kernel. ``share_plan`` is
-the host-side model of the Hopper kernel's share rule, which both kernels
-compute on the device and the tests hold them to.
+masks included); other calls take the Triton kernel. ``head_block_plan``
+(with ``share_plan``) is the host-side model of the Hopper kernel's plan,
+which both stages compute on the device and the tests hold them to.
 """
 
 from __future__ import annotations
@@ -111,20 +111,25 @@ def min_share(config: VerifyConfig) -> int:
     return config.MIN_SHARE or hopper.DEFAULT_MIN_SHARE
 
 
-def partial_slots(batch_size: int, num_kv_splits: int, share_ctas: int) -> int:
-    """Partial slots stage 1 writes: two per share (the Hopper kernel), or
-    one per unit (batch x NUM_KV_SPLITS)."""
+def partial_rows(
+    batch_size: int,
+    num_heads: int,
+    draft_len: int,
+    num_kv_splits: int,
+    share_ctas: int,
+    block_h: int,
+) -> int:
+    """Partial rows stage 1 writes: two slots a CTA of one tile's rows each
+    (the Hopper kernel, ``share_ctas`` CTAs per head block), or one row a
+    (unit, head, draft) of batch x NUM_KV_SPLITS units."""
     if share_ctas:
-        return hopper.partial_slots(share_ctas)
-    return batch_size * num_kv_splits
+        return hopper.partial_rows(share_ctas, num_heads, draft_len, block_h)
+    return batch_size * num_kv_splits * num_heads * draft_len
 
 
-def workspace_numel(
-    slots: int, num_heads: int, draft_len: int, v_dim: int = V_HEAD_DIM
-) -> tuple[int, int]:
-    """fp32 elements of (part_o, part_lse) for ``slots`` partial slots: one
-    row per (slot, head, draft), ``v_dim`` values a row."""
-    rows = slots * num_heads * draft_len
+def workspace_numel(rows: int, v_dim: int = V_HEAD_DIM) -> tuple[int, int]:
+    """fp32 elements of (part_o, part_lse) for ``rows`` partial rows,
+    ``v_dim`` values a row."""
     return rows * v_dim, rows
 
 
@@ -166,6 +171,10 @@ class Plan:
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     head_dims        (q/k, v) head dims; the q/k columns past v are rope
+    ragged           some request may have fewer than draft_len drafts (q
+                     has fewer rows than batch x draft_len) and there is
+                     more than one head block: the Hopper kernel packs its
+                     rows and plans by them
     prefix_mask      stage 1 reads the mask's prefix bits
     draft_mask       the mask's draft block replaces the causal one (the
                      Hopper kernel reads it in stage 1, the Triton path in
@@ -183,6 +192,7 @@ class Plan:
     dependent: bool
     merge_blocks: int
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
+    ragged: bool = True
     prefix_mask: bool = False
     draft_mask: bool = False
 
@@ -195,8 +205,15 @@ class Plan:
         return min_share(self.config)
 
     @property
-    def partial_slots(self) -> int:
-        return partial_slots(self.batch_size, self.config.NUM_KV_SPLITS, self.share_ctas)
+    def partial_rows(self) -> int:
+        return partial_rows(
+            self.batch_size,
+            self.num_heads,
+            self.draft_len,
+            self.config.NUM_KV_SPLITS,
+            self.share_ctas,
+            self.config.BLOCK_H,
+        )
 
 
 def plan_call(
@@ -247,6 +264,12 @@ def plan_call(
             else 1
         ),
         head_dims=head_dims,
+        # With one head block every request has rows in it: packing would
+        # cut no tile and only add the plan of draft counts.
+        ragged=(
+            q.shape[0] < batch_size * draft_len
+            and hopper.head_blocks(num_heads, config.BLOCK_H) > 1
+        ),
         prefix_mask=masked and not skip_prefix_mask,
         draft_mask=masked,
     )
@@ -257,14 +280,16 @@ def plan_call(
 
 @dataclass(frozen=True)
 class SharePlan:
-    """How the Hopper kernel cuts a batch: share c holds positions
-    ``starts[c] .. starts[c + 1] - 1``; request r's positions begin at
-    ``bases[r]`` (its prefix tiles, then its drafts)."""
+    """How the Hopper kernel cuts one head block's positions: share c holds
+    positions ``starts[c] .. starts[c + 1] - 1``; request r's positions
+    begin at ``bases[r]`` (its prefix tiles, then its drafts); a request not
+    ``present`` (no heads in the head block) holds none."""
 
     tiles: list[int]
     drafts: int
     starts: list[int]
     bases: list[int]
+    present: list[bool]
 
     @property
     def shares(self) -> int:
@@ -280,21 +305,34 @@ class SharePlan:
             lo, hi = self.starts[c], self.starts[c + 1]
             worked = [
                 r
-                for r, (base, tiles) in enumerate(zip(self.bases, self.tiles))
-                if lo <= base + tiles and base < hi
+                for r, (base, tiles, present) in enumerate(
+                    zip(self.bases, self.tiles, self.present)
+                )
+                if present and lo <= base + tiles and base < hi
             ]
             for k, r in enumerate(worked):
                 pieces[r].append(2 * c + (k > 0))
         return pieces
 
 
-def share_plan(prefix_lens: list[int], ctas: int, min_share: int) -> SharePlan:
-    """The Hopper kernel's shares (``kernel_sm90._share_count`` and
-    ``kernel._share_count`` compute the same on the device):
+def _positions(tiles: list[int], present: list[bool]) -> tuple[list[int], int]:
+    """Each request's positions in a head block, and the drafts' weight:
+    its prefix tiles, then its drafts, DRAFT_POSITIONS of them (a
+    segment's fixed cost) unless every request present holds as many
+    tiles (then one); none for a request not present."""
+    uniform = len({t for t, p in zip(tiles, present) if p}) <= 1
+    drafts = 1 if uniform else hopper.DRAFT_POSITIONS
+    return [t + drafts if p else 0 for t, p in zip(tiles, present)], drafts
 
-    - each request's prefix tiles and its drafts are positions, the drafts
-      DRAFT_POSITIONS of them (a segment's fixed cost) unless every request
-      holds as many tiles (then one);
+
+def share_plan(
+    prefix_lens: list[int], ctas: int, min_share: int, present: list[bool] | None = None
+) -> SharePlan:
+    """The Hopper kernel's shares of one head block (``kernel_sm90._share_count``
+    and ``kernel._share_count`` compute the same on the device), over the
+    requests ``present`` in it (all by default), B of them:
+
+    - each request's prefix tiles and its drafts are positions (``_positions``);
     - one share a CTA, of ``min_share`` positions at least, and at most
       ``B + floor(4 sqrt(total B))`` in all (about 1 + 4 sqrt(P) a request
       of P positions: past that, merging more partials costs more than
@@ -306,13 +344,13 @@ def share_plan(prefix_lens: list[int], ctas: int, min_share: int) -> SharePlan:
     """
     tokens = hopper.TOKENS
     tiles = [-(-n // tokens) for n in prefix_lens]
-    uniform = len(set(tiles)) == 1
-    drafts = 1 if uniform else hopper.DRAFT_POSITIONS
-    positions = [t + drafts for t in tiles]
-    total, batch_size = sum(positions), len(positions)
+    present = [True] * len(tiles) if present is None else list(present)
+    positions, drafts = _positions(tiles, present)
+    total, batch_size = sum(positions), sum(present)
     used = min(ctas, -(-total // min_share), math.isqrt(16 * total * batch_size) + batch_size)
-    if uniform:
-        boundaries = {b * positions[0] for b in range(batch_size + 1)}
+    if drafts == 1:
+        each = max(positions)
+        boundaries = {b * each for b in range(batch_size + 1)}
 
         def cuts(count: int) -> set[int]:
             return {k * total // count for k in range(count + 1)}
@@ -323,5 +361,81 @@ def share_plan(prefix_lens: list[int], ctas: int, min_share: int) -> SharePlan:
         if 16 * aligned >= 15 * used:
             used = aligned
     starts = [c * total // used for c in range(used + 1)]
-    bases = [sum(positions[:r]) for r in range(batch_size)]
-    return SharePlan(tiles=tiles, drafts=drafts, starts=starts, bases=bases)
+    bases = [sum(positions[:r]) for r in range(len(tiles))]
+    return SharePlan(tiles=tiles, drafts=drafts, starts=starts, bases=bases, present=present)
+
+
+@dataclass(frozen=True)
+class HeadBlockPlan:
+    """The Hopper kernel's plan of a batch over its head blocks: head block
+    k works on CTAs ``first_ctas[k] ..`` of the grid, cut as ``shares[k]``
+    (None where no request has heads in it). A ``ragged`` call (some
+    request with fewer than L drafts) packs a request of E drafts into
+    ``tile_rows // E`` heads a tile and writes partial rows (slot, tile
+    row), the slots the grid's CTAs'; another writes rows (slot, head,
+    draft), the slots its head block's CTAs'."""
+
+    first_ctas: list[int]
+    shares: list[SharePlan | None]
+    draft_counts: list[int]
+    num_heads: int
+    draft_len: int
+    tile_rows: int
+    ragged: bool
+
+    def pieces(self, request: int, head: int) -> list[int]:
+        """The partial rows of draft 0 of a (request, head) that several
+        CTAs hold, one a piece (draft i at + i); one piece: its CTA wrote
+        the output."""
+        if not self.ragged:
+            block = head // (self.tile_rows // self.draft_len)
+            slots = self.shares[block].pieces()[request]
+            return [(s * self.num_heads + head) * self.draft_len for s in slots]
+        rows = max(self.draft_counts[request], 1)
+        heads = self.tile_rows // rows
+        block = head // heads
+        row0 = (head - block * heads) * rows
+        slots = self.shares[block].pieces()[request]
+        return [(2 * self.first_ctas[block] + s) * self.tile_rows + row0 for s in slots]
+
+
+def head_block_plan(
+    prefix_lens: list[int],
+    draft_counts: list[int],
+    num_heads: int,
+    block_h: int,
+    draft_len: int,
+    ctas: int,
+    min_share: int,
+) -> HeadBlockPlan:
+    """The host-side model of ``kernel_sm90._head_block_plan`` (and stage
+    2's ``kernel._head_block_shares``) with ``ctas`` CTAs per head block:
+    a request of E drafts has heads in head blocks k with
+    k * (BLOCK_H L // E) < H; each head block gets one CTA and the rest of
+    the grid's in proportion to its work (its requests' prefix tiles plus
+    DRAFT_POSITIONS each; all alike when every request has L drafts), then
+    its shares (``share_plan``)."""
+    blocks = hopper.head_blocks(num_heads, block_h)
+    tile_rows = block_h * draft_len
+    tiles = [-(-n // hopper.TOKENS) for n in prefix_lens]
+    present = [
+        [k * (tile_rows // max(e, 1)) < num_heads for e in draft_counts] for k in range(blocks)
+    ]
+    weights = [t + hopper.DRAFT_POSITIONS for t in tiles]
+    work = [sum(w for w, inside in zip(weights, p) if inside) for p in present]
+    grid = blocks * ctas
+    firsts = [k + (grid - blocks) * sum(work[:k]) // sum(work) for k in range(blocks)]
+    ends = [*firsts[1:], grid]
+    shares = [
+        share_plan(prefix_lens, end - first, min_share, p) if any(p) else None
+        for first, end, p in zip(firsts, ends, present)
+    ]
+    return HeadBlockPlan(
+        first_ctas=firsts,
+        shares=shares,
+        draft_counts=list(draft_counts),
+        num_heads=num_heads,
+        draft_len=draft_len,
+        tile_rows=tile_rows,
+        ragged=min(draft_counts) < draft_len,
+    )

@@ -25,7 +25,7 @@ from .device import (
     sm_count,
 )
 from .lookup import block_config
-from .plan import partial_slots, workspace_numel
+from .plan import partial_rows, workspace_numel
 from .problem import (
     MLA_HEAD_DIMS,
     QK_HEAD_DIM,
@@ -74,10 +74,9 @@ class Workspace:
         self.part_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
         logger.debug("workspace on %s grown to %.1f MB", self.device, self.nbytes / 1e6)
 
-    def views(
-        self, slots: int, num_heads: int, draft_len: int, v_dim: int = V_HEAD_DIM
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        n_o, n_lse = workspace_numel(slots, num_heads, draft_len, v_dim)
+    def views(self, rows: int, v_dim: int = V_HEAD_DIM) -> tuple[torch.Tensor, torch.Tensor]:
+        """part_o and part_lse for ``rows`` partial rows of ``v_dim`` values."""
+        n_o, n_lse = workspace_numel(rows, v_dim)
         self.reserve(n_lse, v_dim)
         if capturing(self.device):
             self._used_in_capture = True
@@ -205,16 +204,17 @@ def workspace_bytes(
     if sms is None:
         sms = arch_sm_count(arch)
     sms = check_range("sms", sms, 1, MAX_SM_COUNT)
-    slots = 0
+    rows = 0
     for bs in range(1, max_batch_size + 1):
         config = _launch_config(num_heads, draft_len, bs, kv_dtype, arch, head_dims)
         # A Hopper config runs the Hopper kernel's shares where it can, and
         # the Triton kernel's units elsewhere: room for either.
-        slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, 0))
+        shapes = (bs, num_heads, draft_len, config.NUM_KV_SPLITS)
+        rows = max(rows, partial_rows(*shapes, 0, config.BLOCK_H))
         if config.kernel in HOPPER_KERNELS:
             ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)
-            slots = max(slots, partial_slots(bs, config.NUM_KV_SPLITS, ctas))
-    return workspace_numel(slots, num_heads, draft_len)[1] * (head_dims[1] + 1) * 4
+            rows = max(rows, partial_rows(*shapes, ctas, config.BLOCK_H))
+    return workspace_numel(rows)[1] * (head_dims[1] + 1) * 4
 
 
 def _launch_config(num_heads, draft_len, batch_size, kv_dtype, arch, head_dims) -> VerifyConfig:

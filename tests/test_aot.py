@@ -225,3 +225,33 @@ def test_every_head_dims_and_mask_variant_compiles(arch):
     mask or prefix mask bits too, compiles for each arch (the Triton kernel, or the Hopper one
     where the default picks it)."""
     assert _run_script(VARIANTS_SCRIPT, arch, timeout=900).count("ok") == 9
+
+
+RAGGED_SCRIPT = textwrap.dedent(
+    """
+    from mla_verify import aot
+    from mla_verify.config import hopper_config
+    calls = (("gluon_sm90", "bf16"), ("gluon_sm90_sv", "bf16"), ("gluon_sm90", "fp8_e4m3"))
+    for kernel, kv_dtype in calls:
+        for dims in ((576, 512), (256, 256)):
+            config = hopper_config(64, 4, 8, kernel)
+            for ragged in (False, True):
+                found = aot.compile_prefix_kernel(
+                    config, 4, kv_dtype, "sm90", dims, mask="prefix", ragged=ragged
+                )
+                print(kernel, kv_dtype, dims[0], ragged, found.shared)
+    """
+)
+
+
+@pytest.mark.slow
+def test_hopper_kernel_ragged_module_compiles():
+    """The Hopper kernel's module for ragged drafts (its plan of head blocks
+    by work, rows packed by draft count) compiles for sm90 on either
+    schedule, fp8 included, in the shared memory of the uniform one (its
+    plan holds its sums in registers)."""
+    rows = [line.split() for line in _run_script(RAGGED_SCRIPT, timeout=900).splitlines()]
+    assert len(rows) == 12, rows
+    for uniform, ragged in zip(rows[::2], rows[1::2]):
+        assert uniform[:3] == ragged[:3] and (uniform[3], ragged[3]) == ("False", "True")
+        assert int(ragged[4]) == int(uniform[4]), (uniform, ragged)

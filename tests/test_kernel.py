@@ -257,19 +257,7 @@ def test_hopper_kernel_takes_ragged_and_masked_calls(monkeypatch):
     config = hopper_config(8, 4, 2)
 
     def planned(**kwargs):
-        b = make_batch(8, 4, [70, 5], **kwargs)
-        return plan.plan_call(
-            b.q,
-            b.k_extend,
-            b.v_extend,
-            b.k_buffer,
-            b.v_buffer,
-            batch_size=2,
-            draft_len=4,
-            config=config,
-            masked=b.custom_mask is not None,
-            skip_prefix_mask=b.skip_prefix_custom_mask,
-        )
+        return _hopper_plan(make_batch(8, 4, [70, 5], **kwargs), config)
 
     assert planned().hopper and not planned().draft_mask
     ragged = planned(draft_counts=[4, 3])
@@ -278,6 +266,26 @@ def test_hopper_kernel_takes_ragged_and_masked_calls(monkeypatch):
     assert tree.hopper and tree.draft_mask and not tree.prefix_mask
     prefix_bits = planned(mask="tree", skip_prefix_custom_mask=False)
     assert prefix_bits.hopper and prefix_bits.draft_mask and prefix_bits.prefix_mask
+
+
+def test_hopper_kernel_packs_ragged_rows_over_several_head_blocks(monkeypatch):
+    """Ragged draft counts plan packed rows only where there are several
+    head blocks: with one, every request has rows in it anyway."""
+    monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
+    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
+
+    def planned(heads, draft_counts):
+        call = _hopper_plan(
+            make_batch(heads, 4, [70, 5], draft_counts=draft_counts), hopper_config(heads, 4, 2)
+        )
+        return call, hopper.head_blocks(heads, call.config.BLOCK_H)
+
+    for heads in (16, 64):
+        uniform, blocks = planned(heads, [4, 4])
+        ragged, _ = planned(heads, [4, 1])
+        assert not uniform.ragged
+        assert ragged.ragged == (blocks > 1), (heads, blocks)
+    assert planned(64, [4, 1])[1] > 1 and planned(16, [4, 1])[1] == 1
 
 
 def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
@@ -319,9 +327,10 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
-def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks):
-    """Stage 2 after ``ctas`` shares of ``batch`` on the given partials,
-    into a NaN-filled output."""
+def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, block_h=None):
+    """Stage 2 after ``ctas`` CTAs per head block of ``block_h`` heads (all
+    of them by default: one head block) on the given partials, into a
+    NaN-filled output."""
     out = batch.new_output()
     kernel.launch_merge_shares(
         out,
@@ -331,10 +340,12 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks):
         part_lse,
         batch_size=batch.batch_size,
         draft_len=batch.draft_len,
+        block_h=block_h or batch.num_heads,
         share_ctas=ctas,
         min_share=min_share,
         column_blocks=column_blocks,
         dependent=plan.dependent_launch(out.device),
+        ragged=batch.q.shape[0] < batch.batch_size * batch.draft_len,
     )
     return out
 
@@ -420,28 +431,82 @@ def _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_bl
 
 def test_merge_after_shares_ragged_and_empty_rows(device):
     """With ragged draft counts, stage 2 writes a split request's own rows
-    alone (q packs the requests back to back), and a row every partial of
-    which is empty (lse -inf: a mask hid all its keys) gets 0, not NaN."""
+    alone (q packs the requests back to back), finding each head's rows
+    where a request of E drafts packs them (row h E + i of one head block
+    here), and a row every partial of which is empty (lse -inf: a mask hid
+    all its keys) gets 0, not NaN."""
     heads, draft_len, ctas, min_share = 3, 3, 12, 4
     prefix_lens, counts = [2000, 64, 700], [1, 3, 2]
     batch = make_batch(heads, draft_len, prefix_lens, draft_counts=counts, device=device)
-    pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
-    assert [len(p) > 1 for p in pieces] == [True, False, True]
+    model = plan.head_block_plan(prefix_lens, counts, heads, heads, draft_len, ctas, min_share)
+    assert [len(model.pieces(b, 0)) > 1 for b in range(3)] == [True, False, True]
     gen = torch.Generator(device=device).manual_seed(0)
-    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
-    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
-    part_lse[pieces[2], 1, 1] = float("-inf")  # request 2, head 1, draft 1 saw nothing
-    part_o[pieces[2], 1, 1] = 0.0
+    rows = 2 * ctas * heads * draft_len
+    part_o = torch.randn(rows, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(rows, generator=gen, device=device)
+    hidden = [row + 1 for row in model.pieces(2, 1)]
+    part_lse[hidden] = float("-inf")  # request 2, head 1, draft 1 saw nothing
+    part_o[hidden] = 0.0
     out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
-    first = [0, 1, 4]  # each request's first row of q and the output
-    for b in (0, 2):
-        slots = pieces[b]
-        weights = torch.softmax(part_lse[slots, :, : counts[b]] * math.log(2), dim=0)
-        merged = (weights.nan_to_num()[..., None] * part_o[slots, :, : counts[b]]).sum(0)
-        rows = slice(first[b], first[b] + counts[b])
-        check_close(out[rows], merged.transpose(0, 1), what=f"request {b}")
+    _check_merged(out, model, part_o, part_lse, heads, draft_len, counts)
     assert bool((out[5, 1] == 0).all())
-    assert torch.isnan(out[1:4]).all(), "request 1 is one share's: stage 1 writes it"
+
+
+def _check_merged(out, model, part_o, part_lse, heads, draft_len, counts):
+    """Each (request, head) that several CTAs hold is the softmax-weighted
+    merge of its partials at the model's rows; the others are stage 1's
+    to write (still NaN)."""
+    first = 0  # each request's first row of q and the output
+    for b, count in enumerate(counts):
+        for h in range(heads):
+            pieces = model.pieces(b, h)
+            got = out[first : first + count, h]
+            if len(pieces) == 1:
+                assert torch.isnan(got).all(), f"request {b} head {h}: stage 1 writes it"
+                continue
+            rows = torch.tensor([[p + i for i in range(count)] for p in pieces], device=out.device)
+            weights = torch.softmax(part_lse[rows] * math.log(2), dim=0).nan_to_num()
+            merged = (weights[..., None] * part_o[rows]).sum(0)
+            check_close(got, merged, what=f"request {b} head {h}: rows {pieces}")
+        first += count
+
+
+@pytest.mark.parametrize(
+    "heads,block_h,draft_len,ctas,min_share,counts",
+    [
+        # 4 head blocks of 2 heads at L = 4; a request of 1 draft packs 8
+        # heads a tile (one head block), of 2 drafts 4 (two), of 3 two
+        # (8 // 3 = 2: four); their head blocks get fewer CTAs.
+        (8, 2, 4, 5, 1, [1, 2, 3, 4, 1, 1, 2, 4]),
+        (8, 2, 4, 3, 4, [4, 1, 1, 1, 1, 1, 1, 1]),
+        # 5 heads, 3 head blocks of 2 (the last one short); L = 3.
+        (5, 2, 3, 7, 2, [2, 1, 3, 2, 3, 1]),
+        # Every request has L drafts: each head block gets `ctas` CTAs.
+        (6, 2, 2, 4, 1, [2] * 6),
+    ],
+)
+def test_merge_after_shares_over_head_blocks(
+    heads, block_h, draft_len, ctas, min_share, counts, device
+):
+    """A ragged batch over several head blocks: stage 2 follows the host
+    model of the Hopper kernel's plan (CTAs per head block in proportion to
+    its work, a request of fewer drafts in fewer head blocks) for every
+    (request, head)."""
+    prefix_lens = [(b * 431) % 1500 for b in range(len(counts))]
+    batch = make_batch(heads, draft_len, prefix_lens, draft_counts=counts, device=device)
+    model = plan.head_block_plan(prefix_lens, counts, heads, block_h, draft_len, ctas, min_share)
+    blocks = hopper.head_blocks(heads, block_h)
+    if len(set(counts)) == 1:
+        assert model.first_ctas == [k * ctas for k in range(blocks)]
+    else:
+        spans = [b - a for a, b in zip(model.first_ctas, [*model.first_ctas[1:], blocks * ctas])]
+        assert spans[0] == max(spans), "the first head block holds every request"
+    rows = 2 * blocks * ctas * model.tile_rows
+    gen = torch.Generator(device=device).manual_seed(1)
+    part_o = torch.randn(rows, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(rows, generator=gen, device=device)
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, 2, block_h=block_h)
+    _check_merged(out, model, part_o, part_lse, heads, draft_len, counts)
 
 
 @pytest.mark.parametrize(
@@ -549,7 +614,7 @@ def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_d
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
     fake_hopper = SimpleNamespace(launch_prefix=lambda *a, **kw: launched.append(kw["score_value"]))
-    monkeypatch.setattr(hopper, "gluon_kernel", lambda head_dims: fake_hopper)
+    monkeypatch.setattr(hopper, "gluon_kernel", lambda head_dims, ragged=False: fake_hopper)
     batch = make_batch(16, 2, [70, 5], kv_dtype=kv_dtype, device=device)
     batch.run(batch.new_output(), hopper_config(16, 2, 2, kernel_name))
     assert launched == [score_value]
@@ -876,6 +941,53 @@ def test_gpu_hopper_kernel_runs_ragged_and_masked_calls(schedule, kv_dtype, kwar
     config = hopper_config(16, 4, 5, schedule)
     assert _hopper_plan(batch, config).hopper
     _run_and_check(batch, config, "cuda")
+
+
+# Ragged drafts over several head blocks: a request of fewer drafts packs
+# more heads a tile, so it has heads in fewer head blocks, and those get
+# fewer CTAs (plan.head_block_plan). 40 heads at L = 3: tiles of 21 heads
+# (63 rows), 63 heads for one draft, 31 for two.
+PACKED_CALLS = [
+    # id, heads, draft_len, make_batch kwargs
+    ("H64_L4", 64, 4, {"draft_counts": [1, 4, 2, 3, 1, 1, 2, 4]}),
+    ("H128_L2_tree", 128, 2, {"mask": "tree", "draft_counts": [1, 2, 1, 1, 2, 1, 2, 1]}),
+    (
+        "H40_L3_prefix_bits",
+        40,
+        3,
+        {
+            "mask": "causal",
+            "hide_prefix": 0.2,
+            "skip_prefix_custom_mask": False,
+            "draft_counts": [2, 1, 3, 1, 2, 2, 1, 3],
+        },
+    ),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("schedule", HOPPER_KERNELS)
+@gpu_kv_dtypes
+@pytest.mark.parametrize(
+    "heads,draft_len,kwargs", [c[1:] for c in PACKED_CALLS], ids=[c[0] for c in PACKED_CALLS]
+)
+def test_gpu_hopper_kernel_packs_ragged_drafts(
+    heads, draft_len, kwargs, kv_dtype, schedule, monkeypatch
+):
+    """Ragged drafts packed into fewer tiles, over every share plan:
+    requests held whole and split (5000 tokens), empty prefixes included."""
+    prefix_lens = [3000, 64, 1, 0, 700, 5000, 130, 9]
+    batch = _gpu_batch(heads, draft_len, prefix_lens, kv_dtype, **kwargs)
+    config = hopper_config(heads, draft_len, len(prefix_lens), schedule)
+    assert _hopper_plan(batch, config).hopper
+    model = plan.head_block_plan(
+        prefix_lens, kwargs["draft_counts"], heads, config.BLOCK_H, draft_len, 16, 1
+    )
+    assert len(model.first_ctas) > 1 and model.shares[-1].present.count(True) < len(prefix_lens)
+    ref = batch.reference()
+    for sms, min_share in SHARE_PLANS:
+        _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
 
 
 @pytest.mark.gpu
