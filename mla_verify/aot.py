@@ -136,11 +136,8 @@ def compile_stage1(
     score_value = runs_score_value(config.kernel, kv_dtype)
     on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
     if on_hopper and hopper.supports(draft_len, kv_dtype, v_from_k, (qk, v), score_value):
-        # Without a mask the launch passes kv_indptr in the mask's place;
-        # the ragged module takes the requests' order (int64, torch.sort's),
-        # the other qo_indptr in its place.
+        # Without a mask the launch passes kv_indptr in the mask's place.
         pointers |= {"MASK": "*i32" if mask == "none" else "*u8", "MASK_INDPTR": "*i32"}
-        pointers |= {"ORDER": "*i64" if ragged else "*i32"}
         return _compile_hopper_kernel(
             config,
             draft_len,
