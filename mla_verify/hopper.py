@@ -115,7 +115,7 @@ def supports(
         return False
     kv_dtypes = SCORE_VALUE_KV_DTYPES if score_value else KV_DTYPES
     if tuple(head_dims) == MLA_HEAD_DIMS:
-        return kv_dtype_name in KV_DTYPES and v_from_k
+        return kv_dtype_name in kv_dtypes and v_from_k
     return tuple(head_dims) in SHARED_KV_HEAD_DIMS and kv_dtype_name in kv_dtypes
 
 

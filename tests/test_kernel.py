@@ -298,6 +298,7 @@ def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
     mla = (576, 512)
     assert hopper.supports(4, "bf16", True, mla, score_value=False)
     assert hopper.supports(4, "fp8_e4m3", True, mla, score_value=False)
+    assert not hopper.supports(4, "fp8_e4m3", True, mla)  # score/value: bf16 only
     assert not hopper.supports(4, "bf16", False, mla)  # a separate V cache
     assert not hopper.supports(65, "bf16", True, mla)  # more drafts than a tile's rows
     for dims in [(256, 256), (128, 128)]:
