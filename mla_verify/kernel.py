@@ -993,7 +993,7 @@ def launch_merge_shares(
     min_share: int,
     column_blocks: int,
     dependent: bool,
-    ragged: bool = True,
+    ragged: bool,
 ) -> None:
     """Stage 2 after the Hopper kernel's shares (``share_ctas`` CTAs per head
     block of ``block_h`` heads, shares of ``min_share`` positions at least),

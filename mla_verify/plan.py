@@ -3,12 +3,13 @@ shapes, dtypes, strides and the config, never from tensor values.
 
 ``plan_call`` picks stage 1's kernel (the Hopper kernel where it can run
 the call, else the Triton kernel with the same tile), the grid, the
-workspace slots, whether V is a view of K and which mask bits the kernels
-read; ``kernel.launch`` only reads the plan. The Hopper kernel runs MLA,
-256/256 and 128/128 calls (``hopper.supports``; ragged drafts and tree
-masks included); other calls take the Triton kernel. ``head_block_plan``
-(with ``share_plan``) is the host-side model of the Hopper kernel's plan,
-which both stages compute on the device and the tests hold them to.
+workspace's partial rows, whether V is a view of K and which mask bits
+the kernels read; ``kernel.launch`` only reads the plan. The Hopper
+kernel runs MLA, 256/256 and 128/128 calls (``hopper.supports``; ragged
+drafts and tree masks included); other calls take the Triton kernel.
+``head_block_plan`` (with ``share_plan``) is the host-side model of the
+Hopper kernel's plan, which both stages compute on the device and the
+tests hold them to.
 """
 
 from __future__ import annotations
@@ -365,13 +366,20 @@ def share_plan(
     return SharePlan(tiles=tiles, drafts=drafts, starts=starts, bases=bases, present=present)
 
 
+def _heads_per_tile(tile_rows: int, draft_count: int) -> int:
+    """Heads a tile of a request with ``draft_count`` drafts holds: its rows
+    packed densely, tile_rows = BLOCK_H x L (kernel_sm90._heads_per_tile)."""
+    return tile_rows // max(draft_count, 1)
+
+
 @dataclass(frozen=True)
 class HeadBlockPlan:
     """The Hopper kernel's plan of a batch over its head blocks: head block
     k works on CTAs ``first_ctas[k] ..`` of the grid, cut as ``shares[k]``
     (None where no request has heads in it). A ``ragged`` call (some
-    request with fewer than L drafts) packs a request of E drafts into
-    ``tile_rows // E`` heads a tile and writes partial rows (slot, tile
+    request with fewer than L drafts; ``plan_call`` picks that module over
+    several head blocks only) packs a request of E drafts into
+    ``_heads_per_tile`` heads a tile and writes partial rows (slot, tile
     row), the slots the grid's CTAs'; another writes rows (slot, head,
     draft), the slots its head block's CTAs'."""
 
@@ -392,7 +400,7 @@ class HeadBlockPlan:
             slots = self.shares[block].pieces()[request]
             return [(s * self.num_heads + head) * self.draft_len for s in slots]
         rows = max(self.draft_counts[request], 1)
-        heads = self.tile_rows // rows
+        heads = _heads_per_tile(self.tile_rows, rows)
         block = head // heads
         row0 = (head - block * heads) * rows
         slots = self.shares[block].pieces()[request]
@@ -419,7 +427,7 @@ def head_block_plan(
     tile_rows = block_h * draft_len
     tiles = [-(-n // hopper.TOKENS) for n in prefix_lens]
     present = [
-        [k * (tile_rows // max(e, 1)) < num_heads for e in draft_counts] for k in range(blocks)
+        [k * _heads_per_tile(tile_rows, e) < num_heads for e in draft_counts] for k in range(blocks)
     ]
     weights = [t + hopper.DRAFT_POSITIONS for t in tiles]
     work = [sum(w for w, inside in zip(weights, p) if inside) for p in present]
