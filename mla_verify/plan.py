@@ -171,11 +171,11 @@ class Plan:
     score_value      the Hopper kernel runs its score/value schedule
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
-    head_dims        (q/k, v) head dims; the q/k columns past v are rope
     ragged           some request may have fewer than draft_len drafts (q
                      has fewer rows than batch x draft_len) and there is
                      more than one head block: the Hopper kernel packs its
                      rows and plans by them
+    head_dims        (q/k, v) head dims; the q/k columns past v are rope
     prefix_mask      stage 1 reads the mask's prefix bits
     draft_mask       the mask's draft block replaces the causal one (the
                      Hopper kernel reads it in stage 1, the Triton path in
@@ -192,8 +192,8 @@ class Plan:
     score_value: bool
     dependent: bool
     merge_blocks: int
+    ragged: bool
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
-    ragged: bool = True
     prefix_mask: bool = False
     draft_mask: bool = False
 
