@@ -150,6 +150,14 @@ def ctas_per_head_block(sm_count: int, num_heads: int, block_h: int) -> int:
     return max(1, sm_count // head_blocks(num_heads, block_h))
 
 
+def order_rows(ctas: int, num_heads: int, block_h: int, batch_size: int) -> int:
+    """Rows of the partials' buffer past the partial rows where each CTA
+    of a ragged call keeps its order of the requests: ``batch_size`` int32
+    words a CTA, in rows of 128 words at least (the narrowest V)."""
+    words = ctas * head_blocks(num_heads, block_h) * batch_size
+    return -(-words // 128)
+
+
 def partial_rows(ctas: int, num_heads: int, draft_len: int, block_h: int) -> int:
     """Partial rows of a launch with ``ctas`` CTAs per head block: two
     slots a CTA (its first segment's and its last's), each of one tile's

@@ -146,33 +146,41 @@ def _share_positions(
     # The Hopper kernel's positions where every request has heads in every
     # head block (kernel_sm90's plan: each request's prefix tiles of
     # TOKENS, then its drafts, DRAFT_POSITIONS in a ragged batch, one in a
-    # uniform one): those of the requests before req, req's own and the
-    # batch's; whether every request holds as many; the drafts'; and, where
-    # the call is RAGGED, the fewest drafts of any request.
+    # uniform one; a RAGGED call's requests in plan.ragged_order): those of
+    # the requests before req, req's own and the batch's; whether every
+    # request holds as many; the drafts'; and, where the call is RAGGED,
+    # the fewest drafts of any request.
     before = 0
+    ahead_count = 0
     mine = 0
     total = 0
     most = 0
     fewest = 0
+    own = 0
     if RAGGED:
         fewest = (tl.load(QO_INDPTR + 1) - tl.load(QO_INDPTR)).to(tl.int32)
+        own = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
         lens = _prefix_lens(KV_INDPTR, offs_b, mask_b)
         positions = tl.where(mask_b, tl.cdiv(lens, TOKENS) + 1, 0)
-        before += tl.sum(tl.where(offs_b < req, positions, 0), 0)
-        mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
-        total += tl.sum(positions, 0)
-        most = tl.maximum(most, tl.max(positions, 0))
+        ahead = offs_b < req
         if RAGGED:
             rows = tl.where(mask_b, _prefix_lens(QO_INDPTR, offs_b, mask_b), fewest)
             fewest = tl.minimum(fewest, tl.min(rows, 0))
+            ahead = (rows > own) | ((rows == own) & ahead)
+        ahead &= mask_b
+        before += tl.sum(tl.where(ahead, positions, 0), 0)
+        ahead_count += tl.sum(ahead.to(tl.int32), 0)
+        mine += tl.sum(tl.where(offs_b == req, positions, 0), 0)
+        total += tl.sum(positions, 0)
+        most = tl.maximum(most, tl.max(positions, 0))
     uniform = most.to(tl.int64) * batch_size == total  # int64: no wrap to equal
     drafts = DRAFT_POSITIONS
     if uniform:
         drafts = 1
-    before += (drafts - 1) * req
+    before += (drafts - 1) * ahead_count
     mine += drafts - 1
     total += (drafts - 1) * batch_size
     return before, mine, total, uniform, drafts, fewest
@@ -187,6 +195,19 @@ def _min_rows(head_block, num_heads, tile_rows):
 
 
 @triton.jit
+def _share_len(positions, first_positions, grid_ctas, head_blocks, batch_size, min_share):
+    # The aligned plan's share length (kernel_sm90._share_len, the same
+    # rule; plan.head_block_plan): the least that fits every head block's
+    # shares in the grid, at least min_share, and no shorter than the cap
+    # of 1 + 4 sqrt(P) shares a request allows the first head block.
+    spare = tl.maximum(grid_ctas - head_blocks, 1)
+    fit = tl.where(grid_ctas > head_blocks, tl.cdiv(positions, spare), first_positions)
+    cap = (4.0 * tl.sqrt_rn(first_positions.to(tl.float32) * batch_size)).to(tl.int32)
+    cap += batch_size
+    return tl.maximum(tl.maximum(fit, min_share), tl.cdiv(first_positions, cap))
+
+
+@triton.jit
 def _head_block_shares(
     KV_INDPTR,
     QO_INDPTR,
@@ -197,35 +218,30 @@ def _head_block_shares(
     tile_rows,
     grid_ctas,
     head_blocks,
+    min_share,
+    drafts,
     BLOCK_B: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     TOKENS: tl.constexpr,
-    DRAFT_POSITIONS: tl.constexpr,
 ):
-    # The Hopper kernel's plan for head_block where some request has no
-    # heads in some head block (kernel_sm90._head_block_plan and
-    # _positions, the same rule): a request of E drafts has heads in head
-    # blocks hb with hb * (tile_rows // E) < num_heads (E at least
+    # The Hopper kernel's aligned plan, where some request has no heads in
+    # some head block (kernel_sm90._head_block_plan, the same rule;
+    # plan.head_block_plan): a request of E drafts has heads in head blocks
+    # hb with hb * (tile_rows // E) < num_heads (E at least
     # kernel_sm90._min_rows); its positions there are its prefix tiles of
-    # TOKENS, then its drafts, DRAFT_POSITIONS unless every request in the
-    # head block holds as many, else one. Each head block gets one CTA and
-    # the rest of the grid's in proportion to its work (its requests'
-    # tiles plus DRAFT_POSITIONS each). Returns the head block's first CTA
-    # and CTA count, its positions, whether uniform, the drafts' weight,
-    # its requests, and the positions of its requests before req. All head
-    # blocks at once (HEAD_BLOCKS >= head_blocks, a power of two).
+    # TOKENS, then `drafts`, in plan.ragged_order. Every head block cuts
+    # shares of one length and takes as many CTAs as it has shares, one
+    # head block after another. Returns head_block's first CTA, its
+    # positions, the share length and the positions of its requests before
+    # req. All head blocks at once (HEAD_BLOCKS >= head_blocks, a power of
+    # two).
     blocks = tl.arange(0, HEAD_BLOCKS)
     min_rows = _min_rows(blocks, num_heads, tile_rows)
+    own = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
     # Sums carried as tiles, reduced after the loop: triton 3.6 fails to
     # lower a loop that carries a reduction's result vector.
-    tile = tl.zeros([HEAD_BLOCKS, BLOCK_B], dtype=tl.int32)
-    total = tile
-    most = tile
-    count = tile
-    before = tile
-    earlier = tile
-    prior = tile  # earlier blocks' work
-    work = tile  # every block's, in row 0
+    total = tl.zeros([HEAD_BLOCKS, BLOCK_B], dtype=tl.int32)
+    before = tl.zeros([HEAD_BLOCKS, BLOCK_B], dtype=tl.int32)
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
@@ -234,42 +250,22 @@ def _head_block_shares(
             (rows[None, :] >= min_rows[:, None]) & (blocks < head_blocks)[:, None] & mask_b[None, :]
         )
         tiles = tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), TOKENS)
-        positions = tl.where(inside, (tiles + 1)[None, :], 0)
+        positions = tl.where(inside, (tiles + drafts)[None, :], 0)
         total += positions
-        most = tl.maximum(most, positions)
-        count += inside.to(tl.int32)
-        ahead = inside & (offs_b < req)[None, :]
-        before += tl.where(ahead, positions, 0)
-        earlier += ahead.to(tl.int32)
-        # Work: a request's tiles plus DRAFT_POSITIONS in each head block
-        # it is in.
-        below = tl.sum(inside.to(tl.int32), 0)
-        weight = tl.where(mask_b, tiles + DRAFT_POSITIONS, 0)
-        prior += tl.minimum(blocks[:, None], below[None, :]) * weight[None, :]
-        work += tl.where(blocks[:, None] == 0, (below * weight)[None, :], 0)
+        ahead = (rows > own) | ((rows == own) & (offs_b < req))
+        before += tl.where(ahead[None, :], positions, 0)
     total = tl.sum(total, 1)
-    most = tl.max(most, 1)
-    count = tl.sum(count, 1)
     before = tl.sum(before, 1)
-    earlier = tl.sum(earlier, 1)
-    prior = tl.sum(prior, 1)
-    work = tl.sum(tl.sum(work, 1), 0)
-    uniform = most.to(tl.int64) * count == total  # int64: no wrap to equal
-    drafts = tl.where(uniform, 1, DRAFT_POSITIONS)
-    total += (drafts - 1) * count
-    before += (drafts - 1) * earlier
-    first = blocks + ((grid_ctas - head_blocks) * prior.to(tl.int64) // work).to(tl.int32)
-    first = tl.where(blocks < head_blocks, first, grid_ctas)
+    first_positions = tl.sum(tl.where(blocks == 0, total, 0), 0)
+    share_len = _share_len(
+        tl.sum(total, 0), first_positions, grid_ctas, head_blocks, batch_size, min_share
+    )
+    used = tl.cdiv(total, share_len)
     here = blocks == head_block
-    first_cta = tl.sum(tl.where(here, first, 0), 0)
-    next_cta = tl.min(tl.where(blocks > head_block, first, grid_ctas), 0)
     return (
-        first_cta,
-        next_cta - first_cta,
+        tl.sum(tl.where(blocks < head_block, used, 0), 0),
         tl.sum(tl.where(here, total, 0), 0),
-        tl.sum(tl.where(here, uniform.to(tl.int32), 0), 0) != 0,
-        tl.sum(tl.where(here, drafts, 0), 0),
-        tl.sum(tl.where(here, count, 0), 0),
+        share_len,
         tl.sum(tl.where(here, before, 0), 0),
     )
 
@@ -636,14 +632,13 @@ def _merge_shares_kernel(
     row_stride = num_heads * DRAFT_LEN
     row0 = head * DRAFT_LEN
     first_slot = 0
-    block_ctas = share_ctas
-    requests = batch_size
+    share_len = 0  # the aligned plan's (_head_block_shares); 0: equal cuts
     if RAGGED:
         # Rows (slot, tile row), the slots the grid's CTAs': the head's
         # head block and first row there (kernel_sm90._row_coords: E
         # drafts pack TILE_ROWS // E heads a tile). Where some request has
-        # no heads in some head block, the CTAs are shared out by work
-        # (kernel_sm90's plan); else each head block has a row of the grid.
+        # no heads in some head block, the plan is aligned (kernel_sm90's);
+        # else each head block has a row of the grid.
         num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
         heads = TILE_ROWS // tl.maximum(num_rows, 1)
         head_block = head // heads
@@ -651,7 +646,7 @@ def _merge_shares_kernel(
         row0 = (head - head_block * heads) * num_rows
         first_slot = 2 * head_block * share_ctas
         if fewest < _min_rows(head_blocks - 1, num_heads, TILE_ROWS):
-            first_cta, block_ctas, total, uniform, drafts, requests, base = _head_block_shares(
+            first_cta, total, share_len, base = _head_block_shares(
                 KV_INDPTR,
                 QO_INDPTR,
                 req,
@@ -661,22 +656,34 @@ def _merge_shares_kernel(
                 TILE_ROWS,
                 head_blocks * share_ctas,
                 head_blocks,
+                min_share,
+                drafts,
                 BLOCK_B,
                 HEAD_BLOCKS,
                 TOKENS,
-                DRAFT_POSITIONS,
             )
             first_slot = 2 * first_cta
             kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
             n = tl.cdiv(kv_len, TOKENS) + drafts
     # Positions base .. base + n - 1 of the head block are the request's,
-    # its drafts' from base + n - drafts. The head block's CTA c holds
-    # positions from c * total // ctas, so the one that holds position p
-    # is ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on
-    # large batches). c0 holds the first position, c1 the drafts' first.
-    ctas = _share_count(block_ctas, total, uniform, requests, min_share).to(tl.int64)
-    c0 = (((base + 1) * ctas - 1) // total).to(tl.int32)
-    c1 = (((base + n - drafts + 1) * ctas - 1) // total).to(tl.int32)
+    # its drafts' from base + n - drafts; c0 holds the first position, c1
+    # the drafts' first, and c0's range begins at start0. Aligned shares:
+    # CTA c holds positions from c * share_len. Equal cuts: from
+    # c * total // ctas, so the one that holds position p is
+    # ((p + 1) * ctas - 1) // total (int64: the products pass 2^31 on
+    # large batches).
+    base = base.to(tl.int64)
+    if share_len > 0:
+        c0 = base // share_len
+        c1 = (base + n - drafts) // share_len
+        start0 = c0 * share_len
+    else:
+        ctas = _share_count(share_ctas, total, uniform, batch_size, min_share).to(tl.int64)
+        c0 = ((base + 1) * ctas - 1) // total
+        c1 = ((base + n - drafts + 1) * ctas - 1) // total
+        start0 = c0 * total // ctas
+    c0 = c0.to(tl.int32)
+    c1 = c1.to(tl.int32)
     if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
         gdc_wait()
     if c0 != c1:  # else one CTA held the whole request and wrote its output
@@ -686,7 +693,7 @@ def _merge_shares_kernel(
         # work in its range (the previous drafts' first position is before
         # it), else its last (slot 2 c0 + 1); the later CTAs' is their
         # first (slot 2 c).
-        earlier = (c0.to(tl.int64) * total // ctas) <= base - drafts
+        earlier = start0 <= base - drafts
         slot0 = first_slot + 2 * c0
         _, l_i, acc = _merge_pieces(
             PART_O,

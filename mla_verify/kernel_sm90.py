@@ -37,8 +37,12 @@ Ragged drafts (a module of its own, RAGGED; the host picks it where q has
 fewer than bs x L rows): a request of E < L drafts packs its rows densely,
 (BLOCK_H L) // E heads a tile, so it has heads in fewer head blocks; where
 some request has none in some head block, the grid's CTAs go to the head
-blocks in proportion to their work (``_head_block_plan``;
-plan.head_block_plan models it), and each cuts its own requests' positions.
+blocks by their work, and every head block cuts shares of one length
+(``_head_block_plan``; plan.head_block_plan models it). The requests take
+their positions most drafts first (each CTA orders them: _order_requests), so each
+head block's requests come first, in the same order, in every head block:
+the CTAs of the head blocks that read one prefix tile read it at about the
+same time, and the L2 serves all but the first read.
 Calls whose requests all have L drafts compile to code that knows L.
 
 fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
@@ -312,10 +316,13 @@ def _positions(
 ):
     # Positions of requests start .. start + BLOCK_B - 1 in the head block
     # (0 past the batch, and for a request with no heads in it): one per
-    # prefix tile, and `drafts` for the drafts.
-    KV_INDPTR, QO_INDPTR, min_rows = share_block
+    # prefix tile, and `drafts` for the drafts. With RAGGED, the requests
+    # ORDER lists there.
+    KV_INDPTR, QO_INDPTR, min_rows, ORDER = share_block
     offs = start + gl.arange(0, BLOCK_B, layout=layout)
     mask = offs < batch_size
+    if RAGGED:
+        offs = gl.load(ORDER + offs, mask=mask, other=0).to(gl.int32)
     lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
         KV_INDPTR + offs, mask=mask, other=0
     )
@@ -346,6 +353,63 @@ def _draft_counts(
     return gl.where(mask, rows.to(gl.int32), DRAFT_LEN)
 
 
+@constexpr_function
+def _count_classes(draft_len):
+    # Draft counts 0 .. draft_len, a power of two of them.
+    return 1 << int(draft_len).bit_length()
+
+
+@gluon.jit
+def _order_requests(
+    QO_INDPTR,
+    ORDER,
+    batch_size,
+    DRAFT_LEN: gl.constexpr,
+    WARPS: gl.constexpr,
+):
+    # ORDER[i] = the request at place i of plan.ragged_order, most drafts
+    # first, then by index: request b's place is the number of requests
+    # with more drafts plus that of the requests before b with as many.
+    # One pass counts the requests with more drafts than each count, one
+    # places the requests (a count of -1 past the batch matches none). Sums
+    # carried as tiles, reduced in the loop: triton 3.6 fails to lower a
+    # loop that carries a reduction's result vector.
+    CLASSES: gl.constexpr = _count_classes(DRAFT_LEN)
+    CHUNK: gl.constexpr = hopper.PLAN_ELEMENTS // CLASSES
+    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+    request_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    classes = gl.arange(0, CLASSES, layout=gl.SliceLayout(1, layout))
+    # Requests with more than e drafts, for each count e.
+    more = gl.zeros([CLASSES, CHUNK], gl.int32, layout=layout)
+    for start in range(0, batch_size, CHUNK):
+        rows = _draft_counts(QO_INDPTR, start, batch_size, CHUNK, -1, request_layout)
+        more += (rows[None, :] > classes[:, None]).to(gl.int32)
+    more = gl.sum(more, 1)
+    seen = gl.zeros([CLASSES, CHUNK], gl.int32, layout=layout)
+    for start in range(0, batch_size, CHUNK):
+        offs = start + gl.arange(0, CHUNK, layout=request_layout)
+        rows = _draft_counts(QO_INDPTR, start, batch_size, CHUNK, -1, request_layout)
+        same = (rows[None, :] == classes[:, None]).to(gl.int32)
+        before = gl.associative_scan(same, 1, _add) - same + gl.sum(seen, 1)[:, None]
+        place = gl.sum(same * (more[:, None] + before), 0)
+        gl.store(ORDER + place, offs, mask=offs < batch_size)
+        seen += same
+
+
+@gluon.jit
+def _share_len(positions, first_positions, grid_ctas, head_blocks, batch_size, min_share):
+    # The aligned plan's share length (kernel._share_len, the same rule;
+    # plan.head_block_plan): the least that fits every head block's shares
+    # in the grid, at least min_share, and no shorter than the cap of
+    # 1 + 4 sqrt(P) shares a request (_share_count) allows the first head
+    # block, which holds every request.
+    spare = gl.maximum(grid_ctas - head_blocks, 1)
+    fit = gl.where(grid_ctas > head_blocks, (positions + spare - 1) // spare, first_positions)
+    cap = (4.0 * gl.sqrt_rn(first_positions.to(gl.float32) * batch_size)).to(gl.int32)
+    cap += batch_size
+    return gl.maximum(gl.maximum(fit, min_share), (first_positions + cap - 1) // cap)
+
+
 @gluon.jit
 def _head_block_plan(
     share_block,
@@ -353,35 +417,34 @@ def _head_block_plan(
     grid_cta,
     grid_ctas,
     head_blocks,
+    drafts,
+    min_share,
     BLOCK_B: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
     WARPS: gl.constexpr,
 ):
-    # Which head block grid CTA grid_cta works for (plan.head_block_plan
-    # models it): one CTA a head block, the rest in proportion to their
-    # work, each request in it weighing its prefix tiles plus
-    # DRAFT_POSITIONS, so that a ragged batch's head blocks of fewer
-    # requests get fewer CTAs (all alike when uniform). Returns the head
-    # block, its first CTA and its CTA count, and its shares' inputs: its
-    # positions (drafts weighing DRAFT_POSITIONS unless every request in
-    # it holds as many tiles, then one), whether uniform, the drafts'
-    # weight and its requests. One pass over the batch for every head
-    # block at once (HEAD_BLOCKS >= head_blocks, a power of two); no scan
-    # nor layout change (either left the consumers' loop spilling: 1.2x
-    # slower).
+    # The aligned plan (plan.head_block_plan models it), where some
+    # request has no heads in some head block: every head block cuts
+    # shares of one length (_share_len), share c its positions c S ..
+    # (c + 1) S - 1, and takes as many CTAs as it has shares, one head
+    # block after another. Its positions: its requests' prefix tiles plus
+    # `drafts` each, in ORDER (most drafts first), so that a request's
+    # tile t is at one position in every head block that holds it, and
+    # the CTAs reading it do so at about the same time (the L2 serves the
+    # later reads). Returns grid CTA grid_cta's head block, that head
+    # block's first CTA, CTA count and positions, and the share length.
+    # One pass over the batch for every head block at once (HEAD_BLOCKS
+    # >= head_blocks, a power of two); no scan nor layout change (either
+    # left the consumers' loop spilling: 1.2x slower).
     KV_INDPTR, QO_INDPTR, num_heads, tile_rows = share_block
     layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
     block_layout: gl.constexpr = gl.SliceLayout(1, layout)
     request_layout: gl.constexpr = gl.SliceLayout(0, layout)
     blocks = gl.arange(0, HEAD_BLOCKS, layout=block_layout)
     min_rows = _min_rows(blocks, num_heads, tile_rows)
-    # Sums carried as tiles, reduced after the loop: triton 3.6 fails to
+    # Sums carried as a tile, reduced after the loop: triton 3.6 fails to
     # lower a loop that carries a slice of a tile's layout.
     total = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
-    most = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
-    count = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
-    prior = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)  # earlier blocks' work
-    work = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)  # every block's, in row 0
     for start in range(0, batch_size, BLOCK_B):
         offs = start + gl.arange(0, BLOCK_B, layout=request_layout)
         mask = offs < batch_size
@@ -397,38 +460,26 @@ def _head_block_plan(
             & mask[None, :]
         )
         tiles = (lens.to(gl.int32) + TOKENS - 1) // TOKENS
-        positions = gl.where(inside, (tiles + 1)[None, :], 0)
-        total += positions
-        most = gl.maximum(most, positions)
-        count += inside.to(gl.int32)
-        # A request's work in each head block before: its weight times
-        # the head blocks before that it is in.
-        below = gl.sum(inside.to(gl.int32), 0)
-        weight = gl.where(mask, tiles + DRAFT_POSITIONS, 0)
-        prior += gl.minimum(blocks[:, None], below[None, :]) * weight[None, :]
-        work += gl.where(blocks[:, None] == 0, (below * weight)[None, :], 0)
+        total += gl.where(inside, (tiles + drafts)[None, :], 0)
     total = gl.sum(total, 1)
-    most = gl.max(most, 1)
-    count = gl.sum(count, 1)
-    prior = gl.sum(prior, 1)
-    work = gl.sum(gl.sum(work, 1), 0)
-    uniform = most.to(gl.int64) * count == total  # int64: no wrap to equal
-    drafts = gl.where(uniform, 1, DRAFT_POSITIONS)
-    total += (drafts - 1) * count
-    first = blocks + ((grid_ctas - head_blocks) * prior.to(gl.int64) // work).to(gl.int32)
-    first = gl.where(blocks < head_blocks, first, grid_ctas)
-    mine = gl.sum((first <= grid_cta).to(gl.int32), 0) - 1
+    first_positions = gl.sum(gl.where(blocks == 0, total, 0), 0)
+    share_len = _share_len(
+        gl.sum(total, 0), first_positions, grid_ctas, head_blocks, batch_size, min_share
+    )
+    used = (total + share_len - 1) // share_len
+    # Head block k begins at the CTAs the ones before use; grid_cta works
+    # for the last that begins at or before it (past every share: idle).
+    mine = 0
+    for k in gl.static_range(1, HEAD_BLOCKS):
+        first = gl.sum(gl.where(blocks < k, used, 0), 0)
+        mine += ((first <= grid_cta) & (k < head_blocks)).to(gl.int32)
     here = blocks == mine
-    first_cta = gl.sum(gl.where(here, first, 0), 0)
-    next_cta = gl.min(gl.where(blocks > mine, first, grid_ctas), 0)
     return (
         mine,
-        first_cta,
-        next_cta - first_cta,
+        gl.sum(gl.where(blocks < mine, used, 0), 0),
+        gl.sum(gl.where(here, used, 0), 0),
         gl.sum(gl.where(here, total, 0), 0),
-        gl.sum(gl.where(here, uniform.to(gl.int32), 0), 0) != 0,
-        gl.sum(gl.where(here, drafts, 0), 0),
-        gl.sum(gl.where(here, count, 0), 0),
+        share_len,
     )
 
 
@@ -469,7 +520,9 @@ def _segment(share, b, base):
     # heads in the head block holds no positions: an empty segment, all
     # of whose rows are masked.
     share_block, _, _, _, s0, s1, drafts = share
-    KV_INDPTR, QO_INDPTR, min_rows = share_block
+    KV_INDPTR, QO_INDPTR, min_rows, ORDER = share_block
+    if RAGGED:  # b counts requests in ORDER
+        b = gl.load(ORDER + b).to(gl.int32)
     kv_start = gl.load(KV_INDPTR + b)
     kv_len = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
     # Ragged drafts: the counts are read here, on the device (q holds
@@ -1523,7 +1576,8 @@ def _prefix_kernel_sm90(
     total = 0
     most = 0
     fewest = DRAFT_LEN
-    everywhere = (KV_INDPTR, QO_INDPTR, 0)
+    ORDER = QO_INDPTR  # read with RAGGED alone, then set below
+    everywhere = (KV_INDPTR, QO_INDPTR, 0, ORDER)
     for start in range(0, batch_size, BLOCK_B):
         positions = _positions(everywhere, start, batch_size, 1, BLOCK_B, plan_layout)
         total += gl.sum(positions, 0)
@@ -1540,36 +1594,45 @@ def _prefix_kernel_sm90(
     total += (drafts - 1) * batch_size
     slot_cta = cta  # the CTA's partial slots (_partial_rows)
     min_rows = 0  # the fewest drafts of a request with heads in the head block
+    share_len = 0  # the aligned plan's share length; 0: equal cuts
+    ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
     if RAGGED:
-        # Where some request has no heads in some head block, the grid's
-        # CTAs are shared out by work (_head_block_plan); else each head
-        # block keeps its row of the grid.
+        # Where some request has no heads in some head block, the plan is
+        # aligned (_head_block_plan); else each head block keeps its row
+        # of the grid.
         head_blocks = gl.num_programs(0)
         slot_cta = head_block * gl.num_programs(1) + cta
-        block_ctas = gl.num_programs(1)
-        requests = batch_size
+        # The CTA's order of the requests (_order_requests), batch_size
+        # int32 words a CTA past the grid's partial rows (hopper.order_rows).
+        partials = 2 * head_blocks * gl.num_programs(1) * tile_rows
+        ORDER = (PART_O + partials.to(gl.int64) * D_V).to(
+            gl.pointer_type(gl.int32), bitcast=True
+        ) + slot_cta.to(gl.int64) * batch_size
+        _order_requests(QO_INDPTR, ORDER, batch_size, DRAFT_LEN, MAIN_WARPS)
+        _warps_barrier()  # every place stored before any is read
         if fewest < _min_rows(head_blocks - 1, num_heads, tile_rows):
-            head_block, first_cta, block_ctas, total, uniform, drafts, requests = _head_block_plan(
+            head_block, first_cta, ctas, total, share_len = _head_block_plan(
                 (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
                 batch_size,
                 slot_cta,
-                head_blocks * block_ctas,
+                head_blocks * gl.num_programs(1),
                 head_blocks,
+                drafts,
+                min_share,
                 PLAN_REQUESTS,
                 HEAD_BLOCKS,
                 MAIN_WARPS,
             )
             cta = slot_cta - first_cta
         min_rows = _min_rows(head_block, num_heads, tile_rows)
-        ctas = requests * 0
-        if requests > 0:  # else no request has heads in the head block
-            ctas = _share_count(block_ctas, total, uniform, requests, min_share)
-    else:
-        ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
-    share_block = (KV_INDPTR, QO_INDPTR, min_rows)
+    share_block = (KV_INDPTR, QO_INDPTR, min_rows, ORDER)
     if cta < ctas:
-        s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
-        s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
+        if share_len > 0:
+            s0 = cta * share_len
+            s1 = gl.minimum(s0 + share_len, total)
+        else:
+            s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
+            s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
         # The first request with work in the range (its drafts' first
         # position at s0 or later), the one that holds position s1 - 1,
         # and where the first one's positions begin (Gluon scans only in
@@ -1802,8 +1865,8 @@ def launch_prefix(
     prefix_mask: bool = False,
 ) -> None:
     """Stage 1 on sm90 on ``ctas`` CTAs per head block (of ``block_h``
-    heads at ``draft_len`` drafts; a ragged batch's head blocks get CTAs in
-    proportion to their work), shares of at least ``min_share`` positions
+    heads at ``draft_len`` drafts; a ragged batch's head blocks take as
+    many as their aligned shares need), shares of at least ``min_share`` positions
     (fewer shares on a small batch): writes the output of every request a
     share holds whole, and the partials (prefix values scaled by
     ``v_scale``, drafts included) of the others, ``part_o`` / ``part_lse``
@@ -1817,7 +1880,9 @@ def launch_prefix(
     go out at this grid's start. ``v_buffer``: V's cache, read only by a
     module for other head dims than MLA's (MLA reads V from K's rows). The
     module's RAGGED: some request may have fewer than ``draft_len`` drafts
-    (its rows packed, its head blocks planned by work)."""
+    (its rows packed, its head blocks' shares aligned; each CTA orders the
+    requests by draft count in ``part_o``'s rows past the partial rows,
+    ``hopper.order_rows``)."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     draft_mask = custom_mask is not None

@@ -121,10 +121,13 @@ def partial_rows(
     block_h: int,
 ) -> int:
     """Partial rows stage 1 writes: two slots a CTA of one tile's rows each
-    (the Hopper kernel, ``share_ctas`` CTAs per head block), or one row a
-    (unit, head, draft) of batch x NUM_KV_SPLITS units."""
+    (the Hopper kernel, ``share_ctas`` CTAs per head block), then each
+    CTA's order of a ragged batch's requests; or one row a (unit, head,
+    draft) of batch x NUM_KV_SPLITS units."""
     if share_ctas:
-        return hopper.partial_rows(share_ctas, num_heads, draft_len, block_h)
+        return hopper.partial_rows(share_ctas, num_heads, draft_len, block_h) + hopper.order_rows(
+            share_ctas, num_heads, block_h, batch_size
+        )
     return batch_size * num_kv_splits * num_heads * draft_len
 
 
@@ -283,7 +286,8 @@ def plan_call(
 class SharePlan:
     """How the Hopper kernel cuts one head block's positions: share c holds
     positions ``starts[c] .. starts[c + 1] - 1``; request r's positions
-    begin at ``bases[r]`` (its prefix tiles, then its drafts); a request not
+    begin at ``bases[r]`` (its prefix tiles, then its drafts; in index
+    order, or a ragged call's order, ``ragged_order``); a request not
     ``present`` (no heads in the head block) holds none."""
 
     tiles: list[int]
@@ -304,13 +308,16 @@ class SharePlan:
         pieces: list[list[int]] = [[] for _ in self.tiles]
         for c in range(self.shares):
             lo, hi = self.starts[c], self.starts[c + 1]
-            worked = [
-                r
-                for r, (base, tiles, present) in enumerate(
-                    zip(self.bases, self.tiles, self.present)
-                )
-                if present and lo <= base + tiles and base < hi
-            ]
+            worked = sorted(
+                (
+                    r
+                    for r, (base, tiles, present) in enumerate(
+                        zip(self.bases, self.tiles, self.present)
+                    )
+                    if present and lo <= base + tiles and base < hi
+                ),
+                key=lambda r: self.bases[r],
+            )
             for k, r in enumerate(worked):
                 pieces[r].append(2 * c + (k > 0))
         return pieces
@@ -326,12 +333,34 @@ def _positions(tiles: list[int], present: list[bool]) -> tuple[list[int], int]:
     return [t + drafts if p else 0 for t, p in zip(tiles, present)], drafts
 
 
+def ragged_order(draft_counts: list[int]) -> list[int]:
+    """The order a ragged call's requests take their positions in: most
+    drafts first, then by index. A request of E drafts has heads in the
+    head blocks below some bound that grows with E, so each head block's
+    requests come first, in the same order, in every head block."""
+    return sorted(range(len(draft_counts)), key=lambda b: (-draft_counts[b], b))
+
+
+def _bases(positions: list[int], order: list[int] | None) -> list[int]:
+    bases = [0] * len(positions)
+    done = 0
+    for r in order if order is not None else range(len(positions)):
+        bases[r] = done
+        done += positions[r]
+    return bases
+
+
 def share_plan(
-    prefix_lens: list[int], ctas: int, min_share: int, present: list[bool] | None = None
+    prefix_lens: list[int],
+    ctas: int,
+    min_share: int,
+    present: list[bool] | None = None,
+    order: list[int] | None = None,
 ) -> SharePlan:
     """The Hopper kernel's shares of one head block (``kernel_sm90._share_count``
     and ``kernel._share_count`` compute the same on the device), over the
-    requests ``present`` in it (all by default), B of them:
+    requests ``present`` in it (all by default), B of them, their positions
+    in index order or ``order``:
 
     - each request's prefix tiles and its drafts are positions (``_positions``);
     - one share a CTA, of ``min_share`` positions at least, and at most
@@ -362,7 +391,7 @@ def share_plan(
         if 16 * aligned >= 15 * used:
             used = aligned
     starts = [c * total // used for c in range(used + 1)]
-    bases = [sum(positions[:r]) for r in range(len(tiles))]
+    bases = _bases(positions, order)
     return SharePlan(tiles=tiles, drafts=drafts, starts=starts, bases=bases, present=present)
 
 
@@ -419,31 +448,61 @@ def head_block_plan(
     """The host-side model of ``kernel_sm90._head_block_plan`` (and stage
     2's ``kernel._head_block_shares``) with ``ctas`` CTAs per head block:
     a request of E drafts has heads in head blocks k with
-    k * (BLOCK_H L // E) < H; each head block gets one CTA and the rest of
-    the grid's in proportion to its work (its requests' prefix tiles plus
-    DRAFT_POSITIONS each; all alike when every request has L drafts), then
-    its shares (``share_plan``)."""
+    k * (BLOCK_H L // E) < H; a ragged call's requests take their
+    positions in ``ragged_order``.
+
+    Where every request has heads in every head block, each head block
+    keeps its row of ``ctas`` CTAs and cuts its positions into equal shares
+    (``share_plan``). Else the shares are aligned: one share length S for
+    every head block, share c holding positions c S .. (c + 1) S - 1, so
+    that the CTAs of the head blocks that read one prefix tile read it at
+    about the same time and the L2 serves all but the first read (with
+    shares cut apart, the ragged H64 L4 row read its KV from memory 2.5
+    times). Head block k takes ceil(T_k / S) CTAs, one head block after
+    another, T_k its positions (drafts weighing DRAFT_POSITIONS unless
+    every request holds as many tiles, then one); S is the least that
+    fits the grid, ceil(sum T / (grid - head blocks)), at least
+    ``min_share`` and no shorter than the cap of ``share_plan`` allows the
+    first head block (it holds every request)."""
     blocks = hopper.head_blocks(num_heads, block_h)
     tile_rows = block_h * draft_len
     tiles = [-(-n // hopper.TOKENS) for n in prefix_lens]
     present = [
         [k * _heads_per_tile(tile_rows, e) < num_heads for e in draft_counts] for k in range(blocks)
     ]
-    weights = [t + hopper.DRAFT_POSITIONS for t in tiles]
-    work = [sum(w for w, inside in zip(weights, p) if inside) for p in present]
-    grid = blocks * ctas
-    firsts = [k + (grid - blocks) * sum(work[:k]) // sum(work) for k in range(blocks)]
-    ends = [*firsts[1:], grid]
-    shares = [
-        share_plan(prefix_lens, end - first, min_share, p) if any(p) else None
-        for first, end, p in zip(firsts, ends, present)
-    ]
+    ragged = min(draft_counts) < draft_len
+    order = ragged_order(draft_counts) if ragged else None
+    first_ctas = [k * ctas for k in range(blocks)]
+    if all(all(p) for p in present):
+        shares = [share_plan(prefix_lens, ctas, min_share, p, order) for p in present]
+    else:
+        drafts = 1 if len(set(tiles)) == 1 else hopper.DRAFT_POSITIONS
+        positions = [[t + drafts if inside else 0 for t, inside in zip(tiles, p)] for p in present]
+        totals = [sum(p) for p in positions]
+        grid, batch_size = blocks * ctas, len(tiles)
+        cap = math.isqrt(16 * totals[0] * batch_size) + batch_size
+        fit = -(-sum(totals) // (grid - blocks)) if grid > blocks else totals[0]
+        share_len = max(fit, min_share, -(-totals[0] // cap))
+        used = [-(-total // share_len) for total in totals]
+        first_ctas = [sum(used[:k]) for k in range(blocks)]
+        shares = [
+            SharePlan(
+                tiles=tiles,
+                drafts=drafts,
+                starts=[min(c * share_len, total) for c in range(n + 1)],
+                bases=_bases(w, order),
+                present=p,
+            )
+            if n
+            else None
+            for n, total, w, p in zip(used, totals, positions, present)
+        ]
     return HeadBlockPlan(
-        first_ctas=firsts,
+        first_ctas=first_ctas,
         shares=shares,
         draft_counts=list(draft_counts),
         num_heads=num_heads,
         draft_len=draft_len,
         tile_rows=tile_rows,
-        ragged=min(draft_counts) < draft_len,
+        ragged=ragged,
     )

@@ -490,9 +490,9 @@ def test_merge_after_shares_over_head_blocks(
     heads, block_h, draft_len, ctas, min_share, counts, device
 ):
     """A ragged batch over several head blocks: stage 2 follows the host
-    model of the Hopper kernel's plan (CTAs per head block in proportion to
-    its work, a request of fewer drafts in fewer head blocks) for every
-    (request, head)."""
+    model of the Hopper kernel's plan (aligned shares, as many CTAs a head
+    block as it has shares, a request of fewer drafts in fewer head blocks)
+    for every (request, head)."""
     prefix_lens = [(b * 431) % 1500 for b in range(len(counts))]
     batch = make_batch(heads, draft_len, prefix_lens, draft_counts=counts, device=device)
     model = plan.head_block_plan(prefix_lens, counts, heads, block_h, draft_len, ctas, min_share)
@@ -500,14 +500,54 @@ def test_merge_after_shares_over_head_blocks(
     if len(set(counts)) == 1:
         assert model.first_ctas == [k * ctas for k in range(blocks)]
     else:
-        spans = [b - a for a, b in zip(model.first_ctas, [*model.first_ctas[1:], blocks * ctas])]
-        assert spans[0] == max(spans), "the first head block holds every request"
+        shares = [plan.shares if plan else 0 for plan in model.shares]
+        assert shares == sorted(shares, reverse=True), "head block 0 holds every request"
     rows = 2 * blocks * ctas * model.tile_rows
     gen = torch.Generator(device=device).manual_seed(1)
     part_o = torch.randn(rows, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(rows, generator=gen, device=device)
     out = _merge_shares(batch, part_o, part_lse, ctas, min_share, 2, block_h=block_h)
     _check_merged(out, model, part_o, part_lse, heads, draft_len, counts)
+
+
+@pytest.mark.parametrize(
+    "heads,block_h,draft_len,ctas,min_share,counts,prefix_lens",
+    [
+        (64, 16, 4, 33, 1, [2, 3, 1, 4, 2, 1, 3, 3], [16384] * 8),
+        (128, 16, 4, 16, 2, [1, 4, 2, 3, 3, 2], [3000, 64, 0, 700, 5000, 130]),
+        (40, 8, 3, 26, 1, [2, 1, 3, 1, 2, 2, 1, 3], [(b * 977) % 6000 for b in range(8)]),
+        (16, 4, 4, 1, 1, [4, 1, 2], [900, 4000, 10]),  # one CTA a head block
+    ],
+)
+def test_ragged_plan_aligns_head_blocks(
+    heads, block_h, draft_len, ctas, min_share, counts, prefix_lens
+):
+    """Where some request has no heads in some head block, the plan cuts
+    every head block's positions into shares of one length and orders the
+    requests most drafts first: a request's prefix tile sits at the same
+    position, so the same offset into a share, in every head block that
+    holds it (their CTAs read it at about the same time, and the L2 serves
+    the later reads). The head blocks' CTAs follow one another within the
+    grid, and each holds at least min_share positions but the last."""
+    model = plan.head_block_plan(prefix_lens, counts, heads, block_h, draft_len, ctas, min_share)
+    blocks = hopper.head_blocks(heads, block_h)
+    assert not all(all(p.present) for p in model.shares if p), "some head block lacks a request"
+    used = [p.shares if p else 0 for p in model.shares]
+    assert model.first_ctas == [sum(used[:k]) for k in range(blocks)]
+    assert sum(used) <= blocks * ctas
+    first = model.shares[0]
+    share_len = first.starts[1] - first.starts[0]
+    assert share_len >= min_share
+    order = plan.ragged_order(counts)
+    for share in model.shares:
+        if share is None:
+            continue
+        total = share.starts[-1]
+        assert share.starts == [min(c * share_len, total) for c in range(share.shares + 1)]
+        held = [b for b in order if share.present[b]]
+        assert held == order[: len(held)], "a head block's requests come first in the order"
+        for b in held:
+            assert share.bases[b] == first.bases[b], f"request {b}: one position everywhere"
 
 
 @pytest.mark.parametrize(
