@@ -14,7 +14,8 @@ import torch
 
 from mla_verify import VerifyConfig, hopper, kernel, plan, verify_mla_fwd
 from mla_verify import device as device_facts
-from mla_verify.config import HOPPER_KERNELS, hopper_config
+from mla_verify.config import HOPPER_KERNELS, hopper_config, runs_score_value
+from mla_verify.problem import kv_dtype_name
 from mla_verify.search_space import tile_candidates
 from mla_verify.testing import check_close, make_batch
 from mla_verify.workspace import get_workspace
@@ -736,7 +737,7 @@ def test_gpu_hopper_kernel_matches_reference(
 ):
     batch = _gpu_batch(heads, draft_len, prefix_lens, kv_dtype)
     # The call must take the Gluon kernel, not the Triton fallback.
-    assert plan.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
+    assert _runs_hopper_kernel(batch, schedule)
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
@@ -748,6 +749,16 @@ def test_gpu_hopper_kernel_matches_reference(
 # shares a request of P positions) and coarser (few shares, most requests
 # whole).
 SHARE_PLANS = [(None, None), (7, 1), (None, 1), (None, 16)]
+
+
+def _runs_hopper_kernel(batch, schedule) -> bool:
+    """Whether a ``schedule`` config runs the Hopper kernel for ``batch``,
+    not the Triton fallback (fp8 KV: the columns schedule, whichever the
+    config names)."""
+    score_value = runs_score_value(schedule, kv_dtype_name(batch.k_buffer.dtype))
+    return plan.uses_gluon_sm90(
+        batch.q, batch.k_buffer, batch.draft_len, True, score_value=score_value
+    )
 
 
 def _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch):
@@ -787,7 +798,7 @@ def test_gpu_hopper_kernel_draft_variants(
     heads, draft_len, prefix_lens, variant, schedule, monkeypatch
 ):
     batch = make_batch(heads, draft_len, prefix_lens, device="cuda", **DRAFT_VARIANTS[variant])
-    assert plan.uses_gluon_sm90(batch.q, batch.k_buffer, draft_len, True)
+    assert _runs_hopper_kernel(batch, schedule)
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
