@@ -314,15 +314,22 @@ def _positions(
     BLOCK_B: gl.constexpr,
     layout: gl.constexpr,
 ):
-    # Positions of requests start .. start + BLOCK_B - 1 in the head block
-    # (0 past the batch, and for a request with no heads in it): one per
-    # prefix tile, and `drafts` for the drafts. With RAGGED, the requests
-    # ORDER lists there.
+    # Positions of the requests at places start .. start + BLOCK_B - 1 of
+    # the head block (_request_positions): in index order, or with RAGGED
+    # the requests ORDER lists there.
     KV_INDPTR, QO_INDPTR, min_rows, ORDER = share_block
     offs = start + gl.arange(0, BLOCK_B, layout=layout)
     mask = offs < batch_size
     if RAGGED:
         offs = gl.load(ORDER + offs, mask=mask, other=0).to(gl.int32)
+    return _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts)
+
+
+@gluon.jit
+def _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts):
+    # Positions of requests offs (0 where not mask, and for a request
+    # with fewer than min_rows drafts: no heads in the head block): one
+    # per prefix tile, and `drafts` for the drafts.
     lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
         KV_INDPTR + offs, mask=mask, other=0
     )
@@ -1576,10 +1583,10 @@ def _prefix_kernel_sm90(
     total = 0
     most = 0
     fewest = DRAFT_LEN
-    ORDER = QO_INDPTR  # read with RAGGED alone, then set below
-    everywhere = (KV_INDPTR, QO_INDPTR, 0, ORDER)
+    # Every request's positions, in index order (ORDER is not written yet).
     for start in range(0, batch_size, BLOCK_B):
-        positions = _positions(everywhere, start, batch_size, 1, BLOCK_B, plan_layout)
+        offs = start + gl.arange(0, BLOCK_B, layout=plan_layout)
+        positions = _request_positions(KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1)
         total += gl.sum(positions, 0)
         most = gl.maximum(most, gl.max(positions, 0))
         if RAGGED:
@@ -1596,6 +1603,7 @@ def _prefix_kernel_sm90(
     min_rows = 0  # the fewest drafts of a request with heads in the head block
     share_len = 0  # the aligned plan's share length; 0: equal cuts
     ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
+    ORDER = QO_INDPTR  # read with RAGGED alone, then set below
     if RAGGED:
         # Where some request has no heads in some head block, the plan is
         # aligned (_head_block_plan); else each head block keeps its row
