@@ -914,6 +914,25 @@ GPU_VERIFY_CASES = [
         {"mask": "tree", "hide_prefix": 1.0, "skip_prefix_custom_mask": False},
     ),
     (
+        # The bench's ragged rows, smaller: equal prefixes, ragged drafts
+        # over several head blocks (the aligned plan), where stage 1 once
+        # planned from the wrong requests (fixed in 965e95d).
+        "ragged_equal_prefixes_H64_L4",
+        64,
+        4,
+        [2048] * 32,
+        {"draft_counts": [1 + b % 4 for b in range(32)]},
+    ),
+    (
+        # Ragged, but every request has heads in every head block: each
+        # head block keeps its row of CTAs, positions in the ragged order.
+        "ragged_in_every_head_block_H64_L4",
+        64,
+        4,
+        [(b * 7919) % 6000 for b in range(24)],
+        {"draft_counts": [3 + b % 2 for b in range(24)]},
+    ),
+    (
         "d256_H16_tree_ragged",
         16,
         6,
