@@ -1875,11 +1875,12 @@ def launch_prefix(
 ) -> None:
     """Stage 1 on sm90 on ``ctas`` CTAs per head block (of ``block_h``
     heads at ``draft_len`` drafts; a ragged batch's head blocks take as
-    many as their aligned shares need), shares of at least ``min_share`` positions
-    (fewer shares on a small batch): writes the output of every request a
+    many as their aligned shares need), shares of at least ``min_share``
+    positions (fewer shares on a small batch): writes the output of every request a
     share holds whole, and the partials (prefix values scaled by
     ``v_scale``, drafts included) of the others, ``part_o`` / ``part_lse``
-    rows ``(slot, tile row)`` (``hopper.partial_rows``). Request b has
+    rows ``(slot, head, draft)``, or ``(slot, tile row)`` in the RAGGED
+    module (``hopper.partial_rows``). Request b has
     ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most ``draft_len``.
     ``custom_mask`` (uint8, kernel.py's layout, with ``mask_indptr``)
     replaces the causal draft block, and its prefix bits are read too where

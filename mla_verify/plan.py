@@ -323,13 +323,16 @@ class SharePlan:
         return pieces
 
 
-def _positions(tiles: list[int], present: list[bool]) -> tuple[list[int], int]:
+def _positions(
+    tiles: list[int], present: list[bool], drafts: int | None = None
+) -> tuple[list[int], int]:
     """Each request's positions in a head block, and the drafts' weight:
-    its prefix tiles, then its drafts, DRAFT_POSITIONS of them (a
-    segment's fixed cost) unless every request present holds as many
-    tiles (then one); none for a request not present."""
-    uniform = len({t for t, p in zip(tiles, present) if p}) <= 1
-    drafts = 1 if uniform else hopper.DRAFT_POSITIONS
+    its prefix tiles, then its drafts, ``drafts`` of them, by default
+    DRAFT_POSITIONS (a segment's fixed cost) unless every request present
+    holds as many tiles (then one); none for a request not present."""
+    if drafts is None:
+        uniform = len({t for t, p in zip(tiles, present) if p}) <= 1
+        drafts = 1 if uniform else hopper.DRAFT_POSITIONS
     return [t + drafts if p else 0 for t, p in zip(tiles, present)], drafts
 
 
@@ -476,8 +479,10 @@ def head_block_plan(
     if all(all(p) for p in present):
         shares = [share_plan(prefix_lens, ctas, min_share, p, order) for p in present]
     else:
-        drafts = 1 if len(set(tiles)) == 1 else hopper.DRAFT_POSITIONS
-        positions = [[t + drafts if inside else 0 for t, inside in zip(tiles, p)] for p in present]
+        # The drafts' weight is the batch's (stage 1 plans it over every
+        # request), the same in every head block.
+        _, drafts = _positions(tiles, [True] * len(tiles))
+        positions = [_positions(tiles, p, drafts)[0] for p in present]
         totals = [sum(p) for p in positions]
         grid, batch_size = blocks * ctas, len(tiles)
         cap = math.isqrt(16 * totals[0] * batch_size) + batch_size
