@@ -246,8 +246,8 @@ RAGGED_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_hopper_kernel_ragged_module_compiles():
-    """The Hopper kernel's module for ragged drafts (its plan of head blocks
-    by work, rows packed by draft count) compiles for sm90 on either
+    """The Hopper kernel's module for ragged drafts (rows packed by draft
+    count, head blocks' shares aligned) compiles for sm90 on either
     schedule, fp8 included, in the shared memory of the uniform one (its
     plan holds its sums in registers)."""
     rows = [line.split() for line in _run_script(RAGGED_SCRIPT, timeout=900).splitlines()]
