@@ -188,10 +188,10 @@ def _share_positions(
 
 @triton.jit
 def _min_rows(head_block, num_heads, tile_rows):
-    # The fewest drafts of a request with heads in head_block (a scalar or
-    # a vector of them; kernel_sm90._min_rows).
-    k = tl.maximum(head_block, 1)
-    return tl.where(head_block == 0, 0, tile_rows // tl.cdiv(num_heads, k) + 1)
+    # The fewest drafts of a request with rows in head_block (a scalar or
+    # a vector of them; kernel_sm90._min_rows: E drafts pack H E rows
+    # densely, so head block k > 0 holds rows where k tile_rows < H E).
+    return tl.where(head_block == 0, 0, head_block * tile_rows // num_heads + 1)
 
 
 @triton.jit
@@ -224,11 +224,11 @@ def _head_block_shares(
     HEAD_BLOCKS: tl.constexpr,
     TOKENS: tl.constexpr,
 ):
-    # The Hopper kernel's aligned plan, where some request has no heads in
+    # The Hopper kernel's aligned plan, where some request has no rows in
     # some head block (kernel_sm90._head_block_plan, the same rule;
-    # plan.head_block_plan): a request of E drafts has heads in head blocks
-    # hb with hb * (tile_rows // E) < num_heads (E at least
-    # kernel_sm90._min_rows); its positions there are its prefix tiles of
+    # plan.head_block_plan): a request of E drafts has rows in head blocks
+    # hb with hb * tile_rows < num_heads * E (E at least _min_rows); its
+    # positions there are its prefix tiles of
     # TOKENS, then `drafts`, in plan.ragged_order. Every head block cuts
     # shares of one length and takes as many CTAs as it has shares, one
     # head block after another. Returns head_block's first CTA, its
@@ -636,15 +636,15 @@ def _merge_shares_kernel(
     if RAGGED:
         # Rows (slot, tile row), the slots the grid's CTAs': the head's
         # head block and first row there (kernel_sm90._row_coords: E
-        # drafts pack TILE_ROWS // E heads a tile). Where some request has
-        # no heads in some head block, the plan is aligned (kernel_sm90's);
-        # else each head block has a row of the grid.
+        # drafts pack H E rows densely, TILE_ROWS a tile). Where some
+        # request has no rows in some head block, the plan is aligned
+        # (kernel_sm90's); else each head block has a row of the grid.
         num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
-        heads = TILE_ROWS // tl.maximum(num_rows, 1)
-        head_block = head // heads
+        head_block = head * num_rows // TILE_ROWS
         row_stride = TILE_ROWS
-        row0 = (head - head_block * heads) * num_rows
+        row0 = head * num_rows - head_block * TILE_ROWS
         first_slot = 2 * head_block * share_ctas
+        block_ctas = share_ctas
         if fewest < _min_rows(head_blocks - 1, num_heads, TILE_ROWS):
             first_cta, total, share_len, base = _head_block_shares(
                 KV_INDPTR,
@@ -663,8 +663,16 @@ def _merge_shares_kernel(
                 TOKENS,
             )
             first_slot = 2 * first_cta
+            block_ctas = tl.cdiv(total, share_len)
             kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
             n = tl.cdiv(kv_len, TOKENS) + drafts
+        # A head whose drafts straddle two tiles: drafts TILE_ROWS - row0
+        # on are the next head block's first rows, in the slots of the CTA
+        # as many CTAs on (2 block_ctas slots; the same cuts and the same
+        # requests before it there, so the same pieces).
+        offs_r = tl.arange(0, ROWS)
+        straddled = (offs_r % L_PAD) >= TILE_ROWS - row0
+        row0 = row0 + tl.where(straddled, (2 * block_ctas - 1) * TILE_ROWS, 0)
     # Positions base .. base + n - 1 of the head block are the request's,
     # its drafts' from base + n - drafts; c0 holds the first position, c1
     # the drafts' first, and c0's range begins at start0. Aligned shares:

@@ -34,10 +34,10 @@ it holds whole is written out, the first and last of its range may be parts,
 written as partials that stage 2 merges.
 
 Ragged drafts (a module of its own, RAGGED; the host picks it where q has
-fewer than bs x L rows): a request of E < L drafts packs its rows densely,
-(BLOCK_H L) // E heads a tile, so it has heads in fewer head blocks; where
-some request has none in some head block, the grid's CTAs go to the head
-blocks by their work, and every head block cuts shares of one length
+fewer than bs x L rows): a request of E < L drafts packs its H E rows
+densely, BLOCK_H L a tile (a head's drafts may straddle two tiles), so it
+has rows in fewer head blocks; where some request has none in some head
+block, every head block cuts shares of one length
 (``_head_block_plan``; plan.head_block_plan models it). The requests take
 their positions most drafts first (each CTA writes that order into the
 workspace: _order_requests), so each head block's requests come first, in
@@ -140,22 +140,14 @@ def _launch_dependents():
 
 
 @gluon.jit
-def _heads_per_tile(num_rows, tile_rows):
-    # A request of num_rows <= L drafts packs its rows densely: each of
-    # its head blocks holds tile_rows // num_rows heads (tile_rows =
-    # BLOCK_H L: BLOCK_H heads at L drafts), so a ragged batch's short
-    # requests fill fewer tiles (plan.head_block_plan).
-    return tile_rows // gl.maximum(num_rows, 1)
-
-
-@gluon.jit
 def _min_rows(head_block, num_heads, tile_rows):
-    # The fewest drafts of a request with heads in head_block (a scalar or
-    # a vector of them): head block k > 0 holds heads of a request of E
-    # drafts where k (tile_rows // E) < H, that is E > tile_rows //
-    # cdiv(H, k). One value, not three, carried into the partitions.
-    k = gl.maximum(head_block, 1)
-    return gl.where(head_block == 0, 0, tile_rows // ((num_heads + k - 1) // k) + 1)
+    # The fewest drafts of a request with rows in head_block (a scalar or
+    # a vector of them): a request of E <= L drafts packs its H E rows
+    # densely, tile_rows = BLOCK_H L a tile (a head's drafts may straddle
+    # two tiles), so a ragged batch's short requests fill fewer tiles
+    # (plan.head_block_plan). Head block k > 0 holds rows of it where
+    # k tile_rows < H E, that is E > k tile_rows // H.
+    return gl.where(head_block == 0, 0, head_block * tile_rows // num_heads + 1)
 
 
 @gluon.jit
@@ -167,20 +159,21 @@ def _row_coords(
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
 ):
-    # Row m of the tile is (head h, draft i) with m = (h - h0) * E + i, h0
-    # the head block's first head: E = L, or with RAGGED the request's
-    # num_rows drafts (_heads_per_tile heads a tile); a head block past the
-    # request's heads masks every row.
-    if RAGGED:
-        heads = _heads_per_tile(num_rows, BLOCK_H * DRAFT_LEN)
-        rows = gl.maximum(num_rows, 1)
-    else:
-        heads = BLOCK_H
-        rows = DRAFT_LEN
+    # Row m of head block k's tile is (head h, draft i) with
+    # h E + i = k BLOCK_H L + m: E = L, or with RAGGED the request's
+    # num_rows drafts, its rows packed densely (_min_rows); a head block
+    # past the request's rows masks every row.
+    tile_rows: gl.constexpr = BLOCK_H * DRAFT_LEN
     offs_m = gl.arange(0, ROWS, layout=layout)
-    offs_h = head_block * heads + offs_m // rows
-    offs_i = offs_m % rows
-    mask_m = (offs_m < heads * rows) & (offs_h < num_heads) & (offs_i < num_rows)
+    if RAGGED:
+        rows = gl.maximum(num_rows, 1)
+        row = head_block * tile_rows + offs_m
+        offs_h = row // rows
+        offs_i = row % rows
+    else:
+        offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+        offs_i = offs_m % DRAFT_LEN
+    mask_m = (offs_m < tile_rows) & (offs_h < num_heads) & (offs_i < num_rows)
     return offs_h, offs_i, mask_m
 
 
@@ -231,7 +224,7 @@ def _copy_q(
     # by cp.async; rows past the request or the heads are zero-filled.
     Q, stride_q_tok, stride_q_head = q_args
     layout: gl.constexpr = _copy_layout(Q.dtype.element_ty, WIDTH, WARPS)
-    q_first, num_rows, _, _ = request
+    q_first, num_rows, _, _, _ = request
     offs_h, offs_i, mask_m, cols = _tile_coords(
         head_block, num_heads, num_rows, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
     )
@@ -282,7 +275,7 @@ def _gather_tile(
 @gluon.jit
 def _gather_drafts(nope, rope, BASE, request, stride_tok, WITH_ROPE: gl.constexpr):
     # The drafts' own rows of k_extend / v_extend.
-    q_first, num_rows, _, _ = request
+    q_first, num_rows, _, _, _ = request
     nope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
     _gather_tile(
@@ -318,7 +311,7 @@ def _positions(
     # Positions of the requests at places start .. start + BLOCK_B - 1 of
     # the head block (_request_positions): in index order, or with RAGGED
     # the requests ORDER lists there.
-    KV_INDPTR, QO_INDPTR, min_rows, ORDER = share_block
+    KV_INDPTR, QO_INDPTR, min_rows, ORDER, _ = share_block
     offs = start + gl.arange(0, BLOCK_B, layout=layout)
     mask = offs < batch_size
     if RAGGED:
@@ -329,7 +322,7 @@ def _positions(
 @gluon.jit
 def _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts):
     # Positions of requests offs (0 where not mask, and for a request
-    # with fewer than min_rows drafts: no heads in the head block): one
+    # with fewer than min_rows drafts: no rows in the head block): one
     # per prefix tile, and `drafts` for the drafts.
     lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
         KV_INDPTR + offs, mask=mask, other=0
@@ -523,12 +516,13 @@ def _segment(share, b, base):
     # Request b's part of this CTA's share (positions base .. of the
     # batch are b's): its prefix tokens lo .. hi - 1, whether the
     # drafts' first position is in it, whether it is the whole request,
-    # the request (first query row, draft count, prefix length, index),
-    # and where the next request's positions begin. A request with no
-    # heads in the head block holds no positions: an empty segment, all
-    # of whose rows are masked.
+    # the request (first query row, draft count, prefix length, index,
+    # and the draft its tile's row 0 holds: _drafts_of_rows), and where
+    # the next request's positions begin. A request with no rows in the
+    # head block holds no positions: an empty segment, all of whose rows
+    # are masked.
     share_block, _, _, _, s0, s1, drafts = share
-    KV_INDPTR, QO_INDPTR, min_rows, ORDER = share_block
+    KV_INDPTR, QO_INDPTR, min_rows, ORDER, first_row = share_block
     if RAGGED:  # b counts requests in ORDER
         b = gl.load(ORDER + b).to(gl.int32)
     kv_start = gl.load(KV_INDPTR + b)
@@ -538,17 +532,19 @@ def _segment(share, b, base):
     q_first = gl.load(QO_INDPTR + b)
     num_rows = (gl.load(QO_INDPTR + b + 1) - q_first).to(gl.int32)
     tiles = (kv_len + TOKENS - 1) // TOKENS
+    phase = 0
     if RAGGED:
         present = num_rows >= min_rows
         tiles = gl.where(present, tiles, 0)
         drafts = gl.where(present, drafts, 0)
+        phase = first_row % gl.maximum(num_rows, 1)
     j_lo = gl.maximum(s0 - base, 0)
     j_hi = gl.minimum(tiles + drafts, s1 - base)
     hi = gl.minimum(j_hi * TOKENS, kv_len)
     lo = gl.minimum(j_lo * TOKENS, hi)
     with_drafts = (j_lo <= tiles) & (j_hi > tiles)
     whole = (j_lo == 0) & with_drafts
-    request = (q_first, num_rows, kv_len, b)
+    request = (q_first, num_rows, kv_len, b, phase)
     return kv_start, lo, hi, with_drafts, whole, request, base + tiles + drafts
 
 
@@ -687,7 +683,7 @@ def _produce_drafts(
         True,
     )
     if not MLA:
-        q_first, num_rows, _, _ = request
+        q_first, num_rows, _, _, _ = request
         v_layout: gl.constexpr = _copy_layout(V_EXT.dtype.element_ty, D_V, PRODUCER_WARPS)
         rows = _tokens(q_first, v_layout)
         _gather_values(v_ring.index(stage), V_EXT, rows, q_first, q_first + num_rows, stride_ve_tok)
@@ -842,12 +838,14 @@ def _mask_tail(qk, first, hi):
 
 
 @gluon.jit
-def _drafts_of_rows(num_rows, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
-    # The draft each tile row holds (_row_coords: row m is draft m % E of
-    # its head).
+def _drafts_of_rows(request, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
+    # The draft each tile row holds (_row_coords: row m of head block k is
+    # draft (k BLOCK_H L + m) % E of its head; the request's phase is the
+    # draft of row 0).
+    _, num_rows, _, _, phase = request
     offs_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     if RAGGED:  # noqa: SIM108 (constexpr: one branch is compiled)
-        offs_i = offs_m % gl.maximum(num_rows, 1)
+        offs_i = (phase + offs_m) % gl.maximum(num_rows, 1)
     else:
         offs_i = offs_m % DRAFT_LEN
     return offs_i
@@ -859,8 +857,8 @@ def _mask_rows(masks, request, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
     # (h, i) of request b reads MASK[mask_indptr[b] + i * (P_b + E_b) + j],
     # its P_b prefix keys first, then its E_b drafts.
     _, MASK_INDPTR = masks
-    _, num_rows, kv_len, b = request
-    offs_i = _drafts_of_rows(num_rows, DRAFT_LEN, layout)
+    _, num_rows, kv_len, b, _ = request
+    offs_i = _drafts_of_rows(request, DRAFT_LEN, layout)
     return gl.load(MASK_INDPTR + b).to(gl.int64) + offs_i.to(gl.int64) * (kv_len + num_rows)
 
 
@@ -869,8 +867,8 @@ def _mask_bits(masks, rows, request, key0, key_end, DRAFT_LEN: gl.constexpr, lay
     # The mask bits of keys key0 .. key0 + 63 (those before key_end) of
     # every tile row, from its start `rows` (_mask_rows); 0 elsewhere.
     MASK, _ = masks
-    _, num_rows, _, _ = request
-    offs_i = _drafts_of_rows(num_rows, DRAFT_LEN, layout)
+    _, num_rows, _, _, _ = request
+    offs_i = _drafts_of_rows(request, DRAFT_LEN, layout)
     keys = key0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
     seen = (offs_i < num_rows)[:, None] & (keys < key_end)[None, :]
     return gl.load(MASK + rows[:, None] + keys[None, :], mask=seen, other=0)
@@ -881,12 +879,12 @@ def _mask_drafts(qk, masks, request, DRAFT_LEN: gl.constexpr, DRAFT_MASK: gl.con
     # The drafts' tile: row (h, i) sees drafts 0..i, or those its mask
     # bits show (DRAFT_MASK).
     layout: gl.constexpr = qk.type.layout
-    _, num_rows, kv_len, _ = request
+    _, num_rows, kv_len, _, _ = request
     if DRAFT_MASK:
         rows = _mask_rows(masks, request, DRAFT_LEN, layout) + kv_len
         visible = _mask_bits(masks, rows, request, 0, num_rows, DRAFT_LEN, layout) != 0
     else:
-        draft_of_row = _drafts_of_rows(num_rows, DRAFT_LEN, layout)
+        draft_of_row = _drafts_of_rows(request, DRAFT_LEN, layout)
         draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, layout))
         visible = draft[None, :] <= draft_of_row[:, None]
     return gl.where(visible, qk, float("-inf"))
@@ -1009,7 +1007,7 @@ def _consume_drafts(
 def _load_draft_rows(dst, BASE, request, stride_tok, col0):
     # The request's draft rows of k_extend / v_extend, columns col0
     # onwards, into dst (the rows past them zero).
-    q_first, num_rows, _, _ = request
+    q_first, num_rows, _, _, _ = request
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
     rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, layout))
@@ -1500,7 +1498,7 @@ def _partial_rows(
 def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # The output rows of a whole request, in out's layout.
     O, stride_o_tok, stride_o_head, request, head_block, num_heads = out_args
-    q_first, num_rows, _, _ = request
+    q_first, num_rows, _, _, _ = request
     layout: gl.constexpr = out.type.layout
     offs_h, offs_i, mask_m, offs_d = _tile_coords(
         head_block, num_heads, num_rows, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
@@ -1601,7 +1599,7 @@ def _prefix_kernel_sm90(
         drafts = 1
     total += (drafts - 1) * batch_size
     slot_cta = cta  # the CTA's partial slots (_partial_rows)
-    min_rows = 0  # the fewest drafts of a request with heads in the head block
+    min_rows = 0  # the fewest drafts of a request with rows in the head block
     share_len = 0  # the aligned plan's share length; 0: equal cuts
     ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
     ORDER = QO_INDPTR  # read with RAGGED alone, then set below
@@ -1634,7 +1632,7 @@ def _prefix_kernel_sm90(
             )
             cta = slot_cta - first_cta
         min_rows = _min_rows(head_block, num_heads, tile_rows)
-    share_block = (KV_INDPTR, QO_INDPTR, min_rows, ORDER)
+    share_block = (KV_INDPTR, QO_INDPTR, min_rows, ORDER, head_block * tile_rows)
     if cta < ctas:
         if share_len > 0:
             s0 = cta * share_len

@@ -398,10 +398,12 @@ def share_plan(
     return SharePlan(tiles=tiles, drafts=drafts, starts=starts, bases=bases, present=present)
 
 
-def _heads_per_tile(tile_rows: int, draft_count: int) -> int:
-    """Heads a tile of a request with ``draft_count`` drafts holds: its rows
-    packed densely, tile_rows = BLOCK_H x L (kernel_sm90._heads_per_tile)."""
-    return tile_rows // max(draft_count, 1)
+def _has_rows(head_block: int, tile_rows: int, num_heads: int, draft_count: int) -> bool:
+    """Whether a request of ``draft_count`` drafts has rows in head block
+    ``head_block``: its H E rows packed densely, tile_rows = BLOCK_H x L a
+    tile, a head's drafts straddling two tiles where they fall so
+    (kernel_sm90._min_rows)."""
+    return head_block * tile_rows < num_heads * draft_count or head_block == 0
 
 
 @dataclass(frozen=True)
@@ -410,10 +412,10 @@ class HeadBlockPlan:
     k works on CTAs ``first_ctas[k] ..`` of the grid, cut as ``shares[k]``
     (None where no request has heads in it). A ``ragged`` call (some
     request with fewer than L drafts; ``plan_call`` picks that module over
-    several head blocks only) packs a request of E drafts into
-    ``_heads_per_tile`` heads a tile and writes partial rows (slot, tile
-    row), the slots the grid's CTAs'; another writes rows (slot, head,
-    draft), the slots its head block's CTAs'."""
+    several head blocks only) packs a request's H E rows densely
+    (``_has_rows``) and writes partial rows (slot, tile row), the slots the
+    grid's CTAs'; another writes rows (slot, head, draft), the slots its
+    head block's CTAs'."""
 
     first_ctas: list[int]
     shares: list[SharePlan | None]
@@ -423,20 +425,29 @@ class HeadBlockPlan:
     tile_rows: int
     ragged: bool
 
-    def pieces(self, request: int, head: int) -> list[int]:
-        """The partial rows of draft 0 of a (request, head) that several
-        CTAs hold, one a piece (draft i at + i); one piece: its CTA wrote
-        the output."""
+    def pieces(self, request: int, head: int) -> list[list[int]]:
+        """The partial rows of a (request, head) that several CTAs hold,
+        one list a piece, one row a draft; one piece: its CTA wrote the
+        output."""
         if not self.ragged:
             block = head // (self.tile_rows // self.draft_len)
             slots = self.shares[block].pieces()[request]
-            return [(s * self.num_heads + head) * self.draft_len for s in slots]
+            first = [(s * self.num_heads + head) * self.draft_len for s in slots]
+            return [[row + i for i in range(self.draft_len)] for row in first]
         rows = max(self.draft_counts[request], 1)
-        heads = _heads_per_tile(self.tile_rows, rows)
-        block = head // heads
-        row0 = (head - block * heads) * rows
-        slots = self.shares[block].pieces()[request]
-        return [(2 * self.first_ctas[block] + s) * self.tile_rows + row0 for s in slots]
+        blocks = [(head * rows + i) // self.tile_rows for i in range(rows)]
+        # A straddling head's blocks hold the request at the same positions
+        # (the requests before it have as many drafts or more), so their
+        # shares give it the same pieces.
+        slots = self.shares[blocks[0]].pieces()[request]
+        return [
+            [
+                (2 * self.first_ctas[block] + s) * self.tile_rows
+                + (head * rows + i) % self.tile_rows
+                for i, block in enumerate(blocks)
+            ]
+            for s in slots
+        ]
 
 
 def head_block_plan(
@@ -450,8 +461,8 @@ def head_block_plan(
 ) -> HeadBlockPlan:
     """The host-side model of ``kernel_sm90._head_block_plan`` (and stage
     2's ``kernel._head_block_shares``) with ``ctas`` CTAs per head block:
-    a request of E drafts has heads in head blocks k with
-    k * (BLOCK_H L // E) < H; a ragged call's requests take their
+    a request of E drafts has rows in head blocks k with
+    k * BLOCK_H L < H E (``_has_rows``); a ragged call's requests take their
     positions in ``ragged_order``.
 
     Where every request has heads in every head block, each head block
@@ -470,9 +481,7 @@ def head_block_plan(
     blocks = hopper.head_blocks(num_heads, block_h)
     tile_rows = block_h * draft_len
     tiles = [-(-n // hopper.TOKENS) for n in prefix_lens]
-    present = [
-        [k * _heads_per_tile(tile_rows, e) < num_heads for e in draft_counts] for k in range(blocks)
-    ]
+    present = [[_has_rows(k, tile_rows, num_heads, e) for e in draft_counts] for k in range(blocks)]
     ragged = min(draft_counts) < draft_len
     order = ragged_order(draft_counts) if ragged else None
     first_ctas = [k * ctas for k in range(blocks)]

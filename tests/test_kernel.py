@@ -446,7 +446,7 @@ def test_merge_after_shares_ragged_and_empty_rows(device):
     rows = 2 * ctas * heads * draft_len
     part_o = torch.randn(rows, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(rows, generator=gen, device=device)
-    hidden = [row + 1 for row in model.pieces(2, 1)]
+    hidden = [rows[1] for rows in model.pieces(2, 1)]
     part_lse[hidden] = float("-inf")  # request 2, head 1, draft 1 saw nothing
     part_o[hidden] = 0.0
     out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
@@ -466,7 +466,7 @@ def _check_merged(out, model, part_o, part_lse, heads, draft_len, counts):
             if len(pieces) == 1:
                 assert torch.isnan(got).all(), f"request {b} head {h}: stage 1 writes it"
                 continue
-            rows = torch.tensor([[p + i for i in range(count)] for p in pieces], device=out.device)
+            rows = torch.tensor([piece[:count] for piece in pieces], device=out.device)
             weights = torch.softmax(part_lse[rows] * math.log(2), dim=0).nan_to_num()
             merged = (weights[..., None] * part_o[rows]).sum(0)
             check_close(got, merged, what=f"request {b} head {h}: rows {pieces}")
@@ -476,9 +476,10 @@ def _check_merged(out, model, part_o, part_lse, heads, draft_len, counts):
 @pytest.mark.parametrize(
     "heads,block_h,draft_len,ctas,min_share,counts",
     [
-        # 4 head blocks of 2 heads at L = 4; a request of 1 draft packs 8
-        # heads a tile (one head block), of 2 drafts 4 (two), of 3 two
-        # (8 // 3 = 2: four); their head blocks get fewer CTAs.
+        # 4 head blocks of 2 heads at L = 4, 8 rows a tile; a request of 1
+        # draft packs its 8 rows into one head block, of 2 drafts into two,
+        # of 3 into three (24 rows; heads 2 and 5 straddle two tiles);
+        # their head blocks get fewer CTAs.
         (8, 2, 4, 5, 1, [1, 2, 3, 4, 1, 1, 2, 4]),
         (8, 2, 4, 3, 4, [4, 1, 1, 1, 1, 1, 1, 1]),
         # 5 heads, 3 head blocks of 2 (the last one short); L = 3.
@@ -1014,10 +1015,12 @@ def test_gpu_hopper_kernel_runs_ragged_and_masked_calls(schedule, kv_dtype, kwar
     _run_and_check(batch, config, "cuda")
 
 
-# Ragged drafts over several head blocks: a request of fewer drafts packs
-# more heads a tile, so it has heads in fewer head blocks, and those get
-# fewer CTAs (plan.head_block_plan). 40 heads at L = 3: tiles of 21 heads
-# (63 rows), 63 heads for one draft, 31 for two.
+# Ragged drafts over several head blocks: a request of E drafts packs its
+# H E rows densely, so it has rows in fewer head blocks, and those get
+# fewer CTAs (plan.head_block_plan); a head's drafts may straddle two tiles
+# (at H64 L4, three drafts: heads 21 and 42). 40 heads at L = 3: tiles of
+# 63 rows (21 heads at L), one draft's 40 rows in one tile, two drafts'
+# 80 in two (head 31 straddling them).
 PACKED_CALLS = [
     # id, heads, draft_len, make_batch kwargs
     ("H64_L4", 64, 4, {"draft_counts": [1, 4, 2, 3, 1, 1, 2, 4]}),
