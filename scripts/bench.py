@@ -836,6 +836,7 @@ def build_batch(
     slots: int,
     device: torch.device,
     seed: int,
+    counts: Sequence[int] | None = None,
 ) -> Batch:
     """Random non-zero data (``mla_verify.testing``) in one pool: each
     rotation set's prefixes and drafts at slots of one random permutation,
@@ -846,8 +847,11 @@ def build_batch(
     Plain shapes: the drafts' slots hold k_extend, for FlashInfer. Tree shapes: one SGLang tree mask
     (``make_batch(mask="tree")``, every prefix bit set), shared by the sets.
     Paged shapes: each set also copied into a cache of ``spec.page_size``
-    pages, prefix then drafts, pages scattered."""
+    pages, prefix then drafts, pages scattered. ``counts``: the requests'
+    draft counts instead of the shape's (``draft_counts``)."""
     bs, L = spec.batch_size, spec.draft_len
+    if counts is None and spec.ragged:
+        counts = draft_counts(spec)
     prefix = sum(prefix_lens)
     per_set = prefix + bs * L
     kv_dtype = KV_CACHE_DTYPES[spec.kv_dtype].torch_dtype
@@ -868,7 +872,7 @@ def build_batch(
         seed=seed + 2,
         kv_slots=perm[0, :prefix],
         head_dims=spec.head_dims,
-        draft_counts=draft_counts(spec) if spec.ragged else None,
+        draft_counts=None if counts is None else list(counts),
         mask=None if spec.mask == "causal" else "tree",
         skip_prefix_custom_mask=spec.mask != "treefull",
     )

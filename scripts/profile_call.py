@@ -1,0 +1,114 @@
+"""One benchmark shape's verify call, made a few times, for a profiler to time.
+
+    ncu --kernel-name regex:"_prefix_kernel|_merge" --launch-skip 4 --launch-count 2 \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
+        python scripts/profile_call.py H64L4B32C16384-ragged
+
+builds the shape's batch as ``bench.py`` does (the same values for the same
+``--seed``) and makes ``--calls`` eager calls of ``verify_mla_fwd`` with the
+config the shipped table gives (each call: stage 1, then stage 2). It times
+nothing itself. ``--draft-counts`` gives every request's draft count
+instead of the shape's (``4*31,3``: 31 requests of 4, then one of 3), so a
+ragged batch's cost can be taken apart by count. Without a GPU it runs
+under Triton's interpreter (``TRITON_INTERPRET=1``), on small shapes only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import bench  # scripts/, first on the path when run as a script
+import torch
+
+logger = logging.getLogger("profile_call")
+
+
+def parse_counts(text: str) -> list[int]:
+    """``4*31,3`` -> [4] * 31 + [3]: comma-separated counts, ``V*N`` for N
+    requests of V drafts."""
+    counts: list[int] = []
+    for item in text.split(","):
+        value, _, times = item.partition("*")
+        try:
+            counts += [int(value)] * (int(times) if times else 1)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected counts like 4*31,3, got {item!r} in {text!r}"
+            ) from None
+    return counts
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not the usage.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog="profile_call.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("shape", type=bench.parse_shape, help="a bench.py shape name")
+    parser.add_argument("--calls", type=int, default=4, help="calls to make (default 4)")
+    parser.add_argument(
+        "--draft-counts", type=parse_counts, help="e.g. 4*31,3 (default: the shape's)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the batch's seed (default 0)")
+    args = parser.parse_args(argv)
+    spec, counts = args.shape, args.draft_counts
+    if args.calls < 1:
+        parser.error(f"--calls: expected 1 or more, got {args.calls}")
+    if counts is not None:
+        if len(counts) != spec.batch_size:
+            parser.error(f"--draft-counts: expected {spec.batch_size} counts, got {len(counts)}")
+        if not all(1 <= e <= spec.draft_len for e in counts):
+            parser.error(f"--draft-counts: expected counts in 1..{spec.draft_len}, got {counts}")
+    if spec.page_size:
+        parser.error(
+            f"{spec.name}: paged shapes are not supported (this makes token-indexed calls)"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        device = torch.device("cpu")
+    else:
+        logger.error("no CUDA GPU is visible and TRITON_INTERPRET is not 1: nothing was run")
+        return 2
+    spec = args.shape
+    prefix_lens = bench.prefix_lengths(spec)
+    _, slots = bench.plan_pool(
+        prefix_lens, spec.draft_len, l2_bytes=0, pool_min_bytes=0, max_rotations=1
+    )
+    batch = bench.build_batch(
+        spec,
+        prefix_lens,
+        rotations=1,
+        slots=slots,
+        device=device,
+        seed=args.seed,
+        counts=args.draft_counts,
+    )
+    call = batch.sets[0]
+    out = call.new_output()
+    for _ in range(args.calls):
+        if not call.run(out):
+            logger.error("%s: verify_mla_fwd refused the call", spec.name)
+            return 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    counts = call.qo_indptr.diff().tolist()  # what the calls read
+    logger.info("%s: %d calls, draft counts %s", spec.name, args.calls, counts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
