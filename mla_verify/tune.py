@@ -22,6 +22,12 @@ default by ``--margin`` on the geometric mean over the contexts, or faster
 on it by less while faster by the margin at one context and slower by it at
 none (``beats_default``); the table records both times either way.
 
+A rerun tunes only the buckets whose records are stale (measured with other
+code of their kernel's family). With ``--remeasure`` a stale record's config
+is not searched again but timed again against the default (step 3 alone):
+after a change that should not move the winners (one to a path the search
+does not time, say) that costs a few timings a bucket instead of the search.
+
 Where the arch's own kernel is not the Triton kernel (the Hopper kernel on
 sm90), the same steps run again over the Triton kernel's tiles against its
 built-in default, and the bucket keeps that winner beside the other
@@ -369,26 +375,29 @@ def _searches(
 
 
 def precompile(entries, arch: str, workers: int) -> None:
-    """Compile every tile shape, and the default, of the searches (kernels,
-    as ``_searches`` names them) of every (H, L, kv dtype, head dims,
-    kernels) entry in parallel processes (on AMD, first check them all ahead
-    of time in parallel too)."""
+    """Compile, for every (H, L, kv dtype, head dims, kernels, searched,
+    configs) entry, the default of each of its kernels (as ``_searches``
+    names them), every tile shape of the ``searched`` ones and the other
+    ``configs`` (records timed again), in parallel processes (on AMD, first
+    check the searched tiles ahead of time in parallel too)."""
     if is_amd_arch(arch):
         from . import aot
 
         if arch in aot.TARGETS:
             checks = [
                 (tile, draft_len, dtype_name, arch, head_dims)
-                for heads, draft_len, dtype_name, head_dims, _ in entries
+                for heads, draft_len, dtype_name, head_dims, _, searched, _ in entries
+                if searched
                 for tile in tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
             ]
             aot.resources_many(checks, workers)  # remembered for searched_tiles
     jobs = []
     seen = set()
-    for heads, draft_len, dtype_name, head_dims, kernels in entries:
-        tiles = []
+    for heads, draft_len, dtype_name, head_dims, kernels, searched, configs in entries:
+        tiles = list(configs)
         for kernel in kernels:
-            tiles += searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
+            if kernel in searched:
+                tiles += searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
             rule = triton_default_config if kernel == "triton" else default_config
             tiles.append(rule(heads, draft_len, 1, arch, dtype_name, head_dims))
         for tile in tiles:
@@ -442,19 +451,34 @@ def tune_entry(
     on_bucket: Callable[[dict[str | None, BucketResult], dict[str | None, tables.Record]], None],
     head_dims: tuple[int, int] = MLA_HEAD_DIMS,
     kept: Mapping[int, Mapping[str | None, tables.Record]] | None = None,
+    remeasured: Mapping[int, Mapping[str | None, tables.Record]] | None = None,
 ) -> None:
     """Tune one entry's buckets: per batch size the searches ``searches``
     names (None: the arch's own kernel, "triton": the Triton kernel beside
-    it). Each bucket goes to ``on_bucket`` as it is measured: its search
-    results and the records of it that ``kept`` holds, by search."""
+    it), or where ``remeasured`` holds the bucket's record of a search, that
+    record's config timed again. Each bucket goes to ``on_bucket`` as it is
+    measured: its results and the records of it that ``kept`` holds, by
+    search."""
+    remeasured = remeasured or {}
     key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
     shape = (heads, draft_len, dtype_name, arch, head_dims)
-    rep_bs = min(searches, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
-    rep = Problems(
-        pool, heads, draft_len, rep_bs, contexts_for(rep_bs, contexts), device, head_dims=head_dims
-    )
+    searched = {
+        bs: tuple(k for k in kernels if k not in remeasured.get(bs, {}))
+        for bs, kernels in searches.items()
+    }
     finalists = {}
-    for kernel in _kernels(searches):
+    if _kernels(searched):
+        rep_bs = min(searches, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
+        rep = Problems(
+            pool,
+            heads,
+            draft_len,
+            rep_bs,
+            contexts_for(rep_bs, contexts),
+            device,
+            head_dims=head_dims,
+        )
+    for kernel in _kernels(searched):
         tiles = searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
         finalists[kernel] = _finalists(tiles, shape, rep, timer, top_k)
         logger.debug("%s %s finalists: %s", key, kernel, [t.to_dict() for t in finalists[kernel]])
@@ -467,10 +491,16 @@ def tune_entry(
         for kernel in kernels:
             rule = triton_default_config if kernel == "triton" else default_config
             default = rule(heads, draft_len, bs, arch, dtype_name, head_dims)
-            tiles = finalists[kernel]
-            best, best_t, default_t = _tune_bucket(
-                tiles, default, problems, heads, bs, arch, timer, margin, f"{key} batch {bs}"
-            )
+            where = f"{key} batch {bs}"
+            if kernel in remeasured.get(bs, {}):
+                config = remeasured[bs][kernel].config
+                best, best_t, default_t = _remeasure_bucket(
+                    config, default, problems, timer, margin, where
+                )
+            else:
+                best, best_t, default_t = _tune_bucket(
+                    finalists[kernel], default, problems, heads, bs, arch, timer, margin, where
+                )
             found[kernel] = BucketResult(
                 heads,
                 draft_len,
@@ -564,11 +594,48 @@ def _tune_bucket(
         t = check_and_time(cand, problems, timer)
         if t is not None and t.mean < best_t.mean:
             best, best_t = cand, t
+    return _keep_if_faster(best, best_t, default, default_t, problems, timer, margin)
+
+
+def _keep_if_faster(
+    best: VerifyConfig,
+    best_t: Timing,
+    default: VerifyConfig,
+    default_t: Timing,
+    problems: Problems,
+    timer: Timer,
+    margin: float,
+) -> tuple[VerifyConfig, Timing, Timing]:
+    """Step 3: ``best``, where it is not the default, and the default timed
+    again side by side (``confirm``); the default where ``best`` does not
+    beat it (``beats_default``)."""
     if best != default:
         best_t, default_t = confirm(best, default, problems, timer)
         if not beats_default(best_t, default_t, margin):
             best, best_t = default, default_t
     return best, best_t, default_t
+
+
+def _remeasure_bucket(
+    config: VerifyConfig,
+    default: VerifyConfig,
+    problems: Problems,
+    timer: Timer,
+    margin: float,
+    where: str,
+) -> tuple[VerifyConfig, Timing, Timing]:
+    """A stale record's config, checked and timed again against the
+    default (``--remeasure``): kept where it still beats it, else the
+    default; the default too where it no longer runs or computes right."""
+    # As in _tune_bucket: a first timing on new problems only checks.
+    if check_and_time(default, problems, timer) is None:
+        raise RuntimeError(f"{where}: the built-in default {default} failed")
+    default_t = check_and_time(default, problems, timer)
+    config_t = default_t if config == default else check_and_time(config, problems, timer)
+    if config_t is None:
+        logger.warning("%s: the recorded %s fails now; the default replaces it", where, config)
+        config, config_t = default, default_t
+    return _keep_if_faster(config, config_t, default, default_t, problems, timer, margin)
 
 
 # ------------------------------------------------------------------------ CLI
@@ -610,6 +677,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for option, value in (("--top-k", args.top_k), ("--jobs", args.jobs)):
         if value is not None and value < 1:
             p.error(f"{option}: expected a positive int, got {value}")
+    if args.redo and args.remeasure:
+        p.error("--remeasure: not with --redo (which searches every bucket again)")
     if not 0 <= args.margin < 1:
         p.error(f"--margin: expected a fraction in [0, 1), got {args.margin}")
     if args.time_limit is not None and not args.time_limit > 0:
@@ -710,6 +779,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="parallel compile workers (default: CPU cores, at most 16)",
     )
     p.add_argument("--redo", action="store_true", help="re-tune buckets already in the table")
+    p.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="for a stale record, time its config again against the default instead of "
+        "searching (after a change that should not move the winners)",
+    )
     p.add_argument(
         "--own-kernel-only",
         action="store_true",
@@ -886,8 +961,9 @@ def _dims_field(head_dims: tuple[int, int]) -> dict:
 class EntryWork:
     """One entry's buckets still to tune: per batch size the searches to run
     (as ``_searches`` names them: None the arch's own kernel, "triton" the
-    Triton kernel beside it), and the bucket's records that stay as they
-    are, by search."""
+    Triton kernel beside it), the bucket's records that stay as they are,
+    and those whose configs are timed again instead of searched
+    (``--remeasure``), by search."""
 
     heads: int
     draft_len: int
@@ -895,10 +971,26 @@ class EntryWork:
     head_dims: tuple[int, int]
     searches: dict[int, tuple[str | None, ...]]
     kept: dict[int, dict[str | None, tables.Record]] = field(default_factory=dict)
+    remeasured: dict[int, dict[str | None, tables.Record]] = field(default_factory=dict)
+
+    @property
+    def searched_kernels(self) -> list[str | None]:
+        """The kernels some bucket searches (not only times again)."""
+        return _kernels(
+            {
+                bs: tuple(k for k in kernels if k not in self.remeasured.get(bs, {}))
+                for bs, kernels in self.searches.items()
+            }
+        )
 
     @property
     def kernels(self) -> list[str | None]:
         return _kernels(self.searches)
+
+    @property
+    def timed_again(self) -> list[VerifyConfig]:
+        """The configs of the records timed again."""
+        return [r.config for records in self.remeasured.values() for r in records.values()]
 
 
 def pending_work(args, out_path: Path) -> list[EntryWork]:
@@ -910,7 +1002,8 @@ def pending_work(args, out_path: Path) -> list[EntryWork]:
     without a Triton record beside its config was tuned with
     --own-kernel-only and gets none. A new bucket, every bucket of an
     unmeasured (model-derived) table and, with --redo, every bucket runs
-    every search."""
+    every search. With --remeasure a stale record's search is its config
+    timed again (``_remeasure_bucket``)."""
     arch = out_path.stem
     existing = tables.read_table(out_path) if out_path.exists() else None
     if existing and not existing["metadata"].get("measured", True):
@@ -924,7 +1017,7 @@ def pending_work(args, out_path: Path) -> list[EntryWork]:
                 portable = not args.own_kernel_only
                 kernels = _searches(heads, draft_len, dtype_name, arch, head_dims, portable)
                 buckets = entries.get(key, {}).get("buckets", {})
-                searches, kept = {}, {}
+                searches, kept, remeasured = {}, {}, {}
                 for bs in args.batch_sizes:
                     bucket = buckets.get(str(bs))
                     records = {} if bucket is None else tables.bucket_records(bucket)
@@ -940,8 +1033,15 @@ def pending_work(args, out_path: Path) -> list[EntryWork]:
                         searches[bs] = todo
                     if todo and keep:
                         kept[bs] = {k: tables.Record.from_json(r) for k, r in keep.items()}
+                    again = [k for k in todo if k in records] if args.remeasure else []
+                    if again:
+                        remeasured[bs] = {k: tables.Record.from_json(records[k]) for k in again}
                 if searches:
-                    work.append(EntryWork(heads, draft_len, dtype_name, head_dims, searches, kept))
+                    work.append(
+                        EntryWork(
+                            heads, draft_len, dtype_name, head_dims, searches, kept, remeasured
+                        )
+                    )
     return work
 
 
@@ -967,9 +1067,23 @@ def run_tuning(
     work = pending_work(args, out_path)
     total = sum(len(w.searches) for w in work)
     logger.info("%d buckets to tune in %d entries -> %s", total, len(work), out_path)
+    again = sum(len(r) for w in work for r in w.remeasured.values())
+    if again:
+        logger.info("%d of their stale records: configs timed again, not searched", again)
     if device == "cuda" and work:
         workers = args.jobs or min(16, os.cpu_count() or 1)
-        entries = [(w.heads, w.draft_len, w.kv_dtype, w.head_dims, w.kernels) for w in work]
+        entries = [
+            (
+                w.heads,
+                w.draft_len,
+                w.kv_dtype,
+                w.head_dims,
+                w.kernels,
+                w.searched_kernels,
+                w.timed_again,
+            )
+            for w in work
+        ]
         precompile(entries, arch, workers)
 
     metadata = table_metadata(arch, device_name, sm_count, args)
@@ -1016,6 +1130,7 @@ def run_tuning(
                     on_bucket=record,
                     head_dims=w.head_dims,
                     kept=w.kept,
+                    remeasured=w.remeasured,
                 )
             except (RuntimeError, ValueError) as exc:  # one bad entry must not end the run
                 logger.error("H%d L%d %s not tuned: %s", w.heads, w.draft_len, w.kv_dtype, exc)

@@ -20,6 +20,7 @@ from mla_verify.code_hash import KERNEL_HASH, KERNEL_HASHES
 from mla_verify.config import (
     HOPPER_KERNELS,
     VerifyConfig,
+    default_config,
     hopper_config,
     kernel_family,
     triton_default_config,
@@ -181,6 +182,79 @@ def test_after_a_triton_kernel_change_a_rerun_searches_only_its_records(
         assert new["triton"]["kernel_hash"] == "feedfeedfeedfeed"
         assert new["triton"]["config"] == old["triton"]["config"]
     assert run(TINY, table_env, device, timer=watched, arch="sm90") == []
+
+
+def test_remeasure_times_the_stale_records_configs_again_instead_of_searching(
+    table_env, device, monkeypatch
+):
+    """After a change to both kernel families, --remeasure times each stale
+    record's config and the built-in default only: a config that still wins
+    stays with its new times and this code's hash; one the default now
+    beats by the margin gives way to it; then nothing is left to do."""
+
+    def timer(config, batches):
+        return 40.0 if config.kernel != "triton" else 100.0 - 20 * (config.BLOCK_N == 32)
+
+    run(TINY, table_env, device, timer=timer, arch="sm90")
+    before = json.loads((table_env / "sm90.json").read_text())["entries"]["H2_L2_bf16"]
+    recorded = {
+        (int(bs), k): tables.Record.from_json(r).config
+        for bs, bucket in before["buckets"].items()
+        for k, r in tables.bucket_records(bucket).items()
+    }
+    for family in ("gluon_sm90", "triton"):
+        monkeypatch.setitem(code_hash.KERNEL_HASHES, family, "feedfeedfeedfeed")
+    slower_at_2 = recorded[(2, "triton")]
+    timed = []
+
+    def watched(config, batches):
+        timed.append(config)
+        if config == slower_at_2 and batches[0].batch_size == 2:
+            return 200.0  # the recorded Triton winner at batch 2 lost its edge
+        return timer(config, batches)
+
+    results = run([*TINY, "--remeasure"], table_env, device, timer=watched, arch="sm90")
+    defaults = {
+        (bs, k): (triton_default_config if k == "triton" else default_config)(2, 2, bs, "sm90")
+        for bs in (1, 2)
+        for k in (None, "triton")
+    }
+    assert set(timed) == set(recorded.values()) | set(defaults.values())
+    after = json.loads((table_env / "sm90.json").read_text())["entries"]["H2_L2_bf16"]
+    for (bs, k), config in recorded.items():
+        record = tables.Record.from_json(tables.bucket_records(after["buckets"][str(bs)])[k])
+        assert record.kernel_hash == "feedfeedfeedfeed"
+        expected = defaults[(bs, k)] if (bs, k) == (2, "triton") else config
+        assert record.config == expected, (bs, k)
+    assert [r.batch_size for r in results] == [1, 2]
+    assert run([*TINY, "--remeasure"], table_env, device, timer=watched, arch="sm90") == []
+
+
+def test_remeasure_compiles_only_the_configs_it_times(monkeypatch):
+    """precompile for an entry whose Hopper records are timed again and
+    whose Triton search runs: the Hopper default and the recorded config,
+    every Triton tile and the Triton default; not the other Hopper tile."""
+    compiled = []
+    monkeypatch.setattr(tune, "_compile_worker", lambda jobs: compiled.extend(jobs) or len(jobs))
+    recorded = default_config(16, 4, 8, "sm90").with_splits(2)  # the Hopper default won
+    dims = (576, 512)
+    entry = (16, 4, "bf16", dims, [None, "triton"], ["triton"], [recorded])
+    tune.precompile([entry], "sm90", workers=1)
+    configs = {VerifyConfig.from_dict(cfg) for _, _, _, cfg, _ in compiled}
+    triton_tiles = tune.searched_tiles(16, 4, "bf16", "sm90", dims, "triton")
+    hopper_tiles = tune.searched_tiles(16, 4, "bf16", "sm90", dims, None)
+    expected = {
+        recorded,
+        default_config(16, 4, 1, "sm90").with_splits(2),
+        triton_default_config(16, 4, 1, "sm90").with_splits(2),
+        *(t.with_splits(2) for t in triton_tiles),
+    }
+    assert {t.with_splits(2) for t in hopper_tiles} - expected, "Hopper tiles a search compiles"
+    assert configs == expected
+
+
+def test_remeasure_and_redo_do_not_go_together(cli_error):
+    assert "--remeasure: not with --redo" in cli_error(tune.main, [*TINY, "--remeasure", "--redo"])
 
 
 def test_amd_search_times_only_tiles_that_fit_and_tries_compiler_options(
