@@ -4,9 +4,10 @@
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
         python scripts/profile_call.py H64L4B32C16384-ragged
 
-builds the shape's batch as ``bench.py`` does (the same values for the same
-``--seed``) and makes ``--calls`` eager calls of ``verify_mla_fwd`` with the
-config the shipped table gives (each call: stage 1, then stage 2). It times
+builds the shape's batch as ``bench.py`` does (one set, in a pool sized to
+it, so not the bench's values) and makes ``--calls`` eager calls of
+``verify_mla_fwd`` with the config the shipped table gives (each call:
+stage 1, then stage 2). It times
 nothing itself. ``--draft-counts`` gives every request's draft count
 instead of the shape's (``4*31,3``: 31 requests of 4, then one of 3), so a
 ragged batch's cost can be taken apart by count. Without a GPU it runs
