@@ -139,6 +139,12 @@ TIMING_METHOD = (
     "winner kept where it is faster by the margin on the geometric mean, or faster on it "
     "by less while faster by the margin at one context and slower by it at none"
 )
+# Appended to the timing method by a run with --remeasure (the table's
+# metadata is its last run's).
+REMEASURE_METHOD = (
+    "; this run (--remeasure) timed each stale record's config again beside the default "
+    "instead of searching, keeping it where it still won"
+)
 # A timer maps (config, batches) to microseconds per launch; tests inject one.
 Timer = Callable[[VerifyConfig, Sequence["object"]], float]
 
@@ -843,7 +849,7 @@ def table_metadata(arch: str, device_name: str, sm_count: int, args) -> dict:
         "mla_verify": __version__,
         "kernel_hash": KERNEL_HASH,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "timing": TIMING_METHOD,
+        "timing": TIMING_METHOD + (REMEASURE_METHOD if getattr(args, "remeasure", False) else ""),
         "measured": True,
         "grid": {
             "contexts": list(args.contexts),

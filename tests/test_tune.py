@@ -227,6 +227,8 @@ def test_remeasure_times_the_stale_records_configs_again_instead_of_searching(
         expected = defaults[(bs, k)] if (bs, k) == (2, "triton") else config
         assert record.config == expected, (bs, k)
     assert [r.batch_size for r in results] == [1, 2]
+    metadata = json.loads((table_env / "sm90.json").read_text())["metadata"]
+    assert metadata["timing"] == tune.TIMING_METHOD + tune.REMEASURE_METHOD
     assert run([*TINY, "--remeasure"], table_env, device, timer=watched, arch="sm90") == []
 
 
