@@ -12,7 +12,8 @@ import argparse
 import logging
 import os
 import sys
-from typing import NoReturn
+
+from mla_verify.cli import Parser
 
 # (GPU, CPU) defaults: the CPU interpreter runs one program at a time.
 DEFAULTS = {"heads": (16, 8), "draft_len": (4, 4), "batch_size": (32, 2), "context": (16384, 100)}
@@ -20,14 +21,8 @@ DEFAULTS = {"heads": (16, 8), "draft_len": (4, 4), "batch_size": (32, 2), "conte
 MAX_TOKENS = 2**31 - 1
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, not the usage.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m mla_verify", description=__doc__)
+    p = Parser(prog="python -m mla_verify", description=__doc__)
 
     def option(name: str, what: str) -> None:
         gpu, cpu = DEFAULTS[name.replace("-", "_")]

@@ -72,11 +72,11 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 
 from . import __version__, perf_model, tables
+from .cli import Parser
 from .code_hash import KERNEL_HASH, KERNEL_HASHES, kernel_hash
 from .config import (
     VerifyConfig,
@@ -659,12 +659,6 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, not the whole usage: the options are many.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The values argparse's types cannot check, against the supported
     ranges; a one-line error naming the option."""
@@ -724,7 +718,7 @@ def _head_dims(text: str) -> list[tuple[int, int]]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = _Parser(
+    p = Parser(
         prog="python -m mla_verify.tune",
         description="Tune mla_verify launch configs on this GPU and write its JSON table.",
     )

@@ -21,10 +21,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 import bench  # scripts/, first on the path when run as a script
 import torch
+
+from mla_verify.cli import Parser
 
 logger = logging.getLogger("profile_call")
 
@@ -44,14 +45,8 @@ def parse_counts(text: str) -> list[int]:
     return counts
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, not the usage.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog="profile_call.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="profile_call.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", type=bench.parse_shape, help="a bench.py shape name")
     parser.add_argument("--calls", type=int, default=4, help="calls to make (default 4)")
     parser.add_argument(
