@@ -48,6 +48,12 @@ def fake_timer(config: VerifyConfig, batches) -> float:
     )
 
 
+def hopper_flat_triton_bn32(config: VerifyConfig, batches) -> float:
+    """Every Hopper config alike (its default stays); on the Triton kernel,
+    BLOCK_N 32 wins."""
+    return 40.0 if config.kernel != "triton" else 100.0 - 20 * (config.BLOCK_N == 32)
+
+
 def run(argv, out_dir, device, timer=fake_timer, arch="cpu_test"):
     args = tune.parse_args(argv)
     return tune.run_tuning(
@@ -124,12 +130,7 @@ def test_sm90_keeps_the_triton_winner_beside_the_hopper_one(table_env, device):
     """On sm90 the Triton kernel is tuned too, against its own default, and
     its winner sits beside the Hopper winner in the table and the lookup."""
 
-    def timer(config, batches):
-        if config.kernel != "triton":
-            return 40.0
-        return 100.0 - 20 * (config.BLOCK_N == 32)
-
-    results = run(TINY, table_env, device, timer=timer, arch="sm90")
+    results = run(TINY, table_env, device, timer=hopper_flat_triton_bn32, arch="sm90")
     for r in results:
         assert r.config.kernel in HOPPER_KERNELS
         assert (r.triton.config.kernel, r.triton.config.BLOCK_N) == ("triton", 32)
@@ -157,17 +158,14 @@ def test_after_a_triton_kernel_change_a_rerun_searches_only_its_records(
     the Triton records and keeps the Hopper records beside them as they
     were; then nothing is left to do."""
 
-    def timer(config, batches):
-        return 40.0 if config.kernel != "triton" else 100.0 - 20 * (config.BLOCK_N == 32)
-
-    run(TINY, table_env, device, timer=timer, arch="sm90")
+    run(TINY, table_env, device, timer=hopper_flat_triton_bn32, arch="sm90")
     before = json.loads((table_env / "sm90.json").read_text())["entries"]["H2_L2_bf16"]
     monkeypatch.setitem(code_hash.KERNEL_HASHES, "triton", "feedfeedfeedfeed")
     timed = []
 
     def watched(config, batches):
         timed.append(config)
-        return timer(config, batches)
+        return hopper_flat_triton_bn32(config, batches)
 
     results = run(TINY, table_env, device, timer=watched, arch="sm90")
     assert timed and {c.kernel for c in timed} == {"triton"}
@@ -192,10 +190,7 @@ def test_remeasure_times_the_stale_records_configs_again_instead_of_searching(
     stays with its new times and this code's hash; one the default now
     beats by the margin gives way to it; then nothing is left to do."""
 
-    def timer(config, batches):
-        return 40.0 if config.kernel != "triton" else 100.0 - 20 * (config.BLOCK_N == 32)
-
-    run(TINY, table_env, device, timer=timer, arch="sm90")
+    run(TINY, table_env, device, timer=hopper_flat_triton_bn32, arch="sm90")
     before = json.loads((table_env / "sm90.json").read_text())["entries"]["H2_L2_bf16"]
     recorded = {
         (int(bs), k): tables.Record.from_json(r).config
@@ -211,7 +206,7 @@ def test_remeasure_times_the_stale_records_configs_again_instead_of_searching(
         timed.append(config)
         if config == slower_at_2 and batches[0].batch_size == 2:
             return 200.0  # the recorded Triton winner at batch 2 lost its edge
-        return timer(config, batches)
+        return hopper_flat_triton_bn32(config, batches)
 
     results = run([*TINY, "--remeasure"], table_env, device, timer=watched, arch="sm90")
     defaults = {
