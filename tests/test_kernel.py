@@ -925,10 +925,12 @@ GPU_VERIFY_CASES = [
         {"draft_counts": [1 + b % 4 for b in range(32)]},
     ),
     (
-        # Ragged, but every request has heads in every head block: each
-        # head block keeps its row of CTAs, positions in the ragged order.
-        "ragged_in_every_head_block_H64_L4",
-        64,
+        # Ragged, but every request has rows in every head block (3 or 4
+        # drafts of 32 heads: 96 or 128 rows, two tiles of 64; at H64 a
+        # 3-draft request's 192 rows miss the fourth): each head block
+        # keeps its row of CTAs, positions in the ragged order.
+        "ragged_in_every_head_block_H32_L4",
+        32,
         4,
         [(b * 7919) % 6000 for b in range(24)],
         {"draft_counts": [3 + b % 2 for b in range(24)]},
