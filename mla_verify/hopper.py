@@ -127,7 +127,7 @@ def launch_options(score_value: bool) -> dict[str, int]:
 
 def head_blocks(num_heads: int, block_h: int) -> int:
     """Head blocks of BLOCK_H heads: the tiles of a request with L drafts
-    (one with fewer packs more heads a tile and fills fewer of them)."""
+    (one of E < L drafts packs its H E rows densely and fills fewer)."""
     return (num_heads + block_h - 1) // block_h
 
 
