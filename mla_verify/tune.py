@@ -468,12 +468,9 @@ def tune_entry(
     remeasured = remeasured or {}
     key = tables.entry_key(heads, draft_len, dtype_name, head_dims)
     shape = (heads, draft_len, dtype_name, arch, head_dims)
-    searched = {
-        bs: tuple(k for k in kernels if k not in remeasured.get(bs, {}))
-        for bs, kernels in searches.items()
-    }
+    searched = _searched_kernels(searches, remeasured)
     finalists = {}
-    if _kernels(searched):
+    if searched:
         rep_bs = min(searches, key=lambda b: abs(math.log2(b) - 4))  # nearest to 16
         rep = Problems(
             pool,
@@ -484,7 +481,7 @@ def tune_entry(
             device,
             head_dims=head_dims,
         )
-    for kernel in _kernels(searched):
+    for kernel in searched:
         tiles = searched_tiles(heads, draft_len, dtype_name, arch, head_dims, kernel)
         finalists[kernel] = _finalists(tiles, shape, rep, timer, top_k)
         logger.debug("%s %s finalists: %s", key, kernel, [t.to_dict() for t in finalists[kernel]])
@@ -526,6 +523,19 @@ def tune_entry(
 def _kernels(searches: Mapping[int, Sequence[str | None]]) -> list[str | None]:
     """The kernels some bucket searches, in search order."""
     return [k for k in (None, "triton") if any(k in s for s in searches.values())]
+
+
+def _searched_kernels(
+    searches: Mapping[int, Sequence[str | None]], remeasured: Mapping[int, Mapping]
+) -> list[str | None]:
+    """The kernels some bucket searches, less the searches whose records
+    are timed again instead (``--remeasure``)."""
+    return _kernels(
+        {
+            bs: [k for k in kernels if k not in remeasured.get(bs, {})]
+            for bs, kernels in searches.items()
+        }
+    )
 
 
 def _finalists(
@@ -976,12 +986,7 @@ class EntryWork:
     @property
     def searched_kernels(self) -> list[str | None]:
         """The kernels some bucket searches (not only times again)."""
-        return _kernels(
-            {
-                bs: tuple(k for k in kernels if k not in self.remeasured.get(bs, {}))
-                for bs, kernels in self.searches.items()
-            }
-        )
+        return _searched_kernels(self.searches, self.remeasured)
 
     @property
     def kernels(self) -> list[str | None]:
