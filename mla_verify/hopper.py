@@ -28,15 +28,6 @@ DEFAULT_MIN_SHARE = 4
 # requests gets fewer positions. A uniform batch counts one: its cuts fall
 # at request boundaries or split every request alike.
 DRAFT_POSITIONS = 5
-# What a prefix tile weighs in the aligned shares of a ragged batch
-# (tile_weight), by the number n of head blocks that read it:
-# TILE_COST + READ_COST // n. The CTAs of the head blocks that hold a request
-# read its tiles at the same step, so the L2 serves all but one of them; a
-# tile fewer head blocks read is more of its reader's time from memory. At
-# H64 L4 (Nsight Compute, RESULTS.md) a stage-1 tile took 1.18x as long with
-# 2 head blocks reading it as with 4, and 1.48x with 1.
-TILE_COST = 21
-READ_COST = 16
 # (head block, request) pairs the plan of a launch reads at once, in its
 # registers: 128 requests of up to 32 head blocks.
 PLAN_ELEMENTS = 4096
@@ -138,13 +129,6 @@ def head_blocks(num_heads: int, block_h: int) -> int:
     """Head blocks of BLOCK_H heads: the tiles of a request with L drafts
     (one of E < L drafts packs its H E rows densely and fills fewer)."""
     return (num_heads + block_h - 1) // block_h
-
-
-def tile_weight(readers: int) -> int:
-    """A prefix tile's positions in the aligned shares of a ragged batch,
-    where ``readers`` head blocks read it (TILE_COST, READ_COST; the
-    kernels compute the same)."""
-    return TILE_COST + READ_COST // readers
 
 
 def plan_width(blocks: int) -> int:

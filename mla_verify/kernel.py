@@ -90,9 +90,6 @@ MERGE_PROGRAM_ELEMENTS = 8192
 MERGE_REQUEST_PROGRAMS = 64
 MERGE_MAX_PROGRAMS = 4096
 MERGE_MAX_BLOCKS = 16  # 32 columns a block
-# The aligned plan's tile weights (hopper.tile_weight).
-TILE_COST = tl.constexpr(hopper.TILE_COST)
-READ_COST = tl.constexpr(hopper.READ_COST)
 
 
 @triton.jit
@@ -198,26 +195,16 @@ def _min_rows(head_block, num_heads, tile_rows):
 
 
 @triton.jit
-def _tile_weight(readers):
-    # A prefix tile's positions in the aligned plan, where `readers` head
-    # blocks read it (hopper.tile_weight).
-    return TILE_COST + READ_COST // readers
-
-
-@triton.jit
 def _share_len(positions, first_positions, grid_ctas, head_blocks, batch_size, min_share):
     # The aligned plan's share length (kernel_sm90._share_len, the same
-    # rule; plan._share_len): the least that fits every head block's
-    # shares in the grid, at least min_share tiles of the heaviest weight,
-    # and no shorter than the cap of 1 + 4 sqrt(P) shares a request allows
-    # the first head block (P in tiles every head block reads).
+    # rule; plan.head_block_plan): the least that fits every head block's
+    # shares in the grid, at least min_share, and no shorter than the cap
+    # of 1 + 4 sqrt(P) shares a request allows the first head block.
     spare = tl.maximum(grid_ctas - head_blocks, 1)
     fit = tl.where(grid_ctas > head_blocks, tl.cdiv(positions, spare), first_positions)
-    tiles = first_positions // _tile_weight(head_blocks)
-    cap = (4.0 * tl.sqrt_rn(tiles.to(tl.float32) * batch_size)).to(tl.int32)
+    cap = (4.0 * tl.sqrt_rn(first_positions.to(tl.float32) * batch_size)).to(tl.int32)
     cap += batch_size
-    floor = min_share * _tile_weight(1)
-    return tl.maximum(tl.maximum(fit, floor), tl.cdiv(first_positions, cap))
+    return tl.maximum(tl.maximum(fit, min_share), tl.cdiv(first_positions, cap))
 
 
 @triton.jit
@@ -242,13 +229,12 @@ def _head_block_shares(
     # plan.head_block_plan): a request of E drafts has rows in head blocks
     # hb with hb * tile_rows < num_heads * E (E at least _min_rows); its
     # positions there are its prefix tiles of
-    # TOKENS, _tile_weight(its head blocks) each, then `drafts` of
-    # _tile_weight(head_blocks), in plan.ragged_order. Every head block
-    # cuts shares of one length and takes as many CTAs as it has shares, one
+    # TOKENS, then `drafts`, in plan.ragged_order. Every head block cuts
+    # shares of one length and takes as many CTAs as it has shares, one
     # head block after another. Returns head_block's first CTA, its
-    # positions, the share length, the positions of its requests before
-    # req, and req's tile weight. All head blocks at once (HEAD_BLOCKS >=
-    # head_blocks, a power of two).
+    # positions, the share length and the positions of its requests before
+    # req. All head blocks at once (HEAD_BLOCKS >= head_blocks, a power of
+    # two).
     blocks = tl.arange(0, HEAD_BLOCKS)
     min_rows = _min_rows(blocks, num_heads, tile_rows)
     own = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
@@ -264,9 +250,7 @@ def _head_block_shares(
             (rows[None, :] >= min_rows[:, None]) & (blocks < head_blocks)[:, None] & mask_b[None, :]
         )
         tiles = tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), TOKENS)
-        readers = tl.minimum(tl.cdiv(num_heads * rows, tile_rows), head_blocks)
-        weighed = _tile_weight(tl.maximum(readers, 1)) * tiles + drafts * _tile_weight(head_blocks)
-        positions = tl.where(inside, weighed[None, :], 0)
+        positions = tl.where(inside, (tiles + drafts)[None, :], 0)
         total += positions
         ahead = (rows > own) | ((rows == own) & (offs_b < req))
         before += tl.where(ahead[None, :], positions, 0)
@@ -283,7 +267,6 @@ def _head_block_shares(
         tl.sum(tl.where(here, total, 0), 0),
         share_len,
         tl.sum(tl.where(here, before, 0), 0),
-        _tile_weight(tl.maximum(tl.minimum(tl.cdiv(num_heads * own, tile_rows), head_blocks), 1)),
     )
 
 
@@ -663,7 +646,7 @@ def _merge_shares_kernel(
         first_slot = 2 * head_block * share_ctas
         block_ctas = share_ctas
         if fewest < _min_rows(head_blocks - 1, num_heads, TILE_ROWS):
-            first_cta, total, share_len, base, weight = _head_block_shares(
+            first_cta, total, share_len, base = _head_block_shares(
                 KV_INDPTR,
                 QO_INDPTR,
                 req,
@@ -682,8 +665,7 @@ def _merge_shares_kernel(
             first_slot = 2 * first_cta
             block_ctas = tl.cdiv(total, share_len)
             kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
-            drafts *= _tile_weight(head_blocks)
-            n = weight * tl.cdiv(kv_len, TOKENS) + drafts
+            n = tl.cdiv(kv_len, TOKENS) + drafts
         # A head whose drafts straddle two tiles: drafts TILE_ROWS - row0
         # on are the next head block's first rows, in the slots of the CTA
         # as many CTAs on (2 block_ctas slots; the same cuts and the same

@@ -89,8 +89,6 @@ CONSUMER_WARPS = gl.constexpr(hopper.CONSUMER_WARPS)
 WARPGROUP = gl.constexpr(hopper.WARPGROUP)
 PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
 DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
-TILE_COST = gl.constexpr(hopper.TILE_COST)
-READ_COST = gl.constexpr(hopper.READ_COST)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
 
@@ -313,51 +311,28 @@ def _positions(
     # Positions of the requests at places start .. start + BLOCK_B - 1 of
     # the head block (_request_positions): in index order, or with RAGGED
     # the requests ORDER lists there.
-    KV_INDPTR, QO_INDPTR, min_rows, ORDER, _, weigh = share_block
+    KV_INDPTR, QO_INDPTR, min_rows, ORDER, _ = share_block
     offs = start + gl.arange(0, BLOCK_B, layout=layout)
     mask = offs < batch_size
     if RAGGED:
         offs = gl.load(ORDER + offs, mask=mask, other=0).to(gl.int32)
-    return _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts, weigh)
+    return _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts)
 
 
 @gluon.jit
-def _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts, weigh):
+def _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts):
     # Positions of requests offs (0 where not mask, and for a request
     # with fewer than min_rows drafts: no rows in the head block): one
-    # per prefix tile, and `drafts` for the drafts; with RAGGED, weighed
-    # (_tile_weight).
+    # per prefix tile, and `drafts` for the drafts.
     lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
         KV_INDPTR + offs, mask=mask, other=0
     )
-    tiles = (lens.to(gl.int32) + TOKENS - 1) // TOKENS
     if RAGGED:
         rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
             QO_INDPTR + offs, mask=mask, other=0
         )
         mask &= rows.to(gl.int32) >= min_rows
-        weighed = _tile_weight(rows.to(gl.int32), weigh) * tiles + drafts * _draft_weight(weigh)
-        return gl.where(mask, weighed, 0)
-    return gl.where(mask, tiles + drafts, 0)
-
-
-@gluon.jit
-def _tile_weight(rows, weigh):
-    # What a prefix tile of a request of `rows` drafts weighs in the
-    # aligned plan: hopper.tile_weight of the head blocks that hold the
-    # request. weigh: (num_heads, tile_rows, head blocks), 0 head blocks
-    # where the plan is not aligned (every position one).
-    num_heads, tile_rows, head_blocks = weigh
-    readers = gl.minimum((num_heads * rows + tile_rows - 1) // tile_rows, head_blocks)
-    return gl.where(head_blocks > 0, TILE_COST + READ_COST // gl.maximum(readers, 1), 1)
-
-
-@gluon.jit
-def _draft_weight(weigh):
-    # What each of a request's draft positions weighs in the aligned plan:
-    # a tile that every head block reads.
-    _, _, head_blocks = weigh
-    return gl.where(head_blocks > 0, TILE_COST + READ_COST // gl.maximum(head_blocks, 1), 1)
+    return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
 
 
 @gluon.jit
@@ -425,19 +400,15 @@ def _order_requests(
 @gluon.jit
 def _share_len(positions, first_positions, grid_ctas, head_blocks, batch_size, min_share):
     # The aligned plan's share length (kernel._share_len, the same rule;
-    # plan._share_len): the least that fits every head block's shares in
-    # the grid, at least min_share tiles of the heaviest weight (a share
-    # that overlaps a request's tiles then holds the first position of
-    # one), and no shorter than the cap of 1 + 4 sqrt(P) shares a request
-    # (_share_count) allows the first head block, which holds every
-    # request (P in tiles every head block reads).
+    # plan.head_block_plan): the least that fits every head block's shares
+    # in the grid, at least min_share, and no shorter than the cap of
+    # 1 + 4 sqrt(P) shares a request (_share_count) allows the first head
+    # block, which holds every request.
     spare = gl.maximum(grid_ctas - head_blocks, 1)
     fit = gl.where(grid_ctas > head_blocks, (positions + spare - 1) // spare, first_positions)
-    tiles = first_positions // (TILE_COST + READ_COST // head_blocks)
-    cap = (4.0 * gl.sqrt_rn(tiles.to(gl.float32) * batch_size)).to(gl.int32)
+    cap = (4.0 * gl.sqrt_rn(first_positions.to(gl.float32) * batch_size)).to(gl.int32)
     cap += batch_size
-    floor = min_share * (TILE_COST + READ_COST)
-    return gl.maximum(gl.maximum(fit, floor), (first_positions + cap - 1) // cap)
+    return gl.maximum(gl.maximum(fit, min_share), (first_positions + cap - 1) // cap)
 
 
 @gluon.jit
@@ -463,8 +434,6 @@ def _head_block_plan(
     # the CTAs reading it do so at about the same time (the L2 serves the
     # later reads). Returns grid CTA grid_cta's head block, that head
     # block's first CTA, CTA count and positions, and the share length.
-    # A tile weighs _tile_weight of its request's head blocks, the drafts'
-    # positions _draft_weight, the same in every head block.
     # One pass over the batch for every head block at once (HEAD_BLOCKS
     # >= head_blocks, a power of two); no scan nor layout change (either
     # left the consumers' loop spilling: 1.2x slower).
@@ -492,9 +461,7 @@ def _head_block_plan(
             & mask[None, :]
         )
         tiles = (lens.to(gl.int32) + TOKENS - 1) // TOKENS
-        weigh = (num_heads, tile_rows, head_blocks)
-        weighed = _tile_weight(rows.to(gl.int32), weigh) * tiles + drafts * _draft_weight(weigh)
-        total += gl.where(inside, weighed[None, :], 0)
+        total += gl.where(inside, (tiles + drafts)[None, :], 0)
     total = gl.sum(total, 1)
     first_positions = gl.sum(gl.where(blocks == 0, total, 0), 0)
     share_len = _share_len(
@@ -555,7 +522,7 @@ def _segment(share, b, base):
     # head block holds no positions: an empty segment, all of whose rows
     # are masked.
     share_block, _, _, _, s0, s1, drafts = share
-    KV_INDPTR, QO_INDPTR, min_rows, ORDER, first_row, weigh = share_block
+    KV_INDPTR, QO_INDPTR, min_rows, ORDER, first_row = share_block
     if RAGGED:  # b counts requests in ORDER
         b = gl.load(ORDER + b).to(gl.int32)
     kv_start = gl.load(KV_INDPTR + b)
@@ -571,32 +538,14 @@ def _segment(share, b, base):
         tiles = gl.where(present, tiles, 0)
         drafts = gl.where(present, drafts, 0)
         phase = first_row % gl.maximum(num_rows, 1)
-        # Weighed positions (_tile_weight): the tiles and draft positions
-        # whose first position is in the range.
-        weight = _tile_weight(num_rows, weigh)
-        draft_weight = _draft_weight(weigh)
-        j_lo = _units(gl.maximum(s0 - base, 0), tiles, weight, draft_weight)
-        j_hi = gl.minimum(tiles + drafts, _units(s1 - base, tiles, weight, draft_weight))
-        end = base + weight * tiles + drafts * draft_weight
-    else:
-        j_lo = gl.maximum(s0 - base, 0)
-        j_hi = gl.minimum(tiles + drafts, s1 - base)
-        end = base + tiles + drafts
+    j_lo = gl.maximum(s0 - base, 0)
+    j_hi = gl.minimum(tiles + drafts, s1 - base)
     hi = gl.minimum(j_hi * TOKENS, kv_len)
     lo = gl.minimum(j_lo * TOKENS, hi)
     with_drafts = (j_lo <= tiles) & (j_hi > tiles)
     whole = (j_lo == 0) & with_drafts
     request = (q_first, num_rows, kv_len, b, phase)
-    return kv_start, lo, hi, with_drafts, whole, request, end
-
-
-@gluon.jit
-def _units(offset, tiles, weight, draft_weight):
-    # The tiles, then draft positions, of a request whose first position
-    # is before `offset` into its positions.
-    past = offset - weight * tiles
-    in_tiles = (offset + weight - 1) // weight
-    return gl.where(past > 0, tiles + (past + draft_weight - 1) // draft_weight, in_tiles)
+    return kv_start, lo, hi, with_drafts, whole, request, base + tiles + drafts
 
 
 @gluon.jit
@@ -1636,9 +1585,7 @@ def _prefix_kernel_sm90(
     # Every request's positions, in index order (ORDER is not written yet).
     for start in range(0, batch_size, BLOCK_B):
         offs = start + gl.arange(0, BLOCK_B, layout=plan_layout)
-        positions = _request_positions(
-            KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1, (num_heads, tile_rows, 0)
-        )
+        positions = _request_positions(KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1)
         total += gl.sum(positions, 0)
         most = gl.maximum(most, gl.max(positions, 0))
         if RAGGED:
@@ -1654,7 +1601,6 @@ def _prefix_kernel_sm90(
     slot_cta = cta  # the CTA's partial slots (_partial_rows)
     min_rows = 0  # the fewest drafts of a request with rows in the head block
     share_len = 0  # the aligned plan's share length; 0: equal cuts
-    weigh_blocks = 0  # the aligned plan's head blocks, for _tile_weight
     ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
     ORDER = QO_INDPTR  # read with RAGGED alone, then set below
     if RAGGED:
@@ -1685,10 +1631,8 @@ def _prefix_kernel_sm90(
                 MAIN_WARPS,
             )
             cta = slot_cta - first_cta
-            weigh_blocks = head_blocks
         min_rows = _min_rows(head_block, num_heads, tile_rows)
-    weigh = (num_heads, tile_rows, weigh_blocks)
-    share_block = (KV_INDPTR, QO_INDPTR, min_rows, ORDER, head_block * tile_rows, weigh)
+    share_block = (KV_INDPTR, QO_INDPTR, min_rows, ORDER, head_block * tile_rows)
     if cta < ctas:
         if share_len > 0:
             s0 = cta * share_len
@@ -1709,10 +1653,7 @@ def _prefix_kernel_sm90(
         for start in range(0, batch_size, BLOCK_B):
             positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, plan_layout)
             ends = done + gl.associative_scan(positions, 0, _add)
-            if RAGGED:
-                before = ends - drafts * _draft_weight(weigh) < s0
-            else:
-                before = ends - drafts < s0
+            before = ends - drafts < s0
             b0 += gl.sum(before.to(gl.int32), 0)
             base0 += gl.sum(gl.where(before, positions, 0), 0)
             b1 += gl.sum((ends < s1).to(gl.int32), 0)

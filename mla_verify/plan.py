@@ -286,19 +286,15 @@ def plan_call(
 class SharePlan:
     """How the Hopper kernel cuts one head block's positions: share c holds
     positions ``starts[c] .. starts[c + 1] - 1``; request r's positions
-    begin at ``bases[r]`` (its prefix tiles, ``weights[r]`` positions each,
-    then its drafts, ``drafts`` of ``draft_weight``; in index order, or a
-    ragged call's order, ``ragged_order``); a request not ``present`` (no
-    heads in the head block) holds none. Weights other than 1: the aligned
-    plan (``head_block_plan``)."""
+    begin at ``bases[r]`` (its prefix tiles, then its drafts; in index
+    order, or a ragged call's order, ``ragged_order``); a request not
+    ``present`` (no heads in the head block) holds none."""
 
     tiles: list[int]
     drafts: int
     starts: list[int]
     bases: list[int]
     present: list[bool]
-    weights: list[int] | None = None
-    draft_weight: int = 1
 
     @property
     def shares(self) -> int:
@@ -306,21 +302,19 @@ class SharePlan:
 
     def pieces(self) -> list[list[int]]:
         """Partial slots of each request: a share works on a request where
-        its range holds the first position of one of the request's tiles or
-        of its drafts (a share is no shorter than a tile's weight, so one
-        that overlaps them holds one); the first request a share works on
-        writes slot 2c, a later one 2c + 1."""
-        weights = self.weights or [1] * len(self.tiles)
+        its range holds one of the request's tiles or its drafts' first
+        position; the first request a share works on writes slot 2c, a later
+        one 2c + 1."""
         pieces: list[list[int]] = [[] for _ in self.tiles]
         for c in range(self.shares):
             lo, hi = self.starts[c], self.starts[c + 1]
             worked = sorted(
                 (
                     r
-                    for r, (base, tiles, weight, present) in enumerate(
-                        zip(self.bases, self.tiles, weights, self.present)
+                    for r, (base, tiles, present) in enumerate(
+                        zip(self.bases, self.tiles, self.present)
                     )
-                    if present and lo <= base + weight * tiles and base < hi
+                    if present and lo <= base + tiles and base < hi
                 ),
                 key=lambda r: self.bases[r],
             )
@@ -404,21 +398,6 @@ def share_plan(
     return SharePlan(tiles=tiles, drafts=drafts, starts=starts, bases=bases, present=present)
 
 
-def _share_len(totals: list[int], grid: int, blocks: int, batch_size: int, min_share: int) -> int:
-    """The aligned plan's share length (kernel_sm90._share_len and
-    kernel._share_len compute the same): the least that fits every head
-    block's shares (``totals`` positions each) in the grid; at least
-    ``min_share`` tiles of the heaviest weight, so that a share that
-    overlaps a request's tiles holds the first position of one; and no
-    shorter than the cap of 1 + 4 sqrt(P) shares a request (``share_plan``)
-    allows the first head block, which holds every request (P in tiles
-    every head block reads)."""
-    fit = -(-sum(totals) // (grid - blocks)) if grid > blocks else totals[0]
-    tiles = totals[0] // hopper.tile_weight(blocks)
-    cap = math.isqrt(16 * tiles * batch_size) + batch_size
-    return max(fit, min_share * hopper.tile_weight(1), -(-totals[0] // cap))
-
-
 def _has_rows(head_block: int, tile_rows: int, num_heads: int, draft_count: int) -> bool:
     """Whether a request of ``draft_count`` drafts has rows in head block
     ``head_block``: its H E rows packed densely, tile_rows = BLOCK_H x L a
@@ -493,12 +472,12 @@ def head_block_plan(
     that the CTAs of the head blocks that read one prefix tile read it at
     about the same time and the L2 serves all but the first read (with
     shares cut apart, the ragged H64 L4 row read its KV from memory 2.5
-    times). A tile weighs ``hopper.tile_weight`` of the number of head
-    blocks that hold its request (fewer readers, more of it from memory),
-    the drafts DRAFT_POSITIONS (unless every request holds as many tiles,
-    then one) tiles of the lightest weight, the same in every head block,
-    so the positions stay aligned. Head block k takes ceil(T_k / S) CTAs,
-    one head block after another, T_k its positions; S is ``_share_len``'s."""
+    times). Head block k takes ceil(T_k / S) CTAs, one head block after
+    another, T_k its positions (drafts weighing DRAFT_POSITIONS unless
+    every request holds as many tiles, then one); S is the least that
+    fits the grid, ceil(sum T / (grid - head blocks)), at least
+    ``min_share`` and no shorter than the cap of ``share_plan`` allows the
+    first head block (it holds every request)."""
     blocks = hopper.head_blocks(num_heads, block_h)
     tile_rows = block_h * draft_len
     tiles = [-(-n // hopper.TOKENS) for n in prefix_lens]
@@ -509,20 +488,15 @@ def head_block_plan(
     if all(all(p) for p in present):
         shares = [share_plan(prefix_lens, ctas, min_share, p, order) for p in present]
     else:
-        # The drafts' count is the batch's (stage 1 plans it over every
-        # request), the same in every head block. A tile weighs
-        # tile_weight(head blocks holding its request), the drafts' positions
-        # as much as a tile every head block reads.
+        # The drafts' weight is the batch's (stage 1 plans it over every
+        # request), the same in every head block.
         _, drafts = _positions(tiles, [True] * len(tiles))
-        readers = [sum(p[r] for p in present) for r in range(len(tiles))]
-        weights = [hopper.tile_weight(n) for n in readers]
-        draft_weight = hopper.tile_weight(blocks)
-        positions = [
-            [w * t + drafts * draft_weight if has else 0 for w, t, has in zip(weights, tiles, p)]
-            for p in present
-        ]
+        positions = [_positions(tiles, p, drafts)[0] for p in present]
         totals = [sum(p) for p in positions]
-        share_len = _share_len(totals, blocks * ctas, blocks, len(tiles), min_share)
+        grid, batch_size = blocks * ctas, len(tiles)
+        cap = math.isqrt(16 * totals[0] * batch_size) + batch_size
+        fit = -(-sum(totals) // (grid - blocks)) if grid > blocks else totals[0]
+        share_len = max(fit, min_share, -(-totals[0] // cap))
         used = [-(-total // share_len) for total in totals]
         first_ctas = [sum(used[:k]) for k in range(blocks)]
         shares = [
@@ -532,8 +506,6 @@ def head_block_plan(
                 starts=[min(c * share_len, total) for c in range(n + 1)],
                 bases=_bases(w, order),
                 present=p,
-                weights=weights,
-                draft_weight=draft_weight,
             )
             if n
             else None
