@@ -360,6 +360,13 @@ def _count_classes(draft_len):
     return 1 << int(draft_len).bit_length()
 
 
+@constexpr_function
+def _order_chunk(classes):
+    # Requests _order_requests reads a step (hopper.ORDER_REQUESTS, fewer
+    # where the tile would pass PLAN_ELEMENTS).
+    return min(hopper.ORDER_REQUESTS, hopper.PLAN_ELEMENTS // int(classes))
+
+
 @gluon.jit
 def _order_requests(
     QO_INDPTR,
@@ -376,7 +383,7 @@ def _order_requests(
     # carried as tiles, reduced in the loop: triton 3.6 fails to lower a
     # loop that carries a reduction's result vector.
     CLASSES: gl.constexpr = _count_classes(DRAFT_LEN)
-    CHUNK: gl.constexpr = hopper.PLAN_ELEMENTS // CLASSES
+    CHUNK: gl.constexpr = _order_chunk(CLASSES)
     layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
     request_layout: gl.constexpr = gl.SliceLayout(0, layout)
     classes = gl.arange(0, CLASSES, layout=gl.SliceLayout(1, layout))
