@@ -138,6 +138,7 @@ def _share_positions(
     QO_INDPTR,
     req,
     batch_size,
+    last_rows,
     BLOCK_B: tl.constexpr,
     TOKENS: tl.constexpr,
     DRAFT_POSITIONS: tl.constexpr,
@@ -149,7 +150,10 @@ def _share_positions(
     # uniform one; a RAGGED call's requests in plan.ragged_order): those of
     # the requests before req, req's own and the batch's; whether every
     # request holds as many; the drafts'; and, where the call is RAGGED,
-    # the fewest drafts of any request.
+    # the fewest drafts of any request. A RAGGED call with a request of
+    # fewer than last_rows drafts (no rows in the last head block) has
+    # aligned shares, which cut requests wherever they fall: its drafts
+    # weigh DRAFT_POSITIONS whatever the tiles.
     before = 0
     ahead_count = 0
     mine = 0
@@ -177,6 +181,8 @@ def _share_positions(
         total += tl.sum(positions, 0)
         most = tl.maximum(most, tl.max(positions, 0))
     uniform = most.to(tl.int64) * batch_size == total  # int64: no wrap to equal
+    if RAGGED:
+        uniform &= fewest >= last_rows
     drafts = DRAFT_POSITIONS
     if uniform:
         drafts = 1
@@ -624,8 +630,17 @@ def _merge_shares_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     col0 = tl.program_id(2) * D_BLOCK
+    last_rows = _min_rows(head_blocks - 1, num_heads, TILE_ROWS)
     base, n, total, uniform, drafts, fewest = _share_positions(
-        KV_INDPTR, QO_INDPTR, req, batch_size, BLOCK_B, TOKENS, DRAFT_POSITIONS, RAGGED
+        KV_INDPTR,
+        QO_INDPTR,
+        req,
+        batch_size,
+        last_rows,
+        BLOCK_B,
+        TOKENS,
+        DRAFT_POSITIONS,
+        RAGGED,
     )
     # Partial rows (slot, head, draft), the slots the head block's CTAs'
     # (kernel_sm90._partial_rows).
@@ -645,7 +660,7 @@ def _merge_shares_kernel(
         row0 = head * num_rows - head_block * TILE_ROWS
         first_slot = 2 * head_block * share_ctas
         block_ctas = share_ctas
-        if fewest < _min_rows(head_blocks - 1, num_heads, TILE_ROWS):
+        if fewest < last_rows:
             first_cta, total, share_len, base = _head_block_shares(
                 KV_INDPTR,
                 QO_INDPTR,

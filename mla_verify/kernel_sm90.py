@@ -1599,8 +1599,11 @@ def _prefix_kernel_sm90(
             counts = _draft_counts(QO_INDPTR, start, batch_size, BLOCK_B, DRAFT_LEN, plan_layout)
             fewest = gl.minimum(fewest, gl.min(counts, 0))
     # A ragged batch's drafts weigh DRAFT_POSITIONS (int64: no wrap to
-    # equal).
+    # equal); so do those of a batch whose shares are aligned
+    # (_head_block_plan), which cut requests wherever they fall.
     uniform = most.to(gl.int64) * batch_size == total
+    if RAGGED:
+        uniform &= fewest >= _min_rows(gl.num_programs(0) - 1, num_heads, tile_rows)
     drafts = DRAFT_POSITIONS
     if uniform:
         drafts = 1

@@ -473,11 +473,11 @@ def head_block_plan(
     about the same time and the L2 serves all but the first read (with
     shares cut apart, the ragged H64 L4 row read its KV from memory 2.5
     times). Head block k takes ceil(T_k / S) CTAs, one head block after
-    another, T_k its positions (drafts weighing DRAFT_POSITIONS unless
-    every request holds as many tiles, then one); S is the least that
-    fits the grid, ceil(sum T / (grid - head blocks)), at least
-    ``min_share`` and no shorter than the cap of ``share_plan`` allows the
-    first head block (it holds every request)."""
+    another, T_k its positions (drafts weighing DRAFT_POSITIONS, even
+    where every request holds as many tiles: the cuts fall anywhere); S
+    is the least that fits the grid, ceil(sum T / (grid - head blocks)),
+    at least ``min_share`` and no shorter than the cap of ``share_plan``
+    allows the first head block (it holds every request)."""
     blocks = hopper.head_blocks(num_heads, block_h)
     tile_rows = block_h * draft_len
     tiles = [-(-n // hopper.TOKENS) for n in prefix_lens]
@@ -488,9 +488,10 @@ def head_block_plan(
     if all(all(p) for p in present):
         shares = [share_plan(prefix_lens, ctas, min_share, p, order) for p in present]
     else:
-        # The drafts' weight is the batch's (stage 1 plans it over every
-        # request), the same in every head block.
-        _, drafts = _positions(tiles, [True] * len(tiles))
+        # The drafts weigh DRAFT_POSITIONS in every head block: aligned
+        # shares cut requests wherever they fall, even where every request
+        # holds as many tiles.
+        drafts = hopper.DRAFT_POSITIONS
         positions = [_positions(tiles, p, drafts)[0] for p in present]
         totals = [sum(p) for p in positions]
         grid, batch_size = blocks * ctas, len(tiles)

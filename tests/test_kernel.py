@@ -488,14 +488,16 @@ def _check_merged(out, model, part_o, part_lse, heads, draft_len, counts):
         (6, 2, 2, 4, 1, [2] * 6),
     ],
 )
+@pytest.mark.parametrize("equal_prefixes", [False, True])
 def test_merge_after_shares_over_head_blocks(
-    heads, block_h, draft_len, ctas, min_share, counts, device
+    heads, block_h, draft_len, ctas, min_share, counts, equal_prefixes, device
 ):
     """A ragged batch over several head blocks: stage 2 follows the host
     model of the Hopper kernel's plan (aligned shares, as many CTAs a head
     block as it has shares, a request of fewer drafts in fewer head blocks)
-    for every (request, head)."""
-    prefix_lens = [(b * 431) % 1500 for b in range(len(counts))]
+    for every (request, head); with prefixes of equal length too, where
+    only aligned shares weigh the drafts as a ragged batch's."""
+    prefix_lens = [600 if equal_prefixes else (b * 431) % 1500 for b in range(len(counts))]
     batch = make_batch(heads, draft_len, prefix_lens, draft_counts=counts, device=device)
     model = plan.head_block_plan(prefix_lens, counts, heads, block_h, draft_len, ctas, min_share)
     blocks = hopper.head_blocks(heads, block_h)
@@ -544,6 +546,9 @@ def test_ragged_plan_aligns_head_blocks(
     for share in model.shares:
         if share is None:
             continue
+        # The cuts fall anywhere, so the drafts weigh a segment's fixed
+        # cost even where every request holds as many tiles.
+        assert share.drafts == hopper.DRAFT_POSITIONS
         total = share.starts[-1]
         assert share.starts == [min(c * share_len, total) for c in range(share.shares + 1)]
         held = [b for b in order if share.present[b]]
