@@ -133,10 +133,19 @@ def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
+def _ahead_in_order(rows, offs_b, own, req):
+    # Whether requests offs_b, of `rows` drafts, come before request req,
+    # of `own`, in a RAGGED call's order (plan.ragged_order: more drafts
+    # first, then by index).
+    return (rows > own) | ((rows == own) & (offs_b < req))
+
+
+@triton.jit
 def _share_positions(
     KV_INDPTR,
     QO_INDPTR,
     req,
+    own,
     batch_size,
     last_rows,
     BLOCK_B: tl.constexpr,
@@ -150,20 +159,18 @@ def _share_positions(
     # uniform one; a RAGGED call's requests in plan.ragged_order): those of
     # the requests before req, req's own and the batch's; whether every
     # request holds as many; the drafts'; and, where the call is RAGGED,
-    # the fewest drafts of any request. A RAGGED call with a request of
-    # fewer than last_rows drafts (no rows in the last head block) has
-    # aligned shares, which cut requests wherever they fall: its drafts
-    # weigh DRAFT_POSITIONS whatever the tiles.
+    # the fewest drafts of any request (req's own: `own`). A RAGGED call
+    # with a request of fewer than last_rows drafts (no rows in the last
+    # head block) has aligned shares, which cut requests wherever they
+    # fall: its drafts weigh DRAFT_POSITIONS whatever the tiles.
     before = 0
     ahead_count = 0
     mine = 0
     total = 0
     most = 0
     fewest = 0
-    own = 0
     if RAGGED:
         fewest = (tl.load(QO_INDPTR + 1) - tl.load(QO_INDPTR)).to(tl.int32)
-        own = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
     for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
         mask_b = offs_b < batch_size
@@ -173,7 +180,7 @@ def _share_positions(
         if RAGGED:
             rows = tl.where(mask_b, _prefix_lens(QO_INDPTR, offs_b, mask_b), fewest)
             fewest = tl.minimum(fewest, tl.min(rows, 0))
-            ahead = (rows > own) | ((rows == own) & ahead)
+            ahead = _ahead_in_order(rows, offs_b, own, req)
         ahead &= mask_b
         before += tl.sum(tl.where(ahead, positions, 0), 0)
         ahead_count += tl.sum(ahead.to(tl.int32), 0)
@@ -218,6 +225,7 @@ def _head_block_shares(
     KV_INDPTR,
     QO_INDPTR,
     req,
+    own,
     head_block,
     batch_size,
     num_heads,
@@ -243,7 +251,6 @@ def _head_block_shares(
     # two).
     blocks = tl.arange(0, HEAD_BLOCKS)
     min_rows = _min_rows(blocks, num_heads, tile_rows)
-    own = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
     # Sums carried as tiles, reduced after the loop: triton 3.6 fails to
     # lower a loop that carries a reduction's result vector.
     total = tl.zeros([HEAD_BLOCKS, BLOCK_B], dtype=tl.int32)
@@ -258,7 +265,7 @@ def _head_block_shares(
         tiles = tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), TOKENS)
         positions = tl.where(inside, (tiles + drafts)[None, :], 0)
         total += positions
-        ahead = (rows > own) | ((rows == own) & (offs_b < req))
+        ahead = _ahead_in_order(rows, offs_b, own, req)
         before += tl.where(ahead[None, :], positions, 0)
     total = tl.sum(total, 1)
     before = tl.sum(before, 1)
@@ -630,11 +637,14 @@ def _merge_shares_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     col0 = tl.program_id(2) * D_BLOCK
+    q_first = tl.load(QO_INDPTR + req)
+    num_rows = (tl.load(QO_INDPTR + req + 1) - q_first).to(tl.int32)  # the request's drafts
     last_rows = _min_rows(head_blocks - 1, num_heads, TILE_ROWS)
     base, n, total, uniform, drafts, fewest = _share_positions(
         KV_INDPTR,
         QO_INDPTR,
         req,
+        num_rows,
         batch_size,
         last_rows,
         BLOCK_B,
@@ -654,7 +664,6 @@ def _merge_shares_kernel(
         # drafts pack H E rows densely, TILE_ROWS a tile). Where some
         # request has no rows in some head block, the plan is aligned
         # (kernel_sm90's); else each head block has a row of the grid.
-        num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
         head_block = head * num_rows // TILE_ROWS
         row_stride = TILE_ROWS
         row0 = head * num_rows - head_block * TILE_ROWS
@@ -665,6 +674,7 @@ def _merge_shares_kernel(
                 KV_INDPTR,
                 QO_INDPTR,
                 req,
+                num_rows,
                 head_block,
                 batch_size,
                 num_heads,
@@ -710,8 +720,6 @@ def _merge_shares_kernel(
     if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
         gdc_wait()
     if c0 != c1:  # else one CTA held the whole request and wrote its output
-        q_first = tl.load(QO_INDPTR + req)
-        num_rows = (tl.load(QO_INDPTR + req + 1) - q_first).to(tl.int32)
         # CTA c0's part is its first segment when no earlier request has
         # work in its range (the previous drafts' first position is before
         # it), else its last (slot 2 c0 + 1); the later CTAs' is their

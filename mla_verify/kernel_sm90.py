@@ -1602,8 +1602,10 @@ def _prefix_kernel_sm90(
     # equal); so do those of a batch whose shares are aligned
     # (_head_block_plan), which cut requests wherever they fall.
     uniform = most.to(gl.int64) * batch_size == total
+    # The fewest drafts of a request with rows in the last head block.
+    last_rows = _min_rows(gl.num_programs(0) - 1, num_heads, tile_rows)
     if RAGGED:
-        uniform &= fewest >= _min_rows(gl.num_programs(0) - 1, num_heads, tile_rows)
+        uniform &= fewest >= last_rows
     drafts = DRAFT_POSITIONS
     if uniform:
         drafts = 1
@@ -1627,7 +1629,7 @@ def _prefix_kernel_sm90(
         ) + slot_cta.to(gl.int64) * batch_size
         _order_requests(QO_INDPTR, ORDER, batch_size, DRAFT_LEN, MAIN_WARPS)
         _warps_barrier()  # every place stored before any is read
-        if fewest < _min_rows(head_blocks - 1, num_heads, tile_rows):
+        if fewest < last_rows:
             head_block, first_cta, ctas, total, share_len = _head_block_plan(
                 (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
                 batch_size,
