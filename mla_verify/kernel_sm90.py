@@ -121,18 +121,6 @@ RING_ROPE = gl.constexpr(problem.D_ROPE)
 
 
 @gluon.jit
-def _now(x):
-    return gl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=gl.int64, is_pure=False, pack=1
-    )
-
-
-PROBE_TIMES = [None]
-import os
-ORDER_VARIANT = gl.constexpr(int(os.environ.get('MLA_ORDER_VARIANT', '0')))
-
-
-@gluon.jit
 def _add(a, b):
     return a + b
 
@@ -1555,7 +1543,6 @@ def _prefix_kernel_sm90(
     MASK_INDPTR,
     PART_O,
     PART_LSE,
-    TIMES,
     stride_q_tok,
     stride_q_head,
     stride_k_slot,
@@ -1595,8 +1582,6 @@ def _prefix_kernel_sm90(
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    stamp_id = (head_block * gl.num_programs(1) + cta) * 12
-    gl.store(TIMES + stamp_id, _now(cta))
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
     # The share (module docstring): the head block's positions, cut into
     # equal ranges, one per CTA, of min_share positions at least.
@@ -1642,11 +1627,8 @@ def _prefix_kernel_sm90(
         ORDER = (PART_O + partials.to(gl.int64) * D_V).to(
             gl.pointer_type(gl.int32), bitcast=True
         ) + slot_cta.to(gl.int64) * batch_size
-        gl.store(TIMES + stamp_id + 4, _now(cta))
         _order_requests(QO_INDPTR, ORDER, batch_size, DRAFT_LEN, MAIN_WARPS)
-        gl.store(TIMES + stamp_id + 5, _now(cta))
         _warps_barrier()  # every place stored before any is read
-        gl.store(TIMES + stamp_id + 6, _now(cta))
         if fewest < last_rows:
             head_block, first_cta, ctas, total, share_len = _head_block_plan(
                 (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
@@ -1663,8 +1645,6 @@ def _prefix_kernel_sm90(
             cta = slot_cta - first_cta
         min_rows = _min_rows(head_block, num_heads, tile_rows)
     share_block = (KV_INDPTR, QO_INDPTR, min_rows, ORDER, head_block * tile_rows)
-    gl.store(TIMES + stamp_id + 1, _now(cta))
-    gl.store(TIMES + stamp_id + 3, (head_block * 65536 + cta).to(gl.int64))
     if cta < ctas:
         if share_len > 0:
             s0 = cta * share_len
@@ -1691,11 +1671,6 @@ def _prefix_kernel_sm90(
             b1 += gl.sum((ends < s1).to(gl.int32), 0)
             done += gl.sum(positions, 0)
         share = (share_block, b0, b1, base0, s0, s1, drafts)
-        gl.store(TIMES + stamp_id + 7, _now(cta))
-        gl.store(TIMES + stamp_id + 8, (s1 - s0).to(gl.int64))
-        gl.store(TIMES + stamp_id + 9, (b1 - b0 + 1).to(gl.int64))
-        gl.store(TIMES + stamp_id + 10, s0.to(gl.int64))
-        gl.store(TIMES + stamp_id + 11, b0.to(gl.int64))
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
         scales = (score_scale, draft_scale, v_scale)
@@ -1822,7 +1797,6 @@ def _prefix_kernel_sm90(
                 [WARPGROUP, PRODUCER_WARPS],
                 [VALUE_REGS, PRODUCER_REGS],
             )
-            gl.store(TIMES + stamp_id + 2, _now(cta))
         else:
             # The bf16 tile the consumers read with fp8 KV, widened:
             # K's scored columns, its rope columns (MLA; V is the
@@ -1878,7 +1852,6 @@ def _prefix_kernel_sm90(
                 [PRODUCER_WARPS],
                 [PRODUCER_REGS],
             )
-            gl.store(TIMES + stamp_id + 2, _now(cta))
 
 
 def launch_prefix(
@@ -1951,7 +1924,6 @@ def launch_prefix(
         mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
-        PROBE_TIMES[0],
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
