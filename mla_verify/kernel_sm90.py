@@ -121,19 +121,6 @@ RING_ROPE = gl.constexpr(problem.D_ROPE)
 
 
 @gluon.jit
-def _now(x):
-    return gl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=gl.int64, is_pure=False, pack=1
-    )
-
-
-PROBE_TIMES = [None]
-import os
-
-ORDER_VARIANT = gl.constexpr(int(os.environ.get("MLA_ORDER_VARIANT", "0")))
-
-
-@gluon.jit
 def _add(a, b):
     return a + b
 
@@ -1271,7 +1258,6 @@ def _consume_scores(
     V_EXT_FROM_K: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
-    probe,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
     # the online softmax, and the first half of the output columns.
@@ -1287,18 +1273,11 @@ def _consume_scores(
     ready, empty, p_bar, sums_bar, sums_free = bars
     score_scale, draft_scale, v_scale = scales
     _, b0, b1, base, _, _, _ = share
-    TIMES, stamp_id = probe
-    gl.store(TIMES + stamp_id + 12, _now(b0))
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
     segment = _segment(share, gl.minimum(b0, b1), base)
-    gl.store(TIMES + stamp_id + 13, _now(b0))
-    # Once the segment's loads have landed: the stamp's operand reads them.
-    landed = segment[5][0].to(gl.int32) + segment[5][1] + segment[0].to(gl.int32)
-    gl.store(TIMES + stamp_id + 18, _now(landed))
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
     )
-    gl.store(TIMES + stamp_id + 14, _now(b0))
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -1306,8 +1285,6 @@ def _consume_scores(
         # again on the last).
         segment = _segment(share, gl.minimum(b + 1, b1), base)
         _await_q()
-        if b == b0:
-            gl.store(TIMES + stamp_id + 15, _now(b0))
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
@@ -1323,10 +1300,6 @@ def _consume_scores(
                     masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
                 )
             qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
-            if tile == 0:
-                gl.store(TIMES + stamp_id + 16, _now(b0))
-            if tile == 1:
-                gl.store(TIMES + stamp_id + 17, _now(b0))
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
@@ -1570,7 +1543,6 @@ def _prefix_kernel_sm90(
     MASK_INDPTR,
     PART_O,
     PART_LSE,
-    TIMES,
     stride_q_tok,
     stride_q_head,
     stride_k_slot,
@@ -1610,8 +1582,6 @@ def _prefix_kernel_sm90(
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    stamp_id = (head_block * gl.num_programs(1) + cta) * 20
-    gl.store(TIMES + stamp_id, _now(cta))
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
     # The share (module docstring): the head block's positions, cut into
     # equal ranges, one per CTA, of min_share positions at least.
@@ -1657,11 +1627,8 @@ def _prefix_kernel_sm90(
         ORDER = (PART_O + partials.to(gl.int64) * D_V).to(
             gl.pointer_type(gl.int32), bitcast=True
         ) + slot_cta.to(gl.int64) * batch_size
-        gl.store(TIMES + stamp_id + 4, _now(cta))
         _order_requests(QO_INDPTR, ORDER, batch_size, DRAFT_LEN, MAIN_WARPS)
-        gl.store(TIMES + stamp_id + 5, _now(cta))
         _warps_barrier()  # every place stored before any is read
-        gl.store(TIMES + stamp_id + 6, _now(cta))
         if fewest < last_rows:
             head_block, first_cta, ctas, total, share_len = _head_block_plan(
                 (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
@@ -1678,8 +1645,6 @@ def _prefix_kernel_sm90(
             cta = slot_cta - first_cta
         min_rows = _min_rows(head_block, num_heads, tile_rows)
     share_block = (KV_INDPTR, QO_INDPTR, min_rows, ORDER, head_block * tile_rows)
-    gl.store(TIMES + stamp_id + 1, _now(cta))
-    gl.store(TIMES + stamp_id + 3, (head_block * 65536 + cta).to(gl.int64))
     if cta < ctas:
         if share_len > 0:
             s0 = cta * share_len
@@ -1706,11 +1671,6 @@ def _prefix_kernel_sm90(
             b1 += gl.sum((ends < s1).to(gl.int32), 0)
             done += gl.sum(positions, 0)
         share = (share_block, b0, b1, base0, s0, s1, drafts)
-        gl.store(TIMES + stamp_id + 7, _now(cta))
-        gl.store(TIMES + stamp_id + 8, (s1 - s0).to(gl.int64))
-        gl.store(TIMES + stamp_id + 9, (b1 - b0 + 1).to(gl.int64))
-        gl.store(TIMES + stamp_id + 10, s0.to(gl.int64))
-        gl.store(TIMES + stamp_id + 11, b0.to(gl.int64))
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
         scales = (score_scale, draft_scale, v_scale)
@@ -1814,7 +1774,6 @@ def _prefix_kernel_sm90(
                             V_EXT_FROM_K,
                             PREFIX_MASK,
                             DRAFT_MASK,
-                            (TIMES, stamp_id),
                         ),
                     ),
                     (
@@ -1838,7 +1797,6 @@ def _prefix_kernel_sm90(
                 [WARPGROUP, PRODUCER_WARPS],
                 [VALUE_REGS, PRODUCER_REGS],
             )
-            gl.store(TIMES + stamp_id + 2, _now(cta))
         else:
             # The bf16 tile the consumers read with fp8 KV, widened:
             # K's scored columns, its rope columns (MLA; V is the
@@ -1894,7 +1852,6 @@ def _prefix_kernel_sm90(
                 [PRODUCER_WARPS],
                 [PRODUCER_REGS],
             )
-            gl.store(TIMES + stamp_id + 2, _now(cta))
 
 
 def launch_prefix(
@@ -1967,7 +1924,6 @@ def launch_prefix(
         mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
-        PROBE_TIMES[0],
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
