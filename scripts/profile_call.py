@@ -7,11 +7,11 @@
 builds the shape's batch as ``bench.py`` does (one set, in a pool sized to
 it, so not the bench's values) and makes ``--calls`` eager calls of
 ``verify_mla_fwd`` with the config the shipped table gives (each call:
-stage 1, then stage 2). It times
-nothing itself. ``--draft-counts`` gives every request's draft count
-instead of the shape's (``4*31,3``: 31 requests of 4, then one of 3), so a
-ragged batch's cost can be taken apart by count. Without a GPU it runs
-under Triton's interpreter (``TRITON_INTERPRET=1``), on small shapes only.
+stage 1, then stage 2). It times nothing itself. ``--draft-counts`` gives
+every request's draft count instead of the shape's (``4*31,3``: 31
+requests of 4, then one of 3), so a ragged batch's cost can be taken apart
+by count. Without a GPU it runs under Triton's interpreter
+(``TRITON_INTERPRET=1``), on small shapes only.
 """
 
 from __future__ import annotations
