@@ -1157,8 +1157,10 @@ def _consume(
     wide_nope, wide_rope, wide_v = wide  # read with fp8 KV only
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
-    # Its query rows are on their way (_prefix_kernel_sm90).
     segment = _segment(share, gl.minimum(b0, b1), base)
+    _stage_next(
+        segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
+    )
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -1315,8 +1317,10 @@ def _consume_scores(
     score_scale, draft_scale, v_scale = scales
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
-    # Its query rows are on their way (_prefix_kernel_sm90).
     segment = _segment(share, gl.minimum(b0, b1), base)
+    _stage_next(
+        segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
+    )
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -1738,22 +1742,6 @@ def _prefix_kernel_sm90(
         # them (_issue_q).
         q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, RING_ROPE], rope_smem)
-        # The first segment's rows, sent by the warps that will read them
-        # before the producer starts: behind its ring fill (two tiles from
-        # every SM at once) they landed 1-4 us later (stamped).
-        first_segment = _segment(share, gl.minimum(b0, b1), base0)
-        _stage_next(
-            first_segment,
-            b0 - 1,
-            b1,
-            q_nope,
-            q_rope,
-            q_args,
-            out_args,
-            BLOCK_H,
-            DRAFT_LEN,
-            MAIN_WARPS,
-        )
         # The ring holds KV rows as stored; with fp8 KV (columns), one
         # bf16 tile besides (module docstring).
         kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
