@@ -311,6 +311,7 @@ def _compile_hopper_kernel(
         BLOCK_H=config.BLOCK_H,
         BLOCK_B=kernel.PLAN_BLOCK,
         HEAD_BLOCKS=hopper.plan_width(head_blocks),
+        PLAN_REQUESTS=hopper.plan_requests(head_blocks, kernel.PLAN_BLOCK),
         V_EXT_FROM_K=False,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)

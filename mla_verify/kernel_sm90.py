@@ -320,21 +320,19 @@ def _positions(
 
 
 @gluon.jit
-def _indptr_lengths(INDPTR, offs, mask):
-    # INDPTR[b + 1] - INDPTR[b] of requests offs (0 where not mask), int32.
-    ends = gl.load(INDPTR + offs + 1, mask=mask, other=0)
-    return (ends - gl.load(INDPTR + offs, mask=mask, other=0)).to(gl.int32)
-
-
-@gluon.jit
 def _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts):
     # Positions of requests offs (0 where not mask, and for a request
     # with fewer than min_rows drafts: no rows in the head block): one
     # per prefix tile, and `drafts` for the drafts.
-    lens = _indptr_lengths(KV_INDPTR, offs, mask)
+    lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+        KV_INDPTR + offs, mask=mask, other=0
+    )
     if RAGGED:
-        mask &= _indptr_lengths(QO_INDPTR, offs, mask) >= min_rows
-    return gl.where(mask, (lens + TOKENS - 1) // TOKENS + drafts, 0)
+        rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            QO_INDPTR + offs, mask=mask, other=0
+        )
+        mask &= rows.to(gl.int32) >= min_rows
+    return gl.where(mask, (lens.to(gl.int32) + TOKENS - 1) // TOKENS + drafts, 0)
 
 
 @gluon.jit
@@ -350,7 +348,10 @@ def _draft_counts(
     # batch).
     offs = start + gl.arange(0, BLOCK_B, layout=layout)
     mask = offs < batch_size
-    return gl.where(mask, _indptr_lengths(QO_INDPTR, offs, mask), DRAFT_LEN)
+    rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+        QO_INDPTR + offs, mask=mask, other=0
+    )
+    return gl.where(mask, rows.to(gl.int32), DRAFT_LEN)
 
 
 @constexpr_function
@@ -366,81 +367,32 @@ def _order_chunk(classes):
     return min(hopper.ORDER_REQUESTS, hopper.PLAN_ELEMENTS // int(classes))
 
 
-@constexpr_function
-def _plan_tile_layout(warps):
-    # The plan's (draft count or head block, request) tiles: requests
-    # across the lanes and warps, the other axis in every thread's
-    # registers (its sums stay in the thread).
-    return gl.BlockedLayout([1, 1], [1, 32], [1, int(warps)], [1, 0])
-
-
-@gluon.jit
-def _draft_histogram(
-    KV_INDPTR,
-    QO_INDPTR,
-    batch_size,
-    DRAFT_LEN: gl.constexpr,
-    WARPS: gl.constexpr,
-):
-    # A ragged batch's requests by draft count e (0 .. CLASSES - 1): how
-    # many have e drafts, their prefix tiles, and the most positions of a
-    # request with its drafts as one. The plan's sums all follow from them
-    # (_more_drafts, _block_positions), in one pass over the batch: a
-    # pass is a global round trip and cross-warp sums, and a CTA plans
-    # alone before it reads a tile. Sums carried as tiles, reduced after
-    # the loop: triton 3.6 fails to lower a loop that carries a
-    # reduction's result vector.
-    CLASSES: gl.constexpr = _count_classes(DRAFT_LEN)
-    CHUNK: gl.constexpr = _order_chunk(CLASSES)
-    layout: gl.constexpr = _plan_tile_layout(WARPS)
-    classes = gl.arange(0, CLASSES, layout=gl.SliceLayout(1, layout))
-    requests = gl.zeros([CLASSES, CHUNK], gl.int32, layout=layout)
-    tiles = gl.zeros([CLASSES, CHUNK], gl.int32, layout=layout)
-    most = 0
-    for start in range(0, batch_size, CHUNK):
-        offs = start + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
-        mask = offs < batch_size
-        prefix_tiles = (_indptr_lengths(KV_INDPTR, offs, mask) + TOKENS - 1) // TOKENS
-        most = gl.maximum(most, gl.max(gl.where(mask, prefix_tiles + 1, 0), 0))
-        # A count of -1 past the batch matches no class.
-        rows = gl.where(mask, _indptr_lengths(QO_INDPTR, offs, mask), -1)
-        same = rows[None, :] == classes[:, None]
-        requests += same.to(gl.int32)
-        tiles += gl.where(same, prefix_tiles[None, :], 0)
-    return gl.sum(requests, 1), gl.sum(tiles, 1), most
-
-
-@gluon.jit
-def _more_drafts(requests, DRAFT_LEN: gl.constexpr):
-    # For each draft count e, the requests with more than e drafts
-    # (requests: _draft_histogram's, all in each thread's registers; no
-    # scan: triton 3.6 scans no slice of a tile's layout).
-    CLASSES: gl.constexpr = _count_classes(DRAFT_LEN)
-    classes = gl.arange(0, CLASSES, layout=requests.type.layout)
-    more = gl.zeros_like(requests)
-    for e in gl.static_range(1, CLASSES):
-        more += gl.where(classes < e, gl.sum(gl.where(classes == e, requests, 0), 0), 0)
-    return more
-
-
 @gluon.jit
 def _order_requests(
     QO_INDPTR,
     ORDER,
     batch_size,
-    more,
     DRAFT_LEN: gl.constexpr,
     WARPS: gl.constexpr,
 ):
     # ORDER[i] = the request at place i of plan.ragged_order, most drafts
     # first, then by index: request b's place is the number of requests
-    # with more drafts (`more`, _more_drafts) plus that of the requests
-    # before b with as many. Sums carried as tiles, as in _draft_histogram.
+    # with more drafts plus that of the requests before b with as many.
+    # One pass counts the requests with more drafts than each count, one
+    # places the requests (a count of -1 past the batch matches none). Sums
+    # carried as tiles, reduced in the loop: triton 3.6 fails to lower a
+    # loop that carries a reduction's result vector.
     CLASSES: gl.constexpr = _count_classes(DRAFT_LEN)
     CHUNK: gl.constexpr = _order_chunk(CLASSES)
-    layout: gl.constexpr = _plan_tile_layout(WARPS)
+    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
     request_layout: gl.constexpr = gl.SliceLayout(0, layout)
     classes = gl.arange(0, CLASSES, layout=gl.SliceLayout(1, layout))
+    # Requests with more than e drafts, for each count e.
+    more = gl.zeros([CLASSES, CHUNK], gl.int32, layout=layout)
+    for start in range(0, batch_size, CHUNK):
+        rows = _draft_counts(QO_INDPTR, start, batch_size, CHUNK, -1, request_layout)
+        more += (rows[None, :] > classes[:, None]).to(gl.int32)
+    more = gl.sum(more, 1)
     seen = gl.zeros([CLASSES, CHUNK], gl.int32, layout=layout)
     for start in range(0, batch_size, CHUNK):
         offs = start + gl.arange(0, CHUNK, layout=request_layout)
@@ -450,21 +402,6 @@ def _order_requests(
         place = gl.sum(same * (more[:, None] + before), 0)
         gl.store(ORDER + place, offs, mask=offs < batch_size)
         seen += same
-
-
-@gluon.jit
-def _block_positions(requests, tiles, min_rows, drafts, DRAFT_LEN: gl.constexpr):
-    # Each head block's positions: the prefix tiles of the requests with
-    # min_rows drafts at least (a vector, one a head block), plus `drafts`
-    # each (requests, tiles: _draft_histogram's).
-    CLASSES: gl.constexpr = _count_classes(DRAFT_LEN)
-    classes = gl.arange(0, CLASSES, layout=requests.type.layout)
-    total = gl.zeros_like(min_rows)
-    for e in gl.static_range(CLASSES):
-        here = classes == e
-        count_positions = gl.sum(gl.where(here, tiles + drafts * requests, 0), 0)
-        total += gl.where(min_rows <= e, count_positions, 0)
-    return total
 
 
 @gluon.jit
@@ -483,15 +420,15 @@ def _share_len(positions, first_positions, grid_ctas, head_blocks, batch_size, m
 
 @gluon.jit
 def _head_block_plan(
-    histogram,
+    share_block,
     batch_size,
     grid_cta,
     grid_ctas,
     head_blocks,
     drafts,
     min_share,
+    BLOCK_B: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
     WARPS: gl.constexpr,
 ):
     # The aligned plan (plan.head_block_plan models it), where some
@@ -504,15 +441,35 @@ def _head_block_plan(
     # the CTAs reading it do so at about the same time (the L2 serves the
     # later reads). Returns grid CTA grid_cta's head block, that head
     # block's first CTA, CTA count and positions, and the share length.
-    # Every head block at once (HEAD_BLOCKS >= head_blocks, a power of
-    # two), from the batch's histogram (_draft_histogram); no scan nor
-    # layout change (either left the consumers' loop spilling: 1.2x
-    # slower).
-    requests, tiles, num_heads, tile_rows = histogram
-    blocks = gl.arange(0, HEAD_BLOCKS, layout=gl.SliceLayout(1, _plan_tile_layout(WARPS)))
+    # One pass over the batch for every head block at once (HEAD_BLOCKS
+    # >= head_blocks, a power of two); no scan nor layout change (either
+    # left the consumers' loop spilling: 1.2x slower).
+    KV_INDPTR, QO_INDPTR, num_heads, tile_rows = share_block
+    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+    block_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    request_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    blocks = gl.arange(0, HEAD_BLOCKS, layout=block_layout)
     min_rows = _min_rows(blocks, num_heads, tile_rows)
-    total = _block_positions(requests, tiles, min_rows, drafts, DRAFT_LEN)
-    total = gl.where(blocks < head_blocks, total, 0)
+    # Sums carried as a tile, reduced after the loop: triton 3.6 fails to
+    # lower a loop that carries a slice of a tile's layout.
+    total = gl.zeros([HEAD_BLOCKS, BLOCK_B], gl.int32, layout=layout)
+    for start in range(0, batch_size, BLOCK_B):
+        offs = start + gl.arange(0, BLOCK_B, layout=request_layout)
+        mask = offs < batch_size
+        lens = gl.load(KV_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            KV_INDPTR + offs, mask=mask, other=0
+        )
+        rows = gl.load(QO_INDPTR + offs + 1, mask=mask, other=0) - gl.load(
+            QO_INDPTR + offs, mask=mask, other=0
+        )
+        inside = (
+            (rows.to(gl.int32)[None, :] >= min_rows[:, None])
+            & (blocks < head_blocks)[:, None]
+            & mask[None, :]
+        )
+        tiles = (lens.to(gl.int32) + TOKENS - 1) // TOKENS
+        total += gl.where(inside, (tiles + drafts)[None, :], 0)
+    total = gl.sum(total, 1)
     first_positions = gl.sum(gl.where(blocks == 0, total, 0), 0)
     share_len = _share_len(
         gl.sum(total, 0), first_positions, grid_ctas, head_blocks, batch_size, min_share
@@ -1604,6 +1561,7 @@ def _prefix_kernel_sm90(
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
+    PLAN_REQUESTS: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     SCORE_VALUE: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
@@ -1628,23 +1586,18 @@ def _prefix_kernel_sm90(
     # The share (module docstring): the head block's positions, cut into
     # equal ranges, one per CTA, of min_share positions at least.
     tile_rows: gl.constexpr = BLOCK_H * DRAFT_LEN
-    # Every request's positions, its drafts as one (total, most).
-    if RAGGED:
-        # By draft count (_draft_histogram), and the fewest drafts.
-        requests, tiles, most = _draft_histogram(
-            KV_INDPTR, QO_INDPTR, batch_size, DRAFT_LEN, MAIN_WARPS
-        )
-        total = gl.sum(tiles, 0) + batch_size
-        counts = gl.arange(0, _count_classes(DRAFT_LEN), layout=requests.type.layout)
-        fewest = gl.min(gl.where(requests > 0, counts, DRAFT_LEN), 0)
-    else:
-        total = 0
-        most = 0
-        for start in range(0, batch_size, BLOCK_B):
-            offs = start + gl.arange(0, BLOCK_B, layout=plan_layout)
-            positions = _request_positions(KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1)
-            total += gl.sum(positions, 0)
-            most = gl.maximum(most, gl.max(positions, 0))
+    total = 0
+    most = 0
+    fewest = DRAFT_LEN
+    # Every request's positions, in index order (ORDER is not written yet).
+    for start in range(0, batch_size, BLOCK_B):
+        offs = start + gl.arange(0, BLOCK_B, layout=plan_layout)
+        positions = _request_positions(KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1)
+        total += gl.sum(positions, 0)
+        most = gl.maximum(most, gl.max(positions, 0))
+        if RAGGED:
+            counts = _draft_counts(QO_INDPTR, start, batch_size, BLOCK_B, DRAFT_LEN, plan_layout)
+            fewest = gl.minimum(fewest, gl.min(counts, 0))
     # A ragged batch's drafts weigh DRAFT_POSITIONS (int64: no wrap to
     # equal); so do those of a batch whose shares are aligned
     # (_head_block_plan), which cut requests wherever they fall.
@@ -1674,20 +1627,19 @@ def _prefix_kernel_sm90(
         ORDER = (PART_O + partials.to(gl.int64) * D_V).to(
             gl.pointer_type(gl.int32), bitcast=True
         ) + slot_cta.to(gl.int64) * batch_size
-        more = _more_drafts(requests, DRAFT_LEN)
-        _order_requests(QO_INDPTR, ORDER, batch_size, more, DRAFT_LEN, MAIN_WARPS)
+        _order_requests(QO_INDPTR, ORDER, batch_size, DRAFT_LEN, MAIN_WARPS)
         _warps_barrier()  # every place stored before any is read
         if fewest < last_rows:
             head_block, first_cta, ctas, total, share_len = _head_block_plan(
-                (requests, tiles, num_heads, tile_rows),
+                (KV_INDPTR, QO_INDPTR, num_heads, tile_rows),
                 batch_size,
                 slot_cta,
                 head_blocks * gl.num_programs(1),
                 head_blocks,
                 drafts,
                 min_share,
+                PLAN_REQUESTS,
                 HEAD_BLOCKS,
-                DRAFT_LEN,
                 MAIN_WARPS,
             )
             cta = slot_cta - first_cta
@@ -1990,6 +1942,7 @@ def launch_prefix(
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
         HEAD_BLOCKS=hopper.plan_width(head_blocks),
+        PLAN_REQUESTS=hopper.plan_requests(head_blocks, plan_block),
         # With a V ring (not MLA) the drafts' V goes beside their K: one tile.
         V_EXT_FROM_K=v_extend_from_k or not _mla,
         SCORE_VALUE=score_value,
