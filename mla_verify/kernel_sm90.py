@@ -118,7 +118,6 @@ RAGGED = gl.constexpr(globals().get("RAGGED", False))
 # Score/value hands P over in the ring's (64 x 64, TOKENS wide), so other
 # head dims keep the ring for that; their q buffer of it goes unused.
 RING_ROPE = gl.constexpr(problem.D_ROPE)
-Q_SENT = gl.constexpr(STAGES)  # the mbarrier past the ring's in `empty`
 
 
 @gluon.jit
@@ -152,20 +151,6 @@ def _min_rows(head_block, num_heads, tile_rows):
 
 
 @gluon.jit
-def _divmod_rows(row, num_rows):
-    # row // E and row % E for a ragged request's E = num_rows drafts
-    # (1 where E = 0), through E's float reciprocal: a division by a
-    # runtime integer is a chain of some 20 dependent instructions, and
-    # the query staging, the stores and the draft masks take one a row.
-    # Exact with a reciprocal 2 ulp off: the product's error, under
-    # (row + 1/2) / E 1.5 2^-23, stays below its distance 1 / (2 E) to an
-    # integer while row < 2^21 (here row < H L + 64, a few thousand).
-    rows = gl.maximum(num_rows, 1)
-    quotient = ((row.to(gl.float32) + 0.5) * (1.0 / rows.to(gl.float32))).to(gl.int32)
-    return quotient, row - quotient * rows
-
-
-@gluon.jit
 def _row_coords(
     head_block,
     num_heads,
@@ -181,7 +166,10 @@ def _row_coords(
     tile_rows: gl.constexpr = BLOCK_H * DRAFT_LEN
     offs_m = gl.arange(0, ROWS, layout=layout)
     if RAGGED:
-        offs_h, offs_i = _divmod_rows(head_block * tile_rows + offs_m, num_rows)
+        rows = gl.maximum(num_rows, 1)
+        row = head_block * tile_rows + offs_m
+        offs_h = row // rows
+        offs_i = row % rows
     else:
         offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
         offs_i = offs_m % DRAFT_LEN
@@ -627,17 +615,6 @@ def _issue_q(
 
 
 @gluon.jit
-def _send_first_q(empty):
-    # A ragged CTA's first query rows are sent: the producer, which waits
-    # for this before its first copies, queues its ring fill behind them.
-    # Behind the fill (two tiles from every SM at once) they landed 5-8 us
-    # after staging began, a uniform CTA's 1.7 us (stamped).
-    if RAGGED:
-        _warps_barrier()  # every warp's copies are issued
-        mbarrier.arrive(empty.index(Q_SENT), count=1)
-
-
-@gluon.jit
 def _await_q():
     # The query rows _issue_q sent have landed, for wgmma (async proxy)
     # to read, in every warp of the partition.
@@ -766,9 +743,6 @@ def _produce(
         else:
             rope_rows = nope_rows
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        if RAGGED:  # noqa: SIM102 (constexpr: not compiled for uniform)
-            if b == b0:
-                mbarrier.wait(empty.index(Q_SENT), 0)  # _send_first_q
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
@@ -877,8 +851,8 @@ def _drafts_of_rows(request, DRAFT_LEN: gl.constexpr, layout: gl.constexpr):
     # draft of row 0).
     _, num_rows, _, _, phase = request
     offs_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    if RAGGED:
-        _, offs_i = _divmod_rows(phase + offs_m, num_rows)
+    if RAGGED:  # noqa: SIM108 (constexpr: one branch is compiled)
+        offs_i = (phase + offs_m) % gl.maximum(num_rows, 1)
     else:
         offs_i = offs_m % DRAFT_LEN
     return offs_i
@@ -1144,7 +1118,6 @@ def _consume(
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, CONSUMER_WARPS
     )
-    _send_first_q(empty)
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -1305,7 +1278,6 @@ def _consume_scores(
     _stage_next(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
     )
-    _send_first_q(empty)
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -1744,13 +1716,11 @@ def _prefix_kernel_sm90(
                 gl.NVMMASharedLayout.get_default_for([TOKENS, D_V], kv_dtype),
             )
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        # Past the ring's stages, empty holds Q_SENT (_send_first_q).
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for stage in gl.static_range(STAGES):
             mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
             # Score/value: both warpgroups release each stage.
             mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
-        mbarrier.init(empty.index(Q_SENT), count=1)
         produce_args = (
             share,
             K_BUF,
