@@ -79,9 +79,10 @@ launches, each launch reading a different set of scattered KV slots (sets
 rotate so the KV read per replay is a few times the L2), reported as median,
 p20 and p80 over replays in microseconds per launch. ``torch_ref`` syncs, so
 it is timed eagerly. The contenders of a shape are timed in ``--rounds``
-interleaved rounds, each round starting with the next contender, and each
-one's replays are pooled: timed one after another, the one timed first ran
-up to 12% faster than the same config timed next (`git show b2e39e1`).
+interleaved rounds (rounded up to a multiple of the contenders), each round
+starting with the next contender, and each one's replays are pooled: timed
+one after another, the one timed first ran up to 12% faster than the same
+config timed next (`git show b2e39e1`).
 """
 
 from __future__ import annotations
@@ -1685,14 +1686,24 @@ def record_timing(row: dict[str, Any], timing: Timing, ctx: RunContext) -> None:
     row.update(metrics(timing.median_us, Work(row["bytes"], row["flops"]), ctx.ceilings))
 
 
+def balanced_rounds(rounds: int, contenders: int) -> int:
+    """``rounds`` rounded up to a multiple of ``contenders``: each
+    contender starts as many rounds."""
+    contenders = max(contenders, 1)
+    return -(-rounds // contenders) * contenders
+
+
 def time_interleaved(
     ready: list[tuple[dict[str, Any], Contender]], batch: Batch, ctx: RunContext
 ) -> None:
-    """Time the checked contenders in ctx.rounds rounds, round r starting
-    with contender r, so none is always timed first; pools each one's
-    replays into its row."""
+    """Time the checked contenders in rounds, round r starting with
+    contender r, ctx.rounds of them rounded up to a multiple of the
+    contenders, so that each starts as many rounds (with 3 rounds and
+    two contenders the first started two, and led its rival by 1-4%
+    where both ran the same code); pools each one's replays into its
+    row."""
     rounds: dict[int, list[Timing]] = {id(row): [] for row, _ in ready}
-    for r in range(ctx.rounds):
+    for r in range(balanced_rounds(ctx.rounds, len(ready))):
         start = r % len(ready)
         for row, contender in ready[start:] + ready[:start]:
             if row["status"] == "error":
@@ -2323,7 +2334,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=3,
-        help="interleaved timing rounds per shape, each contender's replays pooled (default 3)",
+        help="interleaved timing rounds per shape, rounded up to a multiple of its "
+        "contenders so each starts as many; each contender's replays pooled (default 3)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")

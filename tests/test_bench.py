@@ -80,6 +80,30 @@ def test_contenders_are_timed_in_rotating_rounds_and_pooled(monkeypatch):
     assert (a["p20_us"], a["median_us"], a["p80_us"]) == (11.0, 16.0, 18.0)
 
 
+def test_two_contenders_start_as_many_rounds(monkeypatch):
+    # Three rounds of two contenders had the first start two of them (and
+    # lead its rival by 1-4% with the same code): they run as four.
+    calls = []
+
+    def fake_time(contender, batch, ctx, row):
+        calls.append(row["contender"])
+        return bench._summarise([10.0] * 2, "cudagraph", 1)
+
+    monkeypatch.setattr(bench, "time_contender", fake_time)
+    ctx = types.SimpleNamespace(rounds=3, ceilings=bench.Ceilings(None, None))
+    rows = [{"contender": n, "status": None, "bytes": 1, "flops": 1} for n in "ab"]
+    bench.time_interleaved([(row, object()) for row in rows], batch=None, ctx=ctx)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert [row["replays"] for row in rows] == [8, 8]
+
+
+@pytest.mark.parametrize(
+    ("rounds", "contenders", "expected"), [(3, 2, 4), (3, 3, 3), (1, 4, 4), (5, 1, 5), (2, 0, 2)]
+)
+def test_balanced_rounds_round_up_to_a_multiple_of_the_contenders(rounds, contenders, expected):
+    assert bench.balanced_rounds(rounds, contenders) == expected
+
+
 # --- the batch every contender reads -------------------------------------------------
 
 
