@@ -1,0 +1,230 @@
+"""Where stage 1 spills, read from its SASS: no GPU needed.
+
+    python scripts/sass_report.py H64L4B32C16384-ragged H64L4B32C16384
+
+compiles each shape's stage 1 for sm90 with the config the shipped table
+gives it, as its launch would (``aot.compile_stage1``), disassembles it with
+the ``nvdisasm`` that ships with Triton, and prints its instructions,
+registers and stack, then each loop that issues wgmma or cp.async: its
+first instruction, nesting depth and size, and how many wgmma, cp.async
+and local-memory accesses (spills) it holds. Loops are the natural loops of
+the instructions' control-flow graph (a branch back to a block that
+dominates it).
+
+ptxas allocates registers for the whole function, every warp-specialised
+partition at once: a change to one partition's code (even the plan before
+``warp_specialize``) moves another's spills. Screen a kernel change here
+before timing it (RESULTS.md, "A ragged CTA's start").
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import bench  # scripts/, first on the path when run as a script
+import triton
+
+from mla_verify import aot, lookup
+from mla_verify.cli import Parser
+
+# bench.py's mask kinds as compile_stage1 takes them.
+_MASKS = {"causal": "none", "tree": "draft", "treefull": "prefix"}
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+_END = re.compile(r"\b(?:EXIT|RET)\b")
+_KINDS = {
+    "wgmma": re.compile(r"\bHGMMA\b"),
+    "cp.async": re.compile(r"\bLDGSTS\b"),
+    "local": re.compile(r"\b(?:LDL|STL)\b"),
+}
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A natural loop: the instructions of its blocks (the header's first
+    is `first`), inside `depth` other loops."""
+
+    first: int
+    body: frozenset[int]
+    depth: int
+
+
+def parse_sass(text: str) -> tuple[list[str], dict[str, int]]:
+    """nvdisasm's listing: its instructions in order, and each label's
+    index (the instruction it precedes)."""
+    instructions: list[str] = []
+    labels: dict[str, int] = {}
+    for line in text.splitlines():
+        if label := _LABEL.match(line):
+            labels[label.group(1)] = len(instructions)
+        elif instruction := _INSTRUCTION.match(line):
+            instructions.append(instruction.group(1))
+    return instructions, labels
+
+
+def _blocks(instructions: Sequence[str], labels: dict[str, int]) -> list[range]:
+    """Basic blocks: a label or the instruction after a branch, an exit or a
+    return begins one."""
+    leaders = {0, *labels.values()}
+    for index, instruction in enumerate(instructions):
+        if _BRANCH.search(instruction) or _END.search(instruction):
+            leaders.add(index + 1)
+    bounds = sorted(i for i in leaders if i < len(instructions)) + [len(instructions)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def _successors(instructions, labels, blocks) -> list[list[int]]:
+    """Each block's successors (indices into blocks): the branch target,
+    and the next block unless the last instruction always leaves."""
+    block_at = {block.start: k for k, block in enumerate(blocks)}
+    successors = []
+    for k, block in enumerate(blocks):
+        last = instructions[block[-1]]
+        always = not last.startswith("@")
+        targets = []
+        if branch := _BRANCH.search(last):
+            targets.append(block_at[labels[branch.group(1)]])
+        leaves = always and (branch is not None or _END.search(last) is not None)
+        if not leaves and k + 1 < len(blocks):
+            targets.append(k + 1)
+        successors.append(targets)
+    return successors
+
+
+def _dominators(successors: list[list[int]]) -> list[set[int] | None]:
+    """Each block's dominators from block 0 (None: unreachable)."""
+    predecessors: list[list[int]] = [[] for _ in successors]
+    for k, targets in enumerate(successors):
+        for t in targets:
+            predecessors[t].append(k)
+    reachable, stack = {0}, [0]
+    while stack:
+        for t in successors[stack.pop()]:
+            if t not in reachable:
+                reachable.add(t)
+                stack.append(t)
+    dominators: list[set[int] | None] = [
+        ({0} if k == 0 else set(reachable)) if k in reachable else None
+        for k in range(len(successors))
+    ]
+    changed = True
+    while changed:
+        changed = False
+        for k in sorted(reachable - {0}):
+            incoming = [dominators[p] for p in predecessors[k] if dominators[p] is not None]
+            new = set.intersection(*incoming) | {k} if incoming else {k}
+            if new != dominators[k]:
+                dominators[k], changed = new, True
+    return dominators
+
+
+def find_loops(instructions: Sequence[str], labels: dict[str, int]) -> list[Loop]:
+    """The natural loops (a back edge's target dominates its source), one
+    per header, by first instruction."""
+    blocks = _blocks(instructions, labels)
+    successors = _successors(instructions, labels, blocks)
+    dominators = _dominators(successors)
+    predecessors: list[list[int]] = [[] for _ in blocks]
+    for k, targets in enumerate(successors):
+        for t in targets:
+            predecessors[t].append(k)
+    bodies: dict[int, set[int]] = {}
+    for source, targets in enumerate(successors):
+        for header in targets:
+            if dominators[source] is not None and header in dominators[source]:
+                body = bodies.setdefault(header, {header})
+                stack = [source]
+                while stack:
+                    k = stack.pop()
+                    if k not in body:
+                        body.add(k)
+                        stack.extend(predecessors[k])
+    spans = {
+        header: frozenset(i for k in body for i in blocks[k]) for header, body in bodies.items()
+    }
+    return [
+        Loop(
+            blocks[header].start,
+            span,
+            sum(span < other for other in spans.values()),
+        )
+        for header, span in sorted(spans.items(), key=lambda item: blocks[item[0]].start)
+    ]
+
+
+def count(instructions: Sequence[str], loop: Loop) -> dict[str, int]:
+    """The loop's wgmma, cp.async and local-memory instructions."""
+    body = [instructions[i] for i in loop.body]
+    return {kind: sum(bool(pattern.search(i)) for i in body) for kind, pattern in _KINDS.items()}
+
+
+def disassemble(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run(
+            [triton.knobs.nvidia.nvdisasm.path, "-c", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        ).stdout
+
+
+def report(spec: bench.ShapeSpec) -> str:
+    """One shape's stage 1: its config, size, registers and loops."""
+    config = lookup.block_config(
+        spec.num_heads, spec.draft_len, spec.batch_size, spec.kv_dtype, arch="sm90"
+    )
+    options = dict(mask=_MASKS[spec.mask], ragged=spec.ragged)
+    compiled = aot.compile_stage1(
+        config, spec.draft_len, spec.kv_dtype, "sm90", spec.head_dims, **options
+    )
+    resources = aot.compile_prefix_kernel(
+        config, spec.draft_len, spec.kv_dtype, "sm90", spec.head_dims, **options
+    )
+    instructions, labels = parse_sass(disassemble(compiled.asm["cubin"]))
+    local = sum(bool(_KINDS["local"].search(i)) for i in instructions)
+    lines = [
+        f"{spec.name}: {config.kernel}, BLOCK_H {config.BLOCK_H}; {len(instructions)} "
+        f"instructions, {resources.registers} registers, stack {resources.scratch} bytes, "
+        f"{local} local-memory accesses",
+        "  loop (first, depth)     size  wgmma  cp.async  local",
+    ]
+    for loop in find_loops(instructions, labels):
+        counts = count(instructions, loop)
+        if counts["wgmma"] or counts["cp.async"]:
+            where = f"{'  ' * loop.depth}{loop.first} ({loop.depth})"
+            lines.append(
+                f"  {where:21s} {len(loop.body):6d} {counts['wgmma']:6d}"
+                f" {counts['cp.async']:9d} {counts['local']:6d}"
+            )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = Parser(prog="sass_report.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("shapes", nargs="+", type=bench.parse_shape, help="bench.py shape names")
+    args = parser.parse_args(argv)
+    for spec in args.shapes:
+        if spec.page_size:
+            parser.error(f"{spec.name}: paged shapes are not supported (token-indexed stage 1)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for spec in args.shapes:
+        print(report(spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

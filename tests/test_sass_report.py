@@ -1,0 +1,96 @@
+"""scripts/sass_report.py: its reading of an nvdisasm listing (blocks, natural
+loops and their counts) on a hand-written one, and a real stage 1 compiled
+for sm90 where Triton's nvdisasm is at hand."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import sass_report  # noqa: E402  (scripts/ is not a package)
+
+# Two nested loops (headers .L_x_0 and .L_x_1), a cold block that branches
+# back into the main path (no loop: its target does not dominate it), and
+# code after the exit that nothing reaches.
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/              @P2  BRA `(.L_x_3) ;
+.L_x_0:
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0030*/                   STL [R1+0x4], R2 ;
+.L_x_1:
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64] ;
+        /*0050*/                   LDL R5, [R1+0x4] ;
+        /*0060*/              @P0  BRA `(.L_x_1) ;
+        /*0070*/              @P1  BRA `(.L_x_0) ;
+.L_x_2:
+        /*0080*/                   EXIT ;
+.L_x_3:
+        /*0090*/                   STL [R1], R6 ;
+        /*00a0*/                   BRA `(.L_x_2) ;
+.L_x_4:
+        /*00b0*/                   LDL R7, [R1] ;
+        /*00c0*/                   BRA `(.L_x_4) ;
+"""
+
+
+def test_the_listing_reads_as_instructions_and_labels():
+    instructions, labels = sass_report.parse_sass(LISTING)
+    assert len(instructions) == 13
+    assert instructions[2] == "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"
+    assert labels == {".L_x_0": 2, ".L_x_1": 4, ".L_x_2": 8, ".L_x_3": 9, ".L_x_4": 11}
+
+
+def test_natural_loops_nest_and_count_their_instructions():
+    instructions, labels = sass_report.parse_sass(LISTING)
+    outer, inner = sass_report.find_loops(instructions, labels)
+    assert (outer.first, sorted(outer.body), outer.depth) == (2, [2, 3, 4, 5, 6, 7], 0)
+    assert (inner.first, sorted(inner.body), inner.depth) == (4, [4, 5, 6], 1)
+    assert sass_report.count(instructions, outer) == {"wgmma": 1, "cp.async": 1, "local": 2}
+    assert sass_report.count(instructions, inner) == {"wgmma": 0, "cp.async": 1, "local": 1}
+
+
+def test_paged_shapes_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sass_report.parse_args(["H16L4B8C2048-page64"])
+    assert exit_info.value.code == 2
+    assert "paged shapes are not supported" in capsys.readouterr().err
+
+
+def _nvdisasm() -> str | None:
+    try:
+        path = triton.knobs.nvidia.nvdisasm.path
+    except (AttributeError, RuntimeError):
+        return None
+    return path if path and os.path.exists(path) else None
+
+
+@pytest.mark.skipif(_nvdisasm() is None, reason="Triton's nvdisasm is not at hand")
+def test_a_compiled_stage1_has_its_tile_loops():
+    # The score warpgroup's tile loop issues the wgmma of a tile, the
+    # producer's its cp.async gathers: both are found, whatever their
+    # spills. In a process of its own, without the interpreter.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    script = REPO / "scripts" / "sass_report.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "H16L2B8C2048"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header, columns, *loops = proc.stdout.splitlines()
+    assert header.startswith("H16L2B8C2048: gluon_sm90") and "registers" in header
+    assert columns.split() == ["loop", "(first,", "depth)", "size", "wgmma", "cp.async", "local"]
+    counts = [[int(x) for x in line.split()[-3:]] for line in loops]
+    assert any(wgmma > 0 and not copies for wgmma, copies, _ in counts)
+    assert any(copies > 0 and not wgmma for wgmma, copies, _ in counts)
