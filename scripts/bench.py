@@ -1698,10 +1698,9 @@ def time_interleaved(
 ) -> None:
     """Time the checked contenders in rounds, round r starting with
     contender r, ctx.rounds of them rounded up to a multiple of the
-    contenders, so that each starts as many rounds (with 3 rounds and
-    two contenders the first started two, and led its rival by 1-4%
-    where both ran the same code); pools each one's replays into its
-    row."""
+    contenders, so that each starts as many rounds; pools each one's
+    replays into its row. (With 3 rounds, two contenders and the first
+    starting two, the first led by 1-4% where both ran the same code.)"""
     rounds: dict[int, list[Timing]] = {id(row): [] for row, _ in ready}
     for r in range(balanced_rounds(ctx.rounds, len(ready))):
         start = r % len(ready)
