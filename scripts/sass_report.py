@@ -80,7 +80,9 @@ def _blocks(instructions: Sequence[str], labels: dict[str, int]) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def _successors(instructions, labels, blocks) -> list[list[int]]:
+def _successors(
+    instructions: Sequence[str], labels: dict[str, int], blocks: list[range]
+) -> list[list[int]]:
     """Each block's successors (indices into blocks): the branch target,
     and the next block unless the last instruction always leaves."""
     block_at = {block.start: k for k, block in enumerate(blocks)}
@@ -98,12 +100,17 @@ def _successors(instructions, labels, blocks) -> list[list[int]]:
     return successors
 
 
-def _dominators(successors: list[list[int]]) -> list[set[int] | None]:
-    """Each block's dominators from block 0 (None: unreachable)."""
+def _predecessors(successors: list[list[int]]) -> list[list[int]]:
     predecessors: list[list[int]] = [[] for _ in successors]
     for k, targets in enumerate(successors):
         for t in targets:
             predecessors[t].append(k)
+    return predecessors
+
+
+def _dominators(successors: list[list[int]]) -> list[set[int] | None]:
+    """Each block's dominators from block 0 (None: unreachable)."""
+    predecessors = _predecessors(successors)
     reachable, stack = {0}, [0]
     while stack:
         for t in successors[stack.pop()]:
@@ -131,10 +138,7 @@ def find_loops(instructions: Sequence[str], labels: dict[str, int]) -> list[Loop
     blocks = _blocks(instructions, labels)
     successors = _successors(instructions, labels, blocks)
     dominators = _dominators(successors)
-    predecessors: list[list[int]] = [[] for _ in blocks]
-    for k, targets in enumerate(successors):
-        for t in targets:
-            predecessors[t].append(k)
+    predecessors = _predecessors(successors)
     bodies: dict[int, set[int]] = {}
     for source, targets in enumerate(successors):
         for header in targets:
@@ -143,7 +147,7 @@ def find_loops(instructions: Sequence[str], labels: dict[str, int]) -> list[Loop
                 stack = [source]
                 while stack:
                     k = stack.pop()
-                    if k not in body:
+                    if k not in body and dominators[k] is not None:  # reachable
                         body.add(k)
                         stack.extend(predecessors[k])
     spans = {

@@ -18,7 +18,8 @@ import sass_report  # noqa: E402  (scripts/ is not a package)
 
 # Two nested loops (headers .L_x_0 and .L_x_1), a cold block that branches
 # back into the main path (no loop: its target does not dominate it), and
-# code after the exit that nothing reaches.
+# code after the exit that nothing reaches, branching into the outer loop
+# (not part of it).
 LISTING = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
         /*0010*/              @P2  BRA `(.L_x_3) ;
@@ -29,6 +30,7 @@ LISTING = """
         /*0040*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64] ;
         /*0050*/                   LDL R5, [R1+0x4] ;
         /*0060*/              @P0  BRA `(.L_x_1) ;
+.L_x_5:
         /*0070*/              @P1  BRA `(.L_x_0) ;
 .L_x_2:
         /*0080*/                   EXIT ;
@@ -37,7 +39,7 @@ LISTING = """
         /*00a0*/                   BRA `(.L_x_2) ;
 .L_x_4:
         /*00b0*/                   LDL R7, [R1] ;
-        /*00c0*/                   BRA `(.L_x_4) ;
+        /*00c0*/                   BRA `(.L_x_5) ;
 """
 
 
@@ -45,7 +47,7 @@ def test_the_listing_reads_as_instructions_and_labels():
     instructions, labels = sass_report.parse_sass(LISTING)
     assert len(instructions) == 13
     assert instructions[2] == "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"
-    assert labels == {".L_x_0": 2, ".L_x_1": 4, ".L_x_2": 8, ".L_x_3": 9, ".L_x_4": 11}
+    assert labels == {".L_x_0": 2, ".L_x_1": 4, ".L_x_5": 7, ".L_x_2": 8, ".L_x_3": 9, ".L_x_4": 11}
 
 
 def test_natural_loops_nest_and_count_their_instructions():
