@@ -95,10 +95,31 @@ def compile_prefix_kernel(
     """Compile stage 1 for ``arch`` and read what it holds; the arguments
     are ``compile_stage1``'s (head dims, mask, separate V). Raises on a
     compile error."""
-    compiled = compile_stage1(config, draft_len, kv_dtype, arch, *args, **options)
+    return resources(compile_stage1(config, draft_len, kv_dtype, arch, *args, **options), arch)
+
+
+def resources(compiled, arch: str) -> Resources:
+    """What a kernel compiled for ``arch`` holds (shared memory / LDS,
+    registers, spills, stack)."""
     if TARGETS[arch][0].backend == "hip":
         return _amd_resources(compiled)
     return _nvidia_resources(compiled)
+
+
+def sass(compiled) -> str:
+    """A kernel compiled for an NVIDIA arch, disassembled by the nvdisasm
+    Triton ships (``nvdisasm -c``)."""
+    return _cubin_tool(triton.knobs.nvidia.nvdisasm.path, ["-c"], compiled.asm["cubin"])
+
+
+def _cubin_tool(tool: str, args: list[str], cubin: bytes) -> str:
+    """``tool *args <cubin file>``'s output."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run(
+            [tool, *args, f.name], capture_output=True, text=True, check=True, timeout=300
+        ).stdout
 
 
 def compile_stage1(
@@ -236,16 +257,7 @@ def _amd_resources(compiled) -> Resources:
 def _nvidia_resources(compiled) -> Resources:
     try:
         tool = triton.knobs.nvidia.cuobjdump.path
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compiled.asm["cubin"])
-            f.flush()
-            usage = subprocess.run(
-                [tool, "--dump-resource-usage", f.name],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=120,
-            ).stdout
+        usage = _cubin_tool(tool, ["--dump-resource-usage"], compiled.asm["cubin"])
         registers = int(re.search(r"\bREG:(\d+)", usage).group(1))
         stack = int(re.search(r"\bSTACK:(\d+)", usage).group(1))
     except (AttributeError, OSError, subprocess.SubprocessError):  # no cuobjdump here

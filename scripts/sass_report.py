@@ -4,7 +4,7 @@
 
 compiles each shape's stage 1 for sm90 with the config the shipped table
 gives it, as its launch would (``aot.compile_stage1``), disassembles it with
-the ``nvdisasm`` that ships with Triton, and prints its instructions,
+the ``nvdisasm`` that ships with Triton (``aot.sass``), and prints its instructions,
 registers and stack, then each loop that issues wgmma or cp.async: its
 first instruction, nesting depth and size, and how many wgmma, cp.async
 and local-memory accesses (spills) it holds. Loops are the natural loops of
@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import bench  # scripts/, first on the path when run as a script
-import triton
 
 from mla_verify import aot, lookup
 from mla_verify.cli import Parser
@@ -169,19 +166,6 @@ def count(instructions: Sequence[str], loop: Loop) -> dict[str, int]:
     return {kind: sum(bool(pattern.search(i)) for i in body) for kind, pattern in _KINDS.items()}
 
 
-def disassemble(cubin: bytes) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run(
-            [triton.knobs.nvidia.nvdisasm.path, "-c", f.name],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=300,
-        ).stdout
-
-
 def report(spec: bench.ShapeSpec) -> str:
     """One shape's stage 1: its config, size, registers and loops."""
     config = lookup.block_config(
@@ -191,10 +175,8 @@ def report(spec: bench.ShapeSpec) -> str:
     compiled = aot.compile_stage1(
         config, spec.draft_len, spec.kv_dtype, "sm90", spec.head_dims, **options
     )
-    resources = aot.compile_prefix_kernel(
-        config, spec.draft_len, spec.kv_dtype, "sm90", spec.head_dims, **options
-    )
-    instructions, labels = parse_sass(disassemble(compiled.asm["cubin"]))
+    resources = aot.resources(compiled, "sm90")
+    instructions, labels = parse_sass(aot.sass(compiled))
     local = sum(bool(_KINDS["local"].search(i)) for i in instructions)
     lines = [
         f"{spec.name}: {config.kernel}, BLOCK_H {config.BLOCK_H}; {len(instructions)} "
