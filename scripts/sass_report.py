@@ -3,13 +3,13 @@
     python scripts/sass_report.py H64L4B32C16384-ragged H64L4B32C16384
 
 compiles each shape's stage 1 for sm90 with the config the shipped table
-gives it, as its launch would (``aot.compile_stage1``), disassembles it with
-the ``nvdisasm`` that ships with Triton (``aot.sass``), and prints its instructions,
-registers and stack, then each loop that issues wgmma or cp.async: its
-first instruction, nesting depth and size, and how many wgmma, cp.async
-and local-memory accesses (spills) it holds. Loops are the natural loops of
-the instructions' control-flow graph (a branch back to a block that
-dominates it).
+gives it, as its launch would (``aot.compile_stage1``), disassembles it
+with the ``nvdisasm`` that ships with Triton (``aot.sass``), and prints its
+instructions, registers and stack, then each loop that issues wgmma or
+cp.async: its first instruction, nesting depth and size, and how many
+wgmma, cp.async, local-memory accesses (spills) and CTA barriers it holds.
+Loops are the natural loops of the instructions' control-flow graph (a
+branch back to a block that dominates it).
 
 ptxas allocates registers for the whole function, every warp-specialised
 partition at once: a change to one partition's code (even the plan before
@@ -40,6 +40,7 @@ _KINDS = {
     "wgmma": re.compile(r"\bHGMMA\b"),
     "cp.async": re.compile(r"\bLDGSTS\b"),
     "local": re.compile(r"\b(?:LDL|STL)\b"),
+    "barrier": re.compile(r"\bBAR\.(?:SYNC|ARV|RED)"),
 }
 
 
@@ -161,7 +162,7 @@ def find_loops(instructions: Sequence[str], labels: dict[str, int]) -> list[Loop
 
 
 def count(instructions: Sequence[str], loop: Loop) -> dict[str, int]:
-    """The loop's wgmma, cp.async and local-memory instructions."""
+    """The loop's wgmma, cp.async, local-memory and CTA-barrier instructions."""
     body = [instructions[i] for i in loop.body]
     return {kind: sum(bool(pattern.search(i)) for i in body) for kind, pattern in _KINDS.items()}
 
@@ -182,7 +183,7 @@ def report(spec: bench.ShapeSpec) -> str:
         f"{spec.name}: {config.kernel}, BLOCK_H {config.BLOCK_H}; {len(instructions)} "
         f"instructions, {resources.registers} registers, stack {resources.scratch} bytes, "
         f"{local} local-memory accesses",
-        "  loop (first, depth)     size  wgmma  cp.async  local",
+        "  loop (first, depth)     size  wgmma  cp.async  local  barrier",
     ]
     for loop in find_loops(instructions, labels):
         counts = count(instructions, loop)
@@ -190,7 +191,7 @@ def report(spec: bench.ShapeSpec) -> str:
             where = f"{'  ' * loop.depth}{loop.first} ({loop.depth})"
             lines.append(
                 f"  {where:21s} {len(loop.body):6d} {counts['wgmma']:6d}"
-                f" {counts['cp.async']:9d} {counts['local']:6d}"
+                f" {counts['cp.async']:9d} {counts['local']:6d} {counts['barrier']:8d}"
             )
     return "\n".join(lines)
 

@@ -29,34 +29,52 @@ LISTING = """
 .L_x_1:
         /*0040*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64] ;
         /*0050*/                   LDL R5, [R1+0x4] ;
-        /*0060*/              @P0  BRA `(.L_x_1) ;
+        /*0060*/                   BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 ;
+        /*0070*/              @P0  BRA `(.L_x_1) ;
 .L_x_5:
-        /*0070*/              @P1  BRA `(.L_x_0) ;
+        /*0080*/              @P1  BRA `(.L_x_0) ;
 .L_x_2:
-        /*0080*/                   EXIT ;
+        /*0090*/                   EXIT ;
 .L_x_3:
-        /*0090*/                   STL [R1], R6 ;
-        /*00a0*/                   BRA `(.L_x_2) ;
+        /*00a0*/                   STL [R1], R6 ;
+        /*00b0*/                   BRA `(.L_x_2) ;
 .L_x_4:
-        /*00b0*/                   LDL R7, [R1] ;
-        /*00c0*/                   BRA `(.L_x_5) ;
+        /*00c0*/                   LDL R7, [R1] ;
+        /*00d0*/                   BRA `(.L_x_5) ;
 """
 
 
 def test_the_listing_reads_as_instructions_and_labels():
     instructions, labels = sass_report.parse_sass(LISTING)
-    assert len(instructions) == 13
+    assert len(instructions) == 14
     assert instructions[2] == "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"
-    assert labels == {".L_x_0": 2, ".L_x_1": 4, ".L_x_5": 7, ".L_x_2": 8, ".L_x_3": 9, ".L_x_4": 11}
+    assert labels == {
+        ".L_x_0": 2,
+        ".L_x_1": 4,
+        ".L_x_5": 8,
+        ".L_x_2": 9,
+        ".L_x_3": 10,
+        ".L_x_4": 12,
+    }
 
 
 def test_natural_loops_nest_and_count_their_instructions():
     instructions, labels = sass_report.parse_sass(LISTING)
     outer, inner = sass_report.find_loops(instructions, labels)
-    assert (outer.first, sorted(outer.body), outer.depth) == (2, [2, 3, 4, 5, 6, 7], 0)
-    assert (inner.first, sorted(inner.body), inner.depth) == (4, [4, 5, 6], 1)
-    assert sass_report.count(instructions, outer) == {"wgmma": 1, "cp.async": 1, "local": 2}
-    assert sass_report.count(instructions, inner) == {"wgmma": 0, "cp.async": 1, "local": 1}
+    assert (outer.first, sorted(outer.body), outer.depth) == (2, [2, 3, 4, 5, 6, 7, 8], 0)
+    assert (inner.first, sorted(inner.body), inner.depth) == (4, [4, 5, 6, 7], 1)
+    assert sass_report.count(instructions, outer) == {
+        "wgmma": 1,
+        "cp.async": 1,
+        "local": 2,
+        "barrier": 1,
+    }
+    assert sass_report.count(instructions, inner) == {
+        "wgmma": 0,
+        "cp.async": 1,
+        "local": 1,
+        "barrier": 1,
+    }
 
 
 def test_paged_shapes_are_refused(capsys):
@@ -92,7 +110,16 @@ def test_a_compiled_stage1_has_its_tile_loops():
     assert proc.returncode == 0, proc.stderr[-3000:]
     header, columns, *loops = proc.stdout.splitlines()
     assert header.startswith("H16L2B8C2048: gluon_sm90") and "registers" in header
-    assert columns.split() == ["loop", "(first,", "depth)", "size", "wgmma", "cp.async", "local"]
-    counts = [[int(x) for x in line.split()[-3:]] for line in loops]
+    assert columns.split() == [
+        "loop",
+        "(first,",
+        "depth)",
+        "size",
+        "wgmma",
+        "cp.async",
+        "local",
+        "barrier",
+    ]
+    counts = [[int(x) for x in line.split()[-4:-1]] for line in loops]
     assert any(wgmma > 0 and not copies for wgmma, copies, _ in counts)
     assert any(copies > 0 and not wgmma for wgmma, copies, _ in counts)
