@@ -33,7 +33,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from . import hopper, kernel
+from . import assembler, hopper, kernel
 from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
 from .device import arch_shared_memory
 from .problem import MLA_HEAD_DIMS, check_head_dims
@@ -338,4 +338,5 @@ def _compile_hopper_kernel(
         constexprs,
         _launch_aligned(fn, pointers),
     )
-    return triton.compile(src, target=target, options=hopper.launch_options(score_value))
+    with assembler.scope():  # the ptxas a launch assembles it with
+        return triton.compile(src, target=target, options=hopper.launch_options(score_value))

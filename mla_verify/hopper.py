@@ -9,6 +9,7 @@ import functools
 import importlib.util
 from types import ModuleType
 
+from . import assembler
 from .problem import D_NOPE, MLA_HEAD_DIMS
 
 ROWS = 64  # query rows per CTA (BLOCK_H heads x L drafts): one wgmma M per warpgroup
@@ -87,6 +88,7 @@ def gluon_kernel(
         return None
     head_dims = tuple(head_dims)
     if head_dims == MLA_HEAD_DIMS and not ragged:
+        assembler.install(kernel_sm90._prefix_kernel_sm90)
         return kernel_sm90
     name = f"{kernel_sm90.__name__}_{head_dims[0]}x{head_dims[1]}" + ("_ragged" if ragged else "")
     spec = importlib.util.spec_from_file_location(name, kernel_sm90.__file__)
@@ -94,6 +96,7 @@ def gluon_kernel(
     module.HEAD_DIMS = head_dims
     module.RAGGED = ragged
     spec.loader.exec_module(module)
+    assembler.install(module._prefix_kernel_sm90)
     return module
 
 
@@ -125,10 +128,11 @@ def supports(
     return tuple(head_dims) in SHARED_KV_HEAD_DIMS and kv_dtype_name in kv_dtypes
 
 
-def launch_options(score_value: bool) -> dict[str, int]:
-    """num_warps (the default partition's) and the register cap of a launch."""
+def launch_options(score_value: bool) -> dict[str, int | str]:
+    """num_warps (the default partition's), the register cap of a launch,
+    and the assembler's mark where it is not Triton's own (assembler.py)."""
     warps = WARPGROUP if score_value else CONSUMER_WARPS
-    return {"num_warps": warps, "maxnreg": MAX_REGS}
+    return {"num_warps": warps, "maxnreg": MAX_REGS, **assembler.compile_options()}
 
 
 def head_blocks(num_heads: int, block_h: int) -> int:

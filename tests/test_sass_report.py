@@ -93,10 +93,15 @@ def _nvdisasm() -> str | None:
 
 
 @pytest.mark.skipif(_nvdisasm() is None, reason="Triton's nvdisasm is not at hand")
-def test_a_compiled_stage1_has_its_tile_loops():
-    # The score warpgroup's tile loop issues the wgmma of a tile, the
-    # producer's its cp.async gathers: both are found, whatever their
-    # spills. In a process of its own, without the interpreter.
+def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill():
+    # The score warpgroup's tile loop issues the wgmma of a tile (the most
+    # of the loops that copy nothing), the producer's its cp.async
+    # gathers: both are found.
+    # As the package assembles it (mla_verify/assembler.py), the score
+    # loop holds no local-memory access and the producer's one at most:
+    # 0 and 1 with CUDA 12's ptxas (triton 3.6's, or 3.9's beside its
+    # CUDA 13 one); CUDA 13.4's left 20 and 37, 1.21-1.28x slower on the
+    # H200. In a process of its own, without the interpreter.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     script = REPO / "scripts" / "sass_report.py"
@@ -121,5 +126,12 @@ def test_a_compiled_stage1_has_its_tile_loops():
         "barrier",
     ]
     counts = [[int(x) for x in line.split()[-4:-1]] for line in loops]
-    assert any(wgmma > 0 and not copies for wgmma, copies, _ in counts)
-    assert any(copies > 0 and not wgmma for wgmma, copies, _ in counts)
+    tile_loops = [c for c in counts if c[0] > 0 and not c[1]]
+    assert tile_loops
+    scores = max(tile_loops, key=lambda c: c[0])
+    assert scores[2] == 0, f"the score warpgroup's tile loop spills: {proc.stdout}"
+    # The producer's tile loop: the innermost of the loops that only copy.
+    copies = [(line, c) for line, c in zip(loops, counts, strict=True) if c[1] > 0 and not c[0]]
+    assert copies
+    _, producer = max(copies, key=lambda item: int(item[0].split("(")[1].split(")")[0]))
+    assert producer[2] <= 1, f"the producer's tile loop spills: {proc.stdout}"
