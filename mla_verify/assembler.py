@@ -50,19 +50,20 @@ def switch() -> tuple[str, str] | None:
         current = compiler.get_ptxas(SM90)
         tools = {name: getattr(knobs.nvidia, name) for name in _KNOBS}
         named = {name for name in _KNOBS if os.environ.get(type(knobs.nvidia).__dict__[name].key)}
-        # Triton's cache key names the ptxas version it first sees for an
-        # arch: let that be its own choice, not the one set in scope().
-        compiler.get_ptxas_version(SM90)
     except (ImportError, AttributeError, KeyError, RuntimeError, OSError) as exc:
         logger.debug("Triton's own ptxas for sm90 (%s)", exc)
         return None
     chosen = choose(current, tools, named)
-    if chosen is not None:
-        logger.debug(
-            "the Hopper kernel is assembled by %s, not Triton's ptxas %s",
-            chosen[1],
-            current.version,
-        )
+    if chosen is None:
+        return None
+    # Triton's cache key names the ptxas version it first sees for an arch
+    # (cached): let that be its own choice, not the one scope() sets.
+    prime = getattr(compiler, "get_ptxas_version", None)
+    if callable(prime):
+        prime(SM90)
+    logger.debug(
+        "the Hopper kernel is assembled by %s, not Triton's ptxas %s", chosen[1], current.version
+    )
     return chosen
 
 

@@ -4,6 +4,7 @@ switch stays inside its scope."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -78,8 +79,6 @@ def test_install_leaves_a_kernel_alone_where_tritons_choice_stands(monkeypatch):
 
 
 def _recording_scope(seen):
-    import contextlib
-
     @contextlib.contextmanager
     def scope():
         seen.append("enter")

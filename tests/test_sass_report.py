@@ -5,6 +5,7 @@ for sm90 where Triton's nvdisasm is at hand."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,5 +134,5 @@ def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill():
     # The producer's tile loop: the innermost of the loops that only copy.
     copies = [(line, c) for line, c in zip(loops, counts, strict=True) if c[1] > 0 and not c[0]]
     assert copies
-    _, producer = max(copies, key=lambda item: int(item[0].split("(")[1].split(")")[0]))
+    _, producer = max(copies, key=lambda item: int(re.search(r"\((\d+)\)", item[0]).group(1)))
     assert producer[2] <= 1, f"the producer's tile loop spills: {proc.stdout}"
