@@ -91,6 +91,8 @@ PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
 DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
+SEESAW = gl.constexpr(hopper.SEESAW)
+SEESAW_REGS = gl.constexpr(hopper.SEESAW_REGS)
 
 # The head dims this module's kernel computes: absorbed MLA as imported;
 # hopper.gluon_kernel(head_dims) runs this source again as a module of its
@@ -1441,6 +1443,376 @@ def _consume_values(
         _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
 
+# Seesaw (MLA-style shared-KV, bf16 KV, uniform drafts): two warpgroups hold
+# the output's left and right column halves and score alternate tiles of
+# a pair (A: left, B: right), so one's softmax runs under the other's
+# matrix products; each adds both tiles' P V to its half. They share the
+# running max through `xchg`: left takes A's max first, right B's on top
+# of it. Each P goes into its tile's rope rows, spent once scored. Per
+# pair: a_bar (left to right: P_A, A's max and rescale factor) and b_bar
+# (right to left: P_B, B's max and factor). xchg rows: 0 A's max, 1 A's factor,
+# 2 B's max, 3 B's factor, 4 and 5 the left's and the right's row sums.
+@constexpr_function
+def _warpgroup_layout(columns):
+    # One warpgroup's wgmma accumulator of 64 rows and `columns` columns.
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPGROUP.value, 1], instr_shape=[16, columns, 16]
+    )
+
+
+@gluon.jit
+def _hand_a(qk, scale, m_i, l_i, acc, p_a, v_tile, xchg, a_bar, MASKED: gl.constexpr):
+    # The left's tile A: softmax against the running max, P_A (into p_a,
+    # A's spent rope rows), its max and factor to the right, then
+    # O_L += P_A V_L.
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    p, alpha, m_new = _online_softmax(qk, scale, m_i, MASKED)
+    p_a.store(p.to(gl.bfloat16))
+    xchg.index(0).store(m_new)
+    xchg.index(1).store(alpha)
+    fence_async_shared()
+    _warps_barrier()  # all of the warpgroup's stores before the arrive
+    mbarrier.arrive(a_bar, count=1)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+    acc = warpgroup_mma(p_a, v_tile.slice(0, HALF_V, dim=1), acc)
+    return m_new, l_i, acc
+
+
+@gluon.jit
+def _take_b(l_i, acc, p_b, v_tile, xchg, b_bar, phase):
+    # The left's tile B, once the right has handed it over: rescale to
+    # B's max, then O_L += P_B V_L.
+    s_rows: gl.constexpr = l_i.type.layout
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    mbarrier.wait(b_bar, phase)
+    m_i = xchg.index(2).load(s_rows)
+    l_i = l_i * xchg.index(3).load(s_rows)
+    acc = acc * xchg.index(3).load(o_rows)[:, None]
+    acc = warpgroup_mma(p_b, v_tile.slice(0, HALF_V, dim=1), acc)
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _take_a(l_i, acc, xchg, a_bar, phase):
+    # The right's view of tile A, once the left has handed it over: A's
+    # max, and its half rescaled (P_A V_R is the caller's).
+    s_rows: gl.constexpr = l_i.type.layout
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    mbarrier.wait(a_bar, phase)
+    m_a = xchg.index(0).load(s_rows)
+    l_i = l_i * xchg.index(1).load(s_rows)
+    acc = acc * xchg.index(1).load(o_rows)[:, None]
+    return m_a, l_i, acc
+
+
+@gluon.jit
+def _right_pair(
+    qk, scale, m_i, l_i, acc, stage_a, stage_b, bufs, bars, phase, MASKED: gl.constexpr
+):
+    # The right's pair: P_A V_R runs while B's softmax does; B's P, max
+    # and factor go to the left (P into B's rope rows, spent), then
+    # O_R += P_B V_R.
+    _, _, _, kv_rope_ring, v_ring, xchg = bufs
+    _, empty, a_bar, b_bar, _, _ = bars
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    m_a, l_i, acc = _take_a(l_i, acc, xchg, a_bar, phase)
+    v_a = v_ring.index(stage_a).slice(HALF_V, HALF_V, dim=1)
+    acc = warpgroup_mma(kv_rope_ring.index(stage_a), v_a, acc, is_async=True)
+    p, alpha, m_new = _online_softmax(qk, scale, m_a, MASKED)
+    p_b = kv_rope_ring.index(stage_b)
+    p_b.store(p.to(gl.bfloat16))
+    xchg.index(2).store(m_new)
+    xchg.index(3).store(alpha)
+    fence_async_shared()
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.arrive(empty.index(stage_a), count=1)
+    _warps_barrier()  # P_A read and B's stores done in every warp
+    mbarrier.arrive(b_bar, count=1)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+    acc = warpgroup_mma(p_b, v_ring.index(stage_b).slice(HALF_V, HALF_V, dim=1), acc)
+    mbarrier.arrive(empty.index(stage_b), count=1)
+    return m_new, l_i, acc
+
+
+@gluon.jit
+def _right_single(l_i, acc, p_a, v_a, xchg, a_bar, b_bar, phase):
+    # The right's part of a tile the left scored alone (a segment's odd
+    # last prefix tile, or the drafts): O_R += P_A V_R.
+    m_a, l_i, acc = _take_a(l_i, acc, xchg, a_bar, phase)
+    acc = warpgroup_mma(p_a, v_a.slice(HALF_V, HALF_V, dim=1), acc)
+    _warps_barrier()
+    mbarrier.arrive(b_bar, count=1)
+    return m_a, l_i, acc
+
+
+@gluon.jit
+def _send_q(
+    next_segment,
+    b,
+    b1,
+    q_nope,
+    q_rope,
+    q_args,
+    out_args,
+    q_bar,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+):
+    # Seesaw: once both warpgroups are done with request b's scores, the
+    # left sends the next request's query rows; they arrive on q_bar,
+    # which both wait for (_await_rows).
+    if b < b1:
+        _issue_q(q_nope, q_rope, q_args, next_segment[5], out_args, BLOCK_H, DRAFT_LEN, WARPGROUP)
+        async_copy.mbarrier_arrive(q_bar, increment_count=False)
+
+
+@gluon.jit
+def _await_rows(q_bar, phase):
+    mbarrier.wait(q_bar, phase)
+    fence_async_shared()  # the copies wrote through the generic proxy
+
+
+@gluon.jit
+def _total_sums(l_i, acc, xchg, sums, mine: gl.constexpr, phase):
+    # Both warpgroups' row sums added: each writes its own, then reads
+    # the other's.
+    s_rows: gl.constexpr = l_i.type.layout
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    xchg.index(4 + mine).store(l_i)
+    _warps_barrier()
+    mbarrier.arrive(sums.index(mine), count=1)
+    mbarrier.wait(sums.index(1 - mine), phase)
+    theirs = 4 + 1 - mine
+    return l_i + xchg.index(theirs).load(s_rows), xchg.index(4 + mine).load(o_rows) + xchg.index(
+        theirs
+    ).load(o_rows)
+
+
+@gluon.jit
+def _seesaw_left(
+    share,
+    q_args,
+    bufs,
+    bars,
+    scales,
+    out_args,
+    masks,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+    PREFIX_MASK: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
+):
+    # The left warpgroup: tiles A, output columns 0 .. HALF_V - 1, the
+    # query rows' staging and the log-sum-exp.
+    s_layout: gl.constexpr = _warpgroup_layout(TOKENS)
+    o_layout: gl.constexpr = _warpgroup_layout(HALF_V)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    q_nope, q_rope, kv_nope_ring, kv_rope_ring, v_ring, xchg = bufs
+    ready, empty, a_bar, b_bar, q_bar, sums = bars
+    score_scale, draft_scale, v_scale = scales
+    _, b0, b1, base, _, _, _ = share
+    segment = _segment(share, gl.minimum(b0, b1), base)
+    _send_q(segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, q_bar, BLOCK_H, DRAFT_LEN)
+    t0 = 0  # ring tiles of the earlier segments
+    n = 0  # pairs handed over
+    # The last scores, spent, are the next scores' accumulator input
+    # (ignored: use_acc=False): a constant zero tile would hold 32 more
+    # registers a thread throughout.
+    qk = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+    for b in range(b0, b1 + 1):
+        kv_start, lo, hi, with_drafts, whole, request, base = segment
+        segment = _segment(share, gl.minimum(b + 1, b1), base)
+        _await_rows(q_bar, (b - b0) & 1)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+        if PREFIX_MASK:
+            mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for j in range(prefix_tiles // 2):
+            tile = t0 + 2 * j
+            first = lo + 2 * j * TOKENS
+            if PREFIX_MASK:
+                bits = _mask_bits(masks, mask_rows, request, first, hi, DRAFT_LEN, s_layout)
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, qk)
+            qk = _mask_tail(qk, first, hi)
+            if PREFIX_MASK:
+                qk = gl.where(bits != 0, qk, float("-inf"))
+            stage = tile % STAGES
+            m_i, l_i, acc = _hand_a(
+                qk,
+                score_scale,
+                m_i,
+                l_i,
+                acc,
+                kv_rope_ring.index(stage),
+                v_ring.index(stage),
+                xchg,
+                a_bar,
+                PREFIX_MASK,
+            )
+            mbarrier.arrive(empty.index(stage), count=1)
+            stage = (tile + 1) % STAGES
+            m_i, l_i, acc = _take_b(
+                l_i, acc, kv_rope_ring.index(stage), v_ring.index(stage), xchg, b_bar, n & 1
+            )
+            mbarrier.arrive(empty.index(stage), count=1)
+            n += 1
+        if prefix_tiles % 2 == 1:
+            # The odd last tile, alone.
+            tile = t0 + prefix_tiles - 1
+            first = lo + (prefix_tiles - 1) * TOKENS
+            if PREFIX_MASK:
+                bits = _mask_bits(masks, mask_rows, request, first, hi, DRAFT_LEN, s_layout)
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, qk)
+            if not with_drafts:
+                _send_q(segment, b, b1, q_nope, q_rope, q_args, out_args, q_bar, BLOCK_H, DRAFT_LEN)
+            qk = _mask_tail(qk, first, hi)
+            if PREFIX_MASK:
+                qk = gl.where(bits != 0, qk, float("-inf"))
+            stage = tile % STAGES
+            m_i, l_i, acc = _hand_a(
+                qk,
+                score_scale,
+                m_i,
+                l_i,
+                acc,
+                kv_rope_ring.index(stage),
+                v_ring.index(stage),
+                xchg,
+                a_bar,
+                PREFIX_MASK,
+            )
+            mbarrier.arrive(empty.index(stage), count=1)
+            mbarrier.wait(b_bar, n & 1)
+            n += 1
+        elif not with_drafts:
+            # The right's last scores were the last pair's.
+            _send_q(segment, b, b1, q_nope, q_rope, q_args, out_args, q_bar, BLOCK_H, DRAFT_LEN)
+        t0 += prefix_tiles
+        # The KV cache's value scale applies to the prefix alone.
+        acc = acc * v_scale
+
+        if with_drafts:
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, qk)
+            _send_q(segment, b, b1, q_nope, q_rope, q_args, out_args, q_bar, BLOCK_H, DRAFT_LEN)
+            qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
+            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
+            m_i, l_i, acc = _hand_a(
+                qk,
+                draft_scale,
+                m_i,
+                l_i,
+                acc,
+                kv_rope_ring.index(t0 % STAGES),
+                v_tile,
+                xchg,
+                a_bar,
+                DRAFT_MASK,
+            )
+            _release_drafts(empty, t0, V_EXT_FROM_K)
+            mbarrier.wait(b_bar, n & 1)
+            n += 1
+            t0 = _after_drafts(t0, V_EXT_FROM_K)
+
+        l_i, l_o = _total_sums(l_i, acc, xchg, sums, 0, (b - b0) & 1)
+        l_i = _row_sums(l_i, PREFIX_MASK or DRAFT_MASK)
+        l_o = _row_sums(l_o, PREFIX_MASK or DRAFT_MASK)
+        dest = _dest(out_args, b, b0, whole, request)
+        _store_out(acc / l_o[:, None], 0, dest, BLOCK_H, DRAFT_LEN, WIDE=True)
+        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
+
+
+@gluon.jit
+def _seesaw_right(
+    share,
+    bufs,
+    bars,
+    scales,
+    out_args,
+    masks,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+    PREFIX_MASK: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
+):
+    # The right warpgroup: tiles B, output columns HALF_V onwards.
+    s_layout: gl.constexpr = _warpgroup_layout(TOKENS)
+    o_layout: gl.constexpr = _warpgroup_layout(HALF_V)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    q_nope, q_rope, kv_nope_ring, kv_rope_ring, v_ring, xchg = bufs
+    ready, empty, a_bar, b_bar, q_bar, sums = bars
+    score_scale, _, v_scale = scales
+    _, b0, b1, base, _, _, _ = share
+    t0 = 0
+    n = 0
+    qk = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)  # as in _seesaw_left
+    for b in range(b0, b1 + 1):
+        kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
+        _await_rows(q_bar, (b - b0) & 1)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+        acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
+        if PREFIX_MASK:
+            mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for j in range(prefix_tiles // 2):
+            tile = t0 + 2 * j + 1
+            first = lo + (2 * j + 1) * TOKENS
+            if PREFIX_MASK:
+                bits = _mask_bits(masks, mask_rows, request, first, hi, DRAFT_LEN, s_layout)
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, qk)
+            qk = _mask_tail(qk, first, hi)
+            if PREFIX_MASK:
+                qk = gl.where(bits != 0, qk, float("-inf"))
+            m_i, l_i, acc = _right_pair(
+                qk,
+                score_scale,
+                m_i,
+                l_i,
+                acc,
+                (tile - 1) % STAGES,
+                tile % STAGES,
+                bufs,
+                bars,
+                n & 1,
+                PREFIX_MASK,
+            )
+            n += 1
+        if prefix_tiles % 2 == 1:
+            stage = (t0 + prefix_tiles - 1) % STAGES
+            m_i, l_i, acc = _right_single(
+                l_i,
+                acc,
+                kv_rope_ring.index(stage),
+                v_ring.index(stage),
+                xchg,
+                a_bar,
+                b_bar,
+                n & 1,
+            )
+            mbarrier.arrive(empty.index(stage), count=1)
+            n += 1
+        t0 += prefix_tiles
+        acc = acc * v_scale
+        if with_drafts:
+            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
+            m_i, l_i, acc = _right_single(
+                l_i, acc, kv_rope_ring.index(t0 % STAGES), v_tile, xchg, a_bar, b_bar, n & 1
+            )
+            _release_drafts(empty, t0, V_EXT_FROM_K)
+            n += 1
+            t0 = _after_drafts(t0, V_EXT_FROM_K)
+        l_i, l_o = _total_sums(l_i, acc, xchg, sums, 1, (b - b0) & 1)
+        l_o = _row_sums(l_o, PREFIX_MASK or DRAFT_MASK)
+        dest = _dest(out_args, b, b0, whole, request)
+        _store_out(acc / l_o[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
+
+
 @constexpr_function
 def _row_pieces_layout():
     # The wgmma accumulator's rows and warps for HALF_V columns (64 or
@@ -1748,7 +2120,63 @@ def _prefix_kernel_sm90(
             V_EXT_FROM_K,
             KV_FP8,
         )
-        if SCORE_VALUE:
+        if SCORE_VALUE and SEESAW and not RAGGED:
+            xchg = gl.allocate_shared_memory(
+                gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
+            )
+            a_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            b_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            sums = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            mbarrier.init(a_bar, count=1)
+            mbarrier.init(b_bar, count=1)
+            mbarrier.init(q_bar, count=WARPGROUP * 32)
+            mbarrier.init(sums.index(0), count=1)
+            mbarrier.init(sums.index(1), count=1)
+            fence_async_shared()
+            bufs = (q_nope, q_rope, kv_nope_ring, kv_rope_ring, v_ring, xchg)
+            bars = (ready, empty, a_bar, b_bar, q_bar, sums)
+            gl.warp_specialize(
+                [
+                    (
+                        _seesaw_left,
+                        (
+                            share,
+                            q_args,
+                            bufs,
+                            bars,
+                            scales,
+                            out_args,
+                            masks,
+                            BLOCK_H,
+                            DRAFT_LEN,
+                            V_EXT_FROM_K,
+                            PREFIX_MASK,
+                            DRAFT_MASK,
+                        ),
+                    ),
+                    (
+                        _seesaw_right,
+                        (
+                            share,
+                            bufs,
+                            bars,
+                            scales,
+                            out_args,
+                            masks,
+                            BLOCK_H,
+                            DRAFT_LEN,
+                            V_EXT_FROM_K,
+                            PREFIX_MASK,
+                            DRAFT_MASK,
+                        ),
+                    ),
+                    (_produce, produce_args),
+                ],
+                [WARPGROUP, PRODUCER_WARPS],
+                [SEESAW_REGS, PRODUCER_REGS],
+            )
+        elif SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
             # the final row sums.
             xchg = gl.allocate_shared_memory(
