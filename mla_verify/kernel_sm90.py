@@ -1443,15 +1443,22 @@ def _consume_values(
         _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
 
-# Seesaw (MLA-style shared-KV, bf16 KV, uniform drafts): two warpgroups hold
-# the output's left and right column halves and score alternate tiles of
-# a pair (A: left, B: right), so one's softmax runs under the other's
-# matrix products; each adds both tiles' P V to its half. They share the
-# running max through `xchg`: left takes A's max first, right B's on top
-# of it. Each P goes into its tile's rope rows, spent once scored. Per
-# pair: a_bar (left to right: P_A, A's max and rescale factor) and b_bar
-# (right to left: P_B, B's max and factor). xchg rows: 0 A's max, 1 A's factor,
+# Seesaw (MLA, bf16 KV, non-ragged modules): two warpgroups hold the
+# output's left and right column halves and score alternate tiles of a
+# pair (A: left, B: right), so one's softmax runs under the other's matrix
+# products; each adds both tiles' P V to its half. They share the running
+# max through `xchg`: left takes A's max first, right B's on top of it.
+# Each P goes into its tile's rope rows, spent once scored. Per pair:
+# a_bar (left to right: P_A, A's max and rescale factor) and b_bar (right
+# to left: P_B, B's max and factor). xchg rows: 0 A's max, 1 A's factor,
 # 2 B's max, 3 B's factor, 4 and 5 the left's and the right's row sums.
+#
+# A pair holds both ring stages, so the ring refills in halves: a tile's
+# latent columns 0-255 (V's left half, `lo`) and 256-511 with the rope
+# columns (`hi`) each have their barriers. The left is the last reader of
+# every lo (its P V), so lo is free once it arrives; both read every hi.
+# The producer refills a lo while the pair's other half still runs, and
+# the next scores start on lo before hi has landed.
 @constexpr_function
 def _warpgroup_layout(columns):
     # One warpgroup's wgmma accumulator of 64 rows and `columns` columns.
@@ -1461,7 +1468,160 @@ def _warpgroup_layout(columns):
 
 
 @gluon.jit
-def _hand_a(qk, scale, m_i, l_i, acc, p_a, v_tile, xchg, a_bar, MASKED: gl.constexpr):
+def _gather_halves(
+    ring,
+    ready,
+    empty,
+    t,
+    BASE,
+    nope_rows,
+    rope_rows,
+    first,
+    end,
+    stride_row,
+    WITH_ROPE: gl.constexpr,
+):
+    # Tile t's tokens first .. end - 1 (rows as in _gather_tile): lo, then
+    # hi and the rope columns (unless V's drafts' tile), each once its
+    # half of the stage is free.
+    lo_ring, hi_ring, rope_ring = ring
+    ready_lo, ready_hi = ready
+    empty_lo, empty_hi = empty
+    stage = t % STAGES
+    phase = ((t // STAGES) & 1) ^ 1  # a fresh mbarrier has completed phase 1
+    half_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, HALF_V, PRODUCER_WARPS)
+    rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
+    mask = _tokens(first, half_layout) < end
+    mbarrier.wait(empty_lo.index(stage), phase)
+    _gather(lo_ring.index(stage), BASE, nope_rows, mask, stride_row, 0, HALF_V, half_layout)
+    async_copy.mbarrier_arrive(ready_lo.index(stage), increment_count=False)
+    mbarrier.wait(empty_hi.index(stage), phase)
+    _gather(hi_ring.index(stage), BASE, nope_rows, mask, stride_row, HALF_V, HALF_V, half_layout)
+    if WITH_ROPE:
+        rope_mask = _tokens(first, rope_layout) < end
+        _gather(
+            rope_ring.index(stage),
+            BASE,
+            rope_rows,
+            rope_mask,
+            stride_row,
+            D_NOPE,
+            D_ROPE,
+            rope_layout,
+        )
+    async_copy.mbarrier_arrive(ready_hi.index(stage), increment_count=False)
+
+
+@gluon.jit
+def _produce_halves(
+    share, K_BUF, KV_INDICES, stride_k_slot, ext, ring, ready, empty, V_EXT_FROM_K: gl.constexpr
+):
+    # _produce for the seesaw's ring of halves (MLA, bf16).
+    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    half_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, HALF_V, PRODUCER_WARPS)
+    rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
+    _, b0, b1, base, _, _, _ = share
+    t0 = 0
+    for b in range(b0, b1 + 1):
+        kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
+        end = kv_start + hi
+        nope_rows = _slots(KV_INDICES, kv_start + lo, end, half_layout)
+        rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
+        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
+        for t in range(prefix_tiles):
+            first = kv_start + lo + t * TOKENS
+            # The next tile's slots before this tile's waits (_produce).
+            next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, half_layout)
+            next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
+            _gather_halves(
+                ring,
+                ready,
+                empty,
+                t0 + t,
+                K_BUF,
+                nope_rows,
+                rope_rows,
+                first,
+                end,
+                stride_k_slot,
+                True,
+            )
+            nope_rows = next_nope_rows
+            rope_rows = next_rope_rows
+        t0 += prefix_tiles
+        if with_drafts:
+            q_first, num_rows, _, _, _ = request
+            end = q_first + num_rows
+            _gather_halves(
+                ring,
+                ready,
+                empty,
+                t0,
+                K_EXT,
+                _tokens(q_first, half_layout),
+                _tokens(q_first, rope_layout),
+                q_first,
+                end,
+                stride_ke_tok,
+                True,
+            )
+            if not V_EXT_FROM_K:
+                _gather_halves(
+                    ring,
+                    ready,
+                    empty,
+                    t0 + 1,
+                    V_EXT,
+                    _tokens(q_first, half_layout),
+                    _tokens(q_first, rope_layout),
+                    q_first,
+                    end,
+                    stride_ve_tok,
+                    False,
+                )
+            t0 = _after_drafts(t0, V_EXT_FROM_K)
+
+
+@gluon.jit
+def _await_half(ready, t):
+    mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
+    fence_async_shared()  # the gathers wrote through the generic proxy
+
+
+@gluon.jit
+def _half_scores(q_nope, q_rope, ring, ready, t, qk):
+    # Tile t's scores, begun on its lo half before hi has landed. `qk`:
+    # spent scores, the ignored accumulator input (use_acc=False).
+    lo_ring, hi_ring, rope_ring = ring
+    ready_lo, ready_hi = ready
+    stage = t % STAGES
+    _await_half(ready_lo, t)
+    qk = warpgroup_mma(
+        q_nope.slice(0, HALF_V, dim=1),
+        lo_ring.index(stage).permute((1, 0)),
+        qk,
+        use_acc=False,
+        is_async=True,
+    )
+    _await_half(ready_hi, t)
+    qk = warpgroup_mma(
+        q_nope.slice(HALF_V, HALF_V, dim=1), hi_ring.index(stage).permute((1, 0)), qk, is_async=True
+    )
+    qk = warpgroup_mma(q_rope, rope_ring.index(stage).permute((1, 0)), qk, is_async=True)
+    return warpgroup_mma_wait(0, deps=[qk])
+
+
+@gluon.jit
+def _draft_values_tile(t, V_EXT_FROM_K: gl.constexpr):
+    # The tile of the drafts' V, their K at tile t: t itself when V is a
+    # view of K, else t + 1.
+    if not V_EXT_FROM_K:
+        t += 1
+    return t
+
+
+@gluon.jit
+def _hand_a(qk, scale, m_i, l_i, acc, p_a, v_l, xchg, a_bar, MASKED: gl.constexpr):
     # The left's tile A: softmax against the running max, P_A (into p_a,
     # A's spent rope rows), its max and factor to the right, then
     # O_L += P_A V_L.
@@ -1475,12 +1635,12 @@ def _hand_a(qk, scale, m_i, l_i, acc, p_a, v_tile, xchg, a_bar, MASKED: gl.const
     mbarrier.arrive(a_bar, count=1)
     l_i = l_i * alpha + gl.sum(p, 1)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-    acc = warpgroup_mma(p_a, v_tile.slice(0, HALF_V, dim=1), acc)
+    acc = warpgroup_mma(p_a, v_l, acc)
     return m_new, l_i, acc
 
 
 @gluon.jit
-def _take_b(l_i, acc, p_b, v_tile, xchg, b_bar, phase):
+def _take_b(l_i, acc, p_b, v_l, xchg, b_bar, phase):
     # The left's tile B, once the right has handed it over: rescale to
     # B's max, then O_L += P_B V_L.
     s_rows: gl.constexpr = l_i.type.layout
@@ -1489,7 +1649,7 @@ def _take_b(l_i, acc, p_b, v_tile, xchg, b_bar, phase):
     m_i = xchg.index(2).load(s_rows)
     l_i = l_i * xchg.index(3).load(s_rows)
     acc = acc * xchg.index(3).load(o_rows)[:, None]
-    acc = warpgroup_mma(p_b, v_tile.slice(0, HALF_V, dim=1), acc)
+    acc = warpgroup_mma(p_b, v_l, acc)
     return m_i, l_i, acc
 
 
@@ -1507,41 +1667,49 @@ def _take_a(l_i, acc, xchg, a_bar, phase):
 
 
 @gluon.jit
-def _right_pair(
-    qk, scale, m_i, l_i, acc, stage_a, stage_b, bufs, bars, phase, MASKED: gl.constexpr
-):
+def _release(empty, t, LEFT: gl.constexpr):
+    # Tile t's halves this warpgroup is done with: the left is the last
+    # reader of lo; both read hi.
+    empty_lo, empty_hi = empty
+    if LEFT:
+        mbarrier.arrive(empty_lo.index(t % STAGES), count=1)
+    mbarrier.arrive(empty_hi.index(t % STAGES), count=1)
+
+
+@gluon.jit
+def _right_pair(qk, scale, l_i, acc, tile_a, ring, bars, phase, MASKED: gl.constexpr):
     # The right's pair: P_A V_R runs while B's softmax does; B's P, max
-    # and factor go to the left (P into B's rope rows, spent), then
-    # O_R += P_B V_R.
-    _, _, _, kv_rope_ring, v_ring, xchg = bufs
-    _, empty, a_bar, b_bar, _, _ = bars
+    # and factor go to the left, then O_R += P_B V_R.
+    _, hi_ring, rope_ring = ring
+    _, empty, a_bar, b_bar, xchg = bars
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    stage_a = tile_a % STAGES
+    stage_b = (tile_a + 1) % STAGES
     m_a, l_i, acc = _take_a(l_i, acc, xchg, a_bar, phase)
-    v_a = v_ring.index(stage_a).slice(HALF_V, HALF_V, dim=1)
-    acc = warpgroup_mma(kv_rope_ring.index(stage_a), v_a, acc, is_async=True)
+    acc = warpgroup_mma(rope_ring.index(stage_a), hi_ring.index(stage_a), acc, is_async=True)
     p, alpha, m_new = _online_softmax(qk, scale, m_a, MASKED)
-    p_b = kv_rope_ring.index(stage_b)
+    p_b = rope_ring.index(stage_b)
     p_b.store(p.to(gl.bfloat16))
     xchg.index(2).store(m_new)
     xchg.index(3).store(alpha)
     fence_async_shared()
     acc = warpgroup_mma_wait(0, deps=[acc])
-    mbarrier.arrive(empty.index(stage_a), count=1)
+    _release(empty, tile_a, False)
     _warps_barrier()  # P_A read and B's stores done in every warp
     mbarrier.arrive(b_bar, count=1)
     l_i = l_i * alpha + gl.sum(p, 1)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-    acc = warpgroup_mma(p_b, v_ring.index(stage_b).slice(HALF_V, HALF_V, dim=1), acc)
-    mbarrier.arrive(empty.index(stage_b), count=1)
+    acc = warpgroup_mma(p_b, hi_ring.index(stage_b), acc)
+    _release(empty, tile_a + 1, False)
     return m_new, l_i, acc
 
 
 @gluon.jit
-def _right_single(l_i, acc, p_a, v_a, xchg, a_bar, b_bar, phase):
+def _right_single(l_i, acc, p_a, v_r, xchg, a_bar, b_bar, phase):
     # The right's part of a tile the left scored alone (a segment's odd
     # last prefix tile, or the drafts): O_R += P_A V_R.
     m_a, l_i, acc = _take_a(l_i, acc, xchg, a_bar, phase)
-    acc = warpgroup_mma(p_a, v_a.slice(HALF_V, HALF_V, dim=1), acc)
+    acc = warpgroup_mma(p_a, v_r, acc)
     _warps_barrier()
     mbarrier.arrive(b_bar, count=1)
     return m_a, l_i, acc
@@ -1576,25 +1744,25 @@ def _await_rows(q_bar, phase):
 
 @gluon.jit
 def _total_sums(l_i, acc, xchg, sums, mine: gl.constexpr, phase):
-    # Both warpgroups' row sums added: each writes its own, then reads
-    # the other's.
+    # Both warpgroups' row sums added, in the rows of l_i and of acc:
+    # each writes its own, then reads the other's.
     s_rows: gl.constexpr = l_i.type.layout
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    theirs: gl.constexpr = 5 - mine
     xchg.index(4 + mine).store(l_i)
     _warps_barrier()
     mbarrier.arrive(sums.index(mine), count=1)
     mbarrier.wait(sums.index(1 - mine), phase)
-    theirs = 4 + 1 - mine
-    return l_i + xchg.index(theirs).load(s_rows), xchg.index(4 + mine).load(o_rows) + xchg.index(
-        theirs
-    ).load(o_rows)
+    l_o = xchg.index(4 + mine).load(o_rows) + xchg.index(theirs).load(o_rows)
+    return l_i + xchg.index(theirs).load(s_rows), l_o
 
 
 @gluon.jit
 def _seesaw_left(
     share,
     q_args,
-    bufs,
+    q_bufs,
+    ring,
     bars,
     scales,
     out_args,
@@ -1610,17 +1778,17 @@ def _seesaw_left(
     s_layout: gl.constexpr = _warpgroup_layout(TOKENS)
     o_layout: gl.constexpr = _warpgroup_layout(HALF_V)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_nope, q_rope, kv_nope_ring, kv_rope_ring, v_ring, xchg = bufs
-    ready, empty, a_bar, b_bar, q_bar, sums = bars
+    q_nope, q_rope, q_bar, sums = q_bufs
+    lo_ring, _, rope_ring = ring
+    ready, empty, a_bar, b_bar, xchg = bars
     score_scale, draft_scale, v_scale = scales
     _, b0, b1, base, _, _, _ = share
     segment = _segment(share, gl.minimum(b0, b1), base)
     _send_q(segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, q_bar, BLOCK_H, DRAFT_LEN)
     t0 = 0  # ring tiles of the earlier segments
-    n = 0  # pairs handed over
-    # The last scores, spent, are the next scores' accumulator input
-    # (ignored: use_acc=False): a constant zero tile would hold 32 more
-    # registers a thread throughout.
+    n = 0  # steps handed over
+    # The last scores, spent, are the next scores' accumulator input: a
+    # constant zero tile would hold 32 more registers throughout.
     qk = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
@@ -1637,7 +1805,7 @@ def _seesaw_left(
             first = lo + 2 * j * TOKENS
             if PREFIX_MASK:
                 bits = _mask_bits(masks, mask_rows, request, first, hi, DRAFT_LEN, s_layout)
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, qk)
+            qk = _half_scores(q_nope, q_rope, ring, ready, tile, qk)
             qk = _mask_tail(qk, first, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
@@ -1648,18 +1816,18 @@ def _seesaw_left(
                 m_i,
                 l_i,
                 acc,
-                kv_rope_ring.index(stage),
-                v_ring.index(stage),
+                rope_ring.index(stage),
+                lo_ring.index(stage),
                 xchg,
                 a_bar,
                 PREFIX_MASK,
             )
-            mbarrier.arrive(empty.index(stage), count=1)
+            _release(empty, tile, True)
             stage = (tile + 1) % STAGES
             m_i, l_i, acc = _take_b(
-                l_i, acc, kv_rope_ring.index(stage), v_ring.index(stage), xchg, b_bar, n & 1
+                l_i, acc, rope_ring.index(stage), lo_ring.index(stage), xchg, b_bar, n & 1
             )
-            mbarrier.arrive(empty.index(stage), count=1)
+            _release(empty, tile + 1, True)
             n += 1
         if prefix_tiles % 2 == 1:
             # The odd last tile, alone.
@@ -1667,7 +1835,7 @@ def _seesaw_left(
             first = lo + (prefix_tiles - 1) * TOKENS
             if PREFIX_MASK:
                 bits = _mask_bits(masks, mask_rows, request, first, hi, DRAFT_LEN, s_layout)
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, qk)
+            qk = _half_scores(q_nope, q_rope, ring, ready, tile, qk)
             if not with_drafts:
                 _send_q(segment, b, b1, q_nope, q_rope, q_args, out_args, q_bar, BLOCK_H, DRAFT_LEN)
             qk = _mask_tail(qk, first, hi)
@@ -1680,13 +1848,13 @@ def _seesaw_left(
                 m_i,
                 l_i,
                 acc,
-                kv_rope_ring.index(stage),
-                v_ring.index(stage),
+                rope_ring.index(stage),
+                lo_ring.index(stage),
                 xchg,
                 a_bar,
                 PREFIX_MASK,
             )
-            mbarrier.arrive(empty.index(stage), count=1)
+            _release(empty, tile, True)
             mbarrier.wait(b_bar, n & 1)
             n += 1
         elif not with_drafts:
@@ -1697,23 +1865,26 @@ def _seesaw_left(
         acc = acc * v_scale
 
         if with_drafts:
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, qk)
+            qk = _half_scores(q_nope, q_rope, ring, ready, t0, qk)
             _send_q(segment, b, b1, q_nope, q_rope, q_args, out_args, q_bar, BLOCK_H, DRAFT_LEN)
             qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
-            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
+            v = _draft_values_tile(t0, V_EXT_FROM_K)
+            _await_half(ready[0], v)  # a no-op when v is t0: scored above
             m_i, l_i, acc = _hand_a(
                 qk,
                 draft_scale,
                 m_i,
                 l_i,
                 acc,
-                kv_rope_ring.index(t0 % STAGES),
-                v_tile,
+                rope_ring.index(t0 % STAGES),
+                lo_ring.index(v % STAGES),
                 xchg,
                 a_bar,
                 DRAFT_MASK,
             )
-            _release_drafts(empty, t0, V_EXT_FROM_K)
+            _release(empty, t0, True)
+            if not V_EXT_FROM_K:
+                _release(empty, t0 + 1, True)
             mbarrier.wait(b_bar, n & 1)
             n += 1
             t0 = _after_drafts(t0, V_EXT_FROM_K)
@@ -1729,7 +1900,8 @@ def _seesaw_left(
 @gluon.jit
 def _seesaw_right(
     share,
-    bufs,
+    q_bufs,
+    ring,
     bars,
     scales,
     out_args,
@@ -1744,8 +1916,9 @@ def _seesaw_right(
     s_layout: gl.constexpr = _warpgroup_layout(TOKENS)
     o_layout: gl.constexpr = _warpgroup_layout(HALF_V)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_nope, q_rope, kv_nope_ring, kv_rope_ring, v_ring, xchg = bufs
-    ready, empty, a_bar, b_bar, q_bar, sums = bars
+    q_nope, q_rope, q_bar, sums = q_bufs
+    _, hi_ring, rope_ring = ring
+    ready, empty, a_bar, b_bar, xchg = bars
     score_scale, _, v_scale = scales
     _, b0, b1, base, _, _, _ = share
     t0 = 0
@@ -1761,50 +1934,44 @@ def _seesaw_right(
             mask_rows = _mask_rows(masks, request, DRAFT_LEN, s_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for j in range(prefix_tiles // 2):
-            tile = t0 + 2 * j + 1
+            tile = t0 + 2 * j
             first = lo + (2 * j + 1) * TOKENS
             if PREFIX_MASK:
                 bits = _mask_bits(masks, mask_rows, request, first, hi, DRAFT_LEN, s_layout)
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, qk)
+            qk = _half_scores(q_nope, q_rope, ring, ready, tile + 1, qk)
             qk = _mask_tail(qk, first, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
             m_i, l_i, acc = _right_pair(
-                qk,
-                score_scale,
-                m_i,
-                l_i,
-                acc,
-                (tile - 1) % STAGES,
-                tile % STAGES,
-                bufs,
-                bars,
-                n & 1,
-                PREFIX_MASK,
+                qk, score_scale, l_i, acc, tile, ring, bars, n & 1, PREFIX_MASK
             )
             n += 1
         if prefix_tiles % 2 == 1:
-            stage = (t0 + prefix_tiles - 1) % STAGES
+            tile = t0 + prefix_tiles - 1
+            stage = tile % STAGES
+            m_i, l_i, acc = _right_single(
+                l_i, acc, rope_ring.index(stage), hi_ring.index(stage), xchg, a_bar, b_bar, n & 1
+            )
+            _release(empty, tile, False)
+            n += 1
+        t0 += prefix_tiles
+        acc = acc * v_scale
+        if with_drafts:
+            v = _draft_values_tile(t0, V_EXT_FROM_K)
+            _await_half(ready[1], v)  # the left waited for t0's; V's tile may be t0 + 1
             m_i, l_i, acc = _right_single(
                 l_i,
                 acc,
-                kv_rope_ring.index(stage),
-                v_ring.index(stage),
+                rope_ring.index(t0 % STAGES),
+                hi_ring.index(v % STAGES),
                 xchg,
                 a_bar,
                 b_bar,
                 n & 1,
             )
-            mbarrier.arrive(empty.index(stage), count=1)
-            n += 1
-        t0 += prefix_tiles
-        acc = acc * v_scale
-        if with_drafts:
-            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
-            m_i, l_i, acc = _right_single(
-                l_i, acc, kv_rope_ring.index(t0 % STAGES), v_tile, xchg, a_bar, b_bar, n & 1
-            )
-            _release_drafts(empty, t0, V_EXT_FROM_K)
+            _release(empty, t0, False)
+            if not V_EXT_FROM_K:
+                _release(empty, t0 + 1, False)
             n += 1
             t0 = _after_drafts(t0, V_EXT_FROM_K)
         l_i, l_o = _total_sums(l_i, acc, xchg, sums, 1, (b - b0) & 1)
@@ -1909,6 +2076,107 @@ def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         )
         row = _partial_rows(slot, offs_h, offs_i, num_heads, BLOCK_H, DRAFT_LEN, layout)
         gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
+
+
+@gluon.jit
+def _seesaw(
+    share,
+    q_args,
+    q_nope,
+    q_rope,
+    K_BUF,
+    KV_INDICES,
+    stride_k_slot,
+    ext,
+    scales,
+    out_args,
+    masks,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    V_EXT_FROM_K: gl.constexpr,
+    PREFIX_MASK: gl.constexpr,
+    DRAFT_MASK: gl.constexpr,
+):
+    # The seesaw's ring of halves, its barriers and its partitions.
+    half_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TOKENS, HALF_V], gl.bfloat16)
+    lo_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TOKENS, HALF_V], half_smem)
+    hi_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TOKENS, HALF_V], half_smem)
+    rope_ring = gl.allocate_shared_memory(
+        gl.bfloat16,
+        [STAGES, TOKENS, D_ROPE],
+        gl.NVMMASharedLayout.get_default_for([TOKENS, D_ROPE], gl.bfloat16),
+    )
+    ring = (lo_ring, hi_ring, rope_ring)
+    barrier: gl.constexpr = mbarrier.MBarrierLayout()
+    ready_lo = gl.allocate_shared_memory(gl.int64, [STAGES, 1], barrier)
+    ready_hi = gl.allocate_shared_memory(gl.int64, [STAGES, 1], barrier)
+    empty_lo = gl.allocate_shared_memory(gl.int64, [STAGES, 1], barrier)
+    empty_hi = gl.allocate_shared_memory(gl.int64, [STAGES, 1], barrier)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(ready_lo.index(stage), count=PRODUCER_WARPS * 32)
+        mbarrier.init(ready_hi.index(stage), count=PRODUCER_WARPS * 32)
+        mbarrier.init(empty_lo.index(stage), count=1)  # the left's
+        mbarrier.init(empty_hi.index(stage), count=2)
+    ready = (ready_lo, ready_hi)
+    empty = (empty_lo, empty_hi)
+    xchg = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    a_bar = gl.allocate_shared_memory(gl.int64, [1], barrier)
+    b_bar = gl.allocate_shared_memory(gl.int64, [1], barrier)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], barrier)
+    sums = gl.allocate_shared_memory(gl.int64, [2, 1], barrier)
+    mbarrier.init(a_bar, count=1)
+    mbarrier.init(b_bar, count=1)
+    mbarrier.init(q_bar, count=WARPGROUP * 32)
+    mbarrier.init(sums.index(0), count=1)
+    mbarrier.init(sums.index(1), count=1)
+    fence_async_shared()
+    q_bufs = (q_nope, q_rope, q_bar, sums)
+    bars = (ready, empty, a_bar, b_bar, xchg)
+    gl.warp_specialize(
+        [
+            (
+                _seesaw_left,
+                (
+                    share,
+                    q_args,
+                    q_bufs,
+                    ring,
+                    bars,
+                    scales,
+                    out_args,
+                    masks,
+                    BLOCK_H,
+                    DRAFT_LEN,
+                    V_EXT_FROM_K,
+                    PREFIX_MASK,
+                    DRAFT_MASK,
+                ),
+            ),
+            (
+                _seesaw_right,
+                (
+                    share,
+                    q_bufs,
+                    ring,
+                    bars,
+                    scales,
+                    out_args,
+                    masks,
+                    BLOCK_H,
+                    DRAFT_LEN,
+                    V_EXT_FROM_K,
+                    PREFIX_MASK,
+                    DRAFT_MASK,
+                ),
+            ),
+            (
+                _produce_halves,
+                (share, K_BUF, KV_INDICES, stride_k_slot, ext, ring, ready, empty, V_EXT_FROM_K),
+            ),
+        ],
+        [WARPGROUP, PRODUCER_WARPS],
+        [SEESAW_REGS, PRODUCER_REGS],
+    )
 
 
 @gluon.jit(do_not_specialize=["batch_size", "min_share"])
@@ -2077,6 +2345,26 @@ def _prefix_kernel_sm90(
         # them (_issue_q).
         q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, RING_ROPE], rope_smem)
+        if SCORE_VALUE and SEESAW and MLA and not RAGGED:
+            _seesaw(
+                share,
+                q_args,
+                q_nope,
+                q_rope,
+                K_BUF,
+                KV_INDICES,
+                stride_k_slot,
+                ext,
+                scales,
+                out_args,
+                masks,
+                BLOCK_H,
+                DRAFT_LEN,
+                V_EXT_FROM_K,
+                PREFIX_MASK,
+                DRAFT_MASK,
+            )
+            return
         # The ring holds KV rows as stored; with fp8 KV (columns), one
         # bf16 tile besides (module docstring).
         kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
@@ -2120,63 +2408,7 @@ def _prefix_kernel_sm90(
             V_EXT_FROM_K,
             KV_FP8,
         )
-        if SCORE_VALUE and SEESAW and not RAGGED:
-            xchg = gl.allocate_shared_memory(
-                gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
-            )
-            a_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            b_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            sums = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            mbarrier.init(a_bar, count=1)
-            mbarrier.init(b_bar, count=1)
-            mbarrier.init(q_bar, count=WARPGROUP * 32)
-            mbarrier.init(sums.index(0), count=1)
-            mbarrier.init(sums.index(1), count=1)
-            fence_async_shared()
-            bufs = (q_nope, q_rope, kv_nope_ring, kv_rope_ring, v_ring, xchg)
-            bars = (ready, empty, a_bar, b_bar, q_bar, sums)
-            gl.warp_specialize(
-                [
-                    (
-                        _seesaw_left,
-                        (
-                            share,
-                            q_args,
-                            bufs,
-                            bars,
-                            scales,
-                            out_args,
-                            masks,
-                            BLOCK_H,
-                            DRAFT_LEN,
-                            V_EXT_FROM_K,
-                            PREFIX_MASK,
-                            DRAFT_MASK,
-                        ),
-                    ),
-                    (
-                        _seesaw_right,
-                        (
-                            share,
-                            bufs,
-                            bars,
-                            scales,
-                            out_args,
-                            masks,
-                            BLOCK_H,
-                            DRAFT_LEN,
-                            V_EXT_FROM_K,
-                            PREFIX_MASK,
-                            DRAFT_MASK,
-                        ),
-                    ),
-                    (_produce, produce_args),
-                ],
-                [WARPGROUP, PRODUCER_WARPS],
-                [SEESAW_REGS, PRODUCER_REGS],
-            )
-        elif SCORE_VALUE:
+        if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
             # the final row sums.
             xchg = gl.allocate_shared_memory(
