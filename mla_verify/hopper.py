@@ -44,10 +44,6 @@ ORDER_REQUESTS = 128
 MAX_REGS = 168
 PRODUCER_REGS = 88
 VALUE_REGS = 176
-# Seesaw (kernel_sm90): both consumer warpgroups hold half the output and a
-# score tile: (3 x 168 - 88) / 2 a thread each.
-SEESAW = True
-SEESAW_REGS = 208
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
 SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
@@ -68,8 +64,6 @@ SHAPE = (
     MAX_REGS,
     WARPGROUP,
     VALUE_REGS,
-    SEESAW,
-    SEESAW_REGS,
     HALF_V,
     DRAFT_POSITIONS,
     PLAN_ELEMENTS,
