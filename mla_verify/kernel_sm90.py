@@ -1241,9 +1241,7 @@ def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, MASKED: gl
     # (spent: only the score warpgroup read them, for the scores now
     # done) and the factor that rescales the earlier tiles into xchg,
     # for the value warpgroup.
-    # PROBE: no softmax (wrong results): P = scaled scores, no max, no exp2, alpha 1.
-    p = qk * scale
-    alpha = gl.full(m_i.shape, 1.0, gl.float32, layout=m_i.type.layout)
+    p, alpha, m_i = _online_softmax(qk, scale, m_i, MASKED)
     kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
     xchg.index(stage).store(alpha)
     fence_async_shared()
