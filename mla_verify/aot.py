@@ -330,7 +330,7 @@ def _compile_hopper_kernel(
         PREFIX_MASK=prefix_mask,
         DRAFT_MASK=draft_mask,
     )
-    pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16", "TIMES": "*i64"}
+    pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     src = _signature(
         fn,
         pointers,

@@ -121,25 +121,6 @@ RING_ROPE = gl.constexpr(problem.D_ROPE)
 
 
 @gluon.jit
-def _clock(x):
-    # PROBE: the SM's cycle counter (x only orders the read).
-    return gl.inline_asm_elementwise(
-        "mov.u64 $0, %clock64;", "=l,r", [x], dtype=gl.int64, is_pure=False, pack=1
-    )
-
-
-PROBE_TIMES = [None]  # PROBE: the stamps' buffer, set by scripts/stamp_probe.py
-STAMPS = gl.constexpr(128)  # PROBE: stamps a CTA
-FIRST_STAMPED = gl.constexpr(8)  # PROBE: tiles 8 .. 15 of a CTA's first segment
-
-
-@gluon.jit
-def _stamp(probe, k, x):
-    TIMES, stamp_id = probe
-    gl.store(TIMES + stamp_id + k, _clock(x))
-
-
-@gluon.jit
 def _add(a, b):
     return a + b
 
@@ -755,7 +736,6 @@ def _produce(
     empty,
     V_EXT_FROM_K: gl.constexpr,
     KV_FP8: gl.constexpr,
-    probe,
 ):
     # The ring runs on across the share's segments: while the consumers
     # finish one request, the next one's first tiles arrive. Without rope
@@ -788,13 +768,7 @@ def _produce(
                 next_rope_rows = next_nope_rows
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
-            stamped = (b == b0) & (t >= FIRST_STAMPED) & (t < FIRST_STAMPED + 8)
-            slot = (t - FIRST_STAMPED) * 12
-            if stamped:
-                _stamp(probe, slot + 9, t)
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
-            if stamped:
-                _stamp(probe, slot + 10, t)
             _gather_tile(
                 kv_nope_ring.index(stage),
                 kv_rope_ring.index(stage),
@@ -812,8 +786,6 @@ def _produce(
             rope_rows = next_rope_rows
             # Each producer thread arrives once its own copies have landed.
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-            if stamped:
-                _stamp(probe, slot + 11, t)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
@@ -1297,7 +1269,6 @@ def _consume_scores(
     V_EXT_FROM_K: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
-    probe,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
     # the online softmax, and the first half of the output columns.
@@ -1339,39 +1310,21 @@ def _consume_scores(
                 bits = _mask_bits(
                     masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
                 )
-            stamped = (b == b0) & (t >= FIRST_STAMPED) & (t < FIRST_STAMPED + 8)
-            slot = (t - FIRST_STAMPED) * 12
-            if stamped:
-                _stamp(probe, slot + 0, t)
-            mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
-            fence_async_shared()
-            if stamped:
-                _stamp(probe, slot + 1, t)
-            qk = _scores(
-                q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s
-            )
-            if stamped:
-                _stamp(probe, slot + 2, t)
+            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
-            p, alpha, m_i = _online_softmax(qk, score_scale, m_i, PREFIX_MASK)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            if stamped:
-                _stamp(probe, slot + 3, t)
-            kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
-            xchg.index(stage).store(alpha)
-            fence_async_shared()
-            _warps_barrier()
-            mbarrier.arrive(p_bar.index(stage), count=1)
-            if stamped:
-                _stamp(probe, slot + 4, t)
+            alpha, m_i, l_i = _hand_over(
+                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, PREFIX_MASK
+            )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            # This tile's P V, and its stage freed, before waiting for the
+            # next tile: issued behind the next tile's scores instead, the
+            # stage was freed only once that tile had landed, and the ring
+            # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(
                 kv_rope_ring.index(stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
             )
-            if stamped:
-                _stamp(probe, slot + 5, t)
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
@@ -1447,7 +1400,6 @@ def _consume_values(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
-    probe,
 ):
     # The value warpgroup: the second half of the output columns, one P V
     # for each P the score warpgroup hands over.
@@ -1465,19 +1417,11 @@ def _consume_values(
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
-            stamped = (b == b0) & (t >= FIRST_STAMPED) & (t < FIRST_STAMPED + 8)
-            slot = (t - FIRST_STAMPED) * 12
-            if stamped:
-                _stamp(probe, slot + 6, t)
             mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
-            if stamped:
-                _stamp(probe, slot + 7, t)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
             acc = warpgroup_mma(
                 kv_rope_ring.index(stage), v_ring.index(stage).slice(HALF_V, HALF_V, dim=1), acc
             )
-            if stamped:
-                _stamp(probe, slot + 8, t)
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         acc = acc * v_scale
@@ -1610,7 +1554,6 @@ def _prefix_kernel_sm90(
     MASK_INDPTR,
     PART_O,
     PART_LSE,
-    TIMES,
     stride_q_tok,
     stride_q_head,
     stride_k_slot,
@@ -1650,7 +1593,6 @@ def _prefix_kernel_sm90(
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    probe = (TIMES, (head_block * gl.num_programs(1) + cta) * STAMPS)
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
     # The share (module docstring): the head block's positions, cut into
     # equal ranges, one per CTA, of min_share positions at least.
@@ -1805,7 +1747,6 @@ def _prefix_kernel_sm90(
             empty,
             V_EXT_FROM_K,
             KV_FP8,
-            probe,
         )
         if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
@@ -1844,7 +1785,6 @@ def _prefix_kernel_sm90(
                             V_EXT_FROM_K,
                             PREFIX_MASK,
                             DRAFT_MASK,
-                            probe,
                         ),
                     ),
                     (
@@ -1861,7 +1801,6 @@ def _prefix_kernel_sm90(
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
-                            probe,
                         ),
                     ),
                     (_produce, produce_args),
@@ -1996,7 +1935,6 @@ def launch_prefix(
         mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
-        PROBE_TIMES[0],
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
