@@ -36,7 +36,7 @@ from triton.runtime.jit import JITFunction
 from . import assembler, hopper, kernel
 from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
 from .device import arch_shared_memory
-from .problem import MLA_HEAD_DIMS, check_head_dims
+from .problem import D_NOPE, D_ROPE, MLA_HEAD_DIMS, check_head_dims
 
 # The AMD archs we ship tables for.
 AMD_ARCHS = ("gfx942", "gfx950")
@@ -132,6 +132,7 @@ def compile_stage1(
     mask: str = "none",
     separate_v: bool = False,
     ragged: bool = False,
+    paged: bool = False,
 ):
     """Stage 1 compiled for ``arch`` as a launch there compiles it (Triton's
     CompiledKernel). MLA takes V as a view of K unless ``separate_v`` (the
@@ -140,8 +141,9 @@ def compile_stage1(
     mask's draft block: the Hopper kernel reads it, the Triton kernel's
     stage 1 does not) or "prefix" (its prefix bits too). ``ragged``: the
     Hopper kernel's module for calls with fewer than L drafts in some
-    request. The split count and share floor are runtime values: any will
-    do."""
+    request; ``paged``: its module for a paged cache it loads by TMA
+    (``hopper.loads_pages``). The split count and share floor are runtime
+    values: any will do."""
     if not isinstance(kernel._prefix_kernel, JITFunction):  # decorated under the interpreter
         raise RuntimeError("aot: TRITON_INTERPRET is set; compile in a process without it")
     target, _ = TARGETS[arch]
@@ -169,6 +171,7 @@ def compile_stage1(
             mask != "none",
             prefix_mask,
             ragged,
+            paged,
         )
     pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
     constexprs = dict(
@@ -313,8 +316,9 @@ def _compile_hopper_kernel(
     draft_mask: bool,
     prefix_mask: bool,
     ragged: bool,
+    paged: bool = False,
 ):
-    fn = hopper.gluon_kernel(head_dims, ragged)._prefix_kernel_sm90
+    fn = hopper.gluon_kernel(head_dims, ragged, paged)._prefix_kernel_sm90
     # The plan's width follows the head count, a runtime value: MLA's 128
     # heads (its widest in practice).
     head_blocks = hopper.head_blocks(128, config.BLOCK_H)
@@ -331,6 +335,14 @@ def _compile_hopper_kernel(
         DRAFT_MASK=draft_mask,
     )
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
+    if paged:  # TMA descriptors of the pool's latent and rope columns
+        kv = pointers["K_BUF"][1:]
+        pointers |= {
+            name: f"tensordesc<{kv}[{hopper.TOKENS}, {width}],{layout!r}>"
+            for name, width, layout in _page_layouts(pointers["K_BUF"])
+        }
+    else:
+        constexprs |= {"PAGE_NOPE": None, "PAGE_ROPE": None}
     src = _signature(
         fn,
         pointers,
@@ -340,3 +352,15 @@ def _compile_hopper_kernel(
     )
     with assembler.scope():  # the ptxas a launch assembles it with
         return triton.compile(src, target=target, options=hopper.launch_options(score_value))
+
+
+def _page_layouts(kv_pointer: str) -> list[tuple[str, int, object]]:
+    """The Hopper kernel's page descriptors (name, columns, shared layout)
+    for a KV pointer type of ``_TRITON_DTYPES``'s."""
+    from triton.experimental.gluon import language as gl
+
+    kv = gl.float8e4nv if kv_pointer == "*fp8e4nv" else gl.bfloat16
+    return [
+        (name, width, gl.NVMMASharedLayout.get_default_for([hopper.TOKENS, width], kv))
+        for name, width in (("PAGE_NOPE", D_NOPE), ("PAGE_ROPE", D_ROPE))
+    ]

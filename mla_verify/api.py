@@ -372,6 +372,7 @@ def verify_mla_fwd(
     max_bs: int | None = None,
     *,
     config: VerifyConfig | None = None,
+    page_size: int = 1,
 ) -> bool:
     """Target-verify attention with one shared KV head; a drop-in for
     SGLang's extend attention (and its verify launcher's newer signature).
@@ -413,7 +414,11 @@ def verify_mla_fwd(
     sliding window, logit cap, non-causal without a mask, ...); the caller
     then runs its own kernel. Returns True after writing ``o_extend``.
     Raises ValueError for inconsistent arguments. ``config`` overrides the
-    tuned table (for tuning and tests). Graph-capture safe once the workspace
+    tuned table (for tuning and tests). ``page_size`` > 1 (what
+    ``verify_mla_paged`` passes) promises that ``k_buffer`` is a paged cache
+    of pages of that many tokens seen as a page-size-1 pool, and that each
+    request's ``kv_indices`` run over its pages in order: the Hopper kernel
+    then loads whole pages (TMA). Graph-capture safe once the workspace
     is prepared (see ``prepare_workspace``): draft counts, lengths, slots
     and mask bits may change between replays.
     """
@@ -448,6 +453,9 @@ def verify_mla_fwd(
         q_extend.device,
     )
     _validate_mask(q_extend, qo_indptr, custom_mask, mask_indptr, max_len_extend)
+    _expect(
+        isinstance(page_size, int) and page_size >= 1, "page_size", "an int >= 1", page_size
+    )
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
     if sm_scale is None:
@@ -510,6 +518,7 @@ def verify_mla_fwd(
         # The kernels read mask bytes; a bool mask is the same bytes.
         custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
         mask_indptr=mask_indptr,
+        page_size=page_size,
     )
     return True
 

@@ -73,31 +73,48 @@ SHAPE = (
 
 @functools.cache
 def gluon_kernel(
-    head_dims: tuple[int, int] = MLA_HEAD_DIMS, ragged: bool = False
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS, ragged: bool = False, paged: bool = False
 ) -> ModuleType | None:
-    """The kernel module for ``head_dims`` (MLA's: ``kernel_sm90`` itself)
-    and ``ragged`` calls (some request with fewer than L drafts), or None
-    where this Triton lacks Gluon's Hopper ops (then the Triton kernel runs
-    every call). Other variants get kernel_sm90's source run as a module of
-    its own with ``HEAD_DIMS`` and ``RAGGED`` set, since its tile shapes and
-    those choices are module constants (a constant in every warp
-    partition)."""
+    """The kernel module for ``head_dims`` (MLA's: ``kernel_sm90`` itself),
+    ``ragged`` calls (some request with fewer than L drafts) and ``paged``
+    pools (``loads_pages``), or None where this Triton lacks Gluon's Hopper
+    ops (then the Triton kernel runs every call). Other variants get
+    kernel_sm90's source run as a module of its own with ``HEAD_DIMS``,
+    ``RAGGED`` and ``PAGED`` set, since its tile shapes and those choices
+    are module constants (a constant in every warp partition)."""
     try:
         from . import kernel_sm90
     except ImportError:
         return None
     head_dims = tuple(head_dims)
-    if head_dims == MLA_HEAD_DIMS and not ragged:
+    if head_dims == MLA_HEAD_DIMS and not ragged and not paged:
         assembler.install(kernel_sm90._prefix_kernel_sm90)
         return kernel_sm90
-    name = f"{kernel_sm90.__name__}_{head_dims[0]}x{head_dims[1]}" + ("_ragged" if ragged else "")
+    name = f"{kernel_sm90.__name__}_{head_dims[0]}x{head_dims[1]}"
+    name += ("_ragged" if ragged else "") + ("_paged" if paged else "")
     spec = importlib.util.spec_from_file_location(name, kernel_sm90.__file__)
     module = importlib.util.module_from_spec(spec)
     module.HEAD_DIMS = head_dims
     module.RAGGED = ragged
+    module.PAGED = paged
     spec.loader.exec_module(module)
     assembler.install(module._prefix_kernel_sm90)
     return module
+
+
+def loads_pages(page_size: int, k_buffer) -> bool:
+    """Whether the kernel loads the full prefix tiles of a paged MLA cache
+    whole, by TMA (the PAGED module), where ``k_buffer`` is the cache seen
+    as a page-size-1 pool: pages of a multiple of TOKENS tokens (a tile
+    then lies in one page), rows and their start 16-byte aligned (TMA's
+    rule)."""
+    row_bytes = k_buffer.stride(0) * k_buffer.element_size()
+    return (
+        page_size % TOKENS == 0
+        and row_bytes % 16 == 0
+        and k_buffer.data_ptr() % 16 == 0
+        and k_buffer.stride(-1) == 1
+    )
 
 
 def available() -> bool:

@@ -841,16 +841,20 @@ def launch(
     v_scale: float,
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
+    page_size: int = 1,
 ) -> None:
     """Launch both stages as ``plan`` (a ``plan.Plan`` of this call) says.
     Inputs are trusted (the API validates them); ``part_o`` / ``part_lse``
     hold at least ``workspace_numel(plan.partial_rows, ...)`` elements;
     ``custom_mask`` (uint8, SGLang's layout) and ``mask_indptr`` where the
-    plan reads a mask. Looks nothing up, allocates nothing, never
-    synchronises."""
+    plan reads a mask. ``page_size``: ``k_buffer`` is a paged cache seen as
+    a page-size-1 pool, and each request's ``kv_indices`` run over its pages
+    in order (``verify_mla_paged``'s translation); 1: any slots. Looks
+    nothing up, allocates nothing, never synchronises."""
     config = plan.config
     if plan.hopper:
-        hopper.gluon_kernel(plan.head_dims, plan.ragged).launch_prefix(
+        paged = page_size > 1 and hopper.loads_pages(page_size, k_buffer)
+        hopper.gluon_kernel(plan.head_dims, plan.ragged, paged).launch_prefix(
             q,
             k_buffer,
             v_buffer,

@@ -68,9 +68,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
 
 from . import hopper, problem
@@ -79,6 +81,7 @@ from . import hopper, problem
 # barrier among the calling partition's warps, and a cp.async gather.
 _warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 # The kernels read module constants as constexpr objects (Triton's rule for
 # globals); their values and meaning live in hopper.py.
@@ -114,6 +117,13 @@ HALF_V = gl.constexpr(HEAD_DIMS[1] // 2)  # output columns a consumer warpgroup
 # in every partition (a worker partition gets constexpr arguments as
 # runtime values).
 RAGGED = gl.constexpr(globals().get("RAGGED", False))
+# Whether this module's kernel reads a paged cache of 64 or more tokens a
+# page (hopper.gluon_kernel(..., paged=True); MLA only): kv_indices then
+# hold the slots of its pages' rows, each full prefix tile lies in one
+# page, and the producer loads it whole by TMA, from the slot of its first
+# token. The last, partial tile of a prefix is gathered as the page-size-1
+# pool's are: its rows past the prefix end are zero-filled, not read.
+PAGED = gl.constexpr(globals().get("PAGED", False))
 # Columns of the second ring and of q's second buffer: MLA's rope rows.
 # Score/value hands P over in the ring's (64 x 64, TOKENS wide), so other
 # head dims keep the ring for that; their q buffer of it goes unused.
@@ -281,6 +291,26 @@ def _gather_tile(
         rope_layout: gl.constexpr = _copy_layout(BASE.dtype.element_ty, D_ROPE, PRODUCER_WARPS)
         mask = _tokens(first, rope_layout) < end
         _gather(rope, BASE, rope_rows, mask, stride_row, D_NOPE, D_ROPE, rope_layout)
+
+
+@gluon.jit
+def _page_slot(KV_INDICES, first, end):
+    # PAGED: the slot of the first token of the tile at `first`, where
+    # that tile is full (then its page's rows from there on are the
+    # tile); 0 where it is not (it is gathered).
+    return gl.load(KV_INDICES + first, mask=first + TOKENS <= end, other=0).to(gl.int32)
+
+
+@gluon.jit
+def _load_page_tile(nope, rope, pages, slot, bar):
+    # PAGED: a full tile, TOKENS rows of one page from `slot` on, in bulk
+    # (TMA). The expect is one of the ready barrier's PRODUCER_WARPS * 32
+    # arrivals and sets the bytes to wait for; one arrive makes the rest.
+    nope_desc, rope_desc = pages
+    mbarrier.expect(bar, TOKENS * (D_NOPE + D_ROPE) * nope.dtype.primitive_bitwidth // 8)
+    _tma_load(nope_desc, [slot, 0], bar, nope)
+    _tma_load(rope_desc, [slot, 0], bar, rope)
+    mbarrier.arrive(bar, count=PRODUCER_WARPS * 32 - 1)
 
 
 @gluon.jit
@@ -734,6 +764,7 @@ def _produce(
     v_ring,
     ready,
     empty,
+    pages,
     V_EXT_FROM_K: gl.constexpr,
     KV_FP8: gl.constexpr,
 ):
@@ -748,11 +779,14 @@ def _produce(
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         end = kv_start + hi
-        nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
-        if D_ROPE > 0:  # noqa: SIM108 (constexpr: one branch is compiled)
-            rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
+        if PAGED:
+            page_slot = _page_slot(KV_INDICES, kv_start + lo, end)
         else:
-            rope_rows = nope_rows
+            nope_rows = _slots(KV_INDICES, kv_start + lo, end, nope_layout)
+            if D_ROPE > 0:  # noqa: SIM108 (constexpr: one branch is compiled)
+                rope_rows = _slots(KV_INDICES, kv_start + lo, end, rope_layout)
+            else:
+                rope_rows = nope_rows
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
@@ -761,31 +795,60 @@ def _produce(
             # The next tile's slots, loaded before the wait: their latency
             # hides behind it and this tile's copies. Loaded after the wait,
             # they kept the ring from refilling in time (3-14% slower).
-            next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
-            if D_ROPE > 0:  # noqa: SIM108 (constexpr: one branch is compiled)
-                next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
+            if PAGED:
+                next_page_slot = _page_slot(KV_INDICES, first + TOKENS, end)
             else:
-                next_rope_rows = next_nope_rows
+                next_nope_rows = _slots(KV_INDICES, first + TOKENS, end, nope_layout)
+                if D_ROPE > 0:  # noqa: SIM108 (constexpr: one branch is compiled)
+                    next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
+                else:
+                    next_rope_rows = next_nope_rows
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
-            _gather_tile(
-                kv_nope_ring.index(stage),
-                kv_rope_ring.index(stage),
-                K_BUF,
-                nope_rows,
-                rope_rows,
-                first,
-                end,
-                stride_k_slot,
-                True,
-            )
-            if not MLA:
-                _gather_values(v_ring.index(stage), V_BUF, nope_rows, first, end, stride_v_slot)
-            nope_rows = next_nope_rows
-            rope_rows = next_rope_rows
-            # Each producer thread arrives once its own copies have landed.
-            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+            if PAGED:
+                if first + TOKENS <= end:
+                    _load_page_tile(
+                        kv_nope_ring.index(stage),
+                        kv_rope_ring.index(stage),
+                        pages,
+                        page_slot,
+                        ready.index(stage),
+                    )
+                else:
+                    _gather_tile(
+                        kv_nope_ring.index(stage),
+                        kv_rope_ring.index(stage),
+                        K_BUF,
+                        _slots(KV_INDICES, first, end, nope_layout),
+                        _slots(KV_INDICES, first, end, rope_layout),
+                        first,
+                        end,
+                        stride_k_slot,
+                        True,
+                    )
+                    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+                page_slot = next_page_slot
+            else:
+                _gather_tile(
+                    kv_nope_ring.index(stage),
+                    kv_rope_ring.index(stage),
+                    K_BUF,
+                    nope_rows,
+                    rope_rows,
+                    first,
+                    end,
+                    stride_k_slot,
+                    True,
+                )
+                if not MLA:
+                    _gather_values(
+                        v_ring.index(stage), V_BUF, nope_rows, first, end, stride_v_slot
+                    )
+                nope_rows = next_nope_rows
+                rope_rows = next_rope_rows
+                # Each producer thread arrives once its own copies have landed.
+                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
@@ -1568,6 +1631,8 @@ def _prefix_kernel_sm90(
     score_scale,
     draft_scale,
     v_scale,
+    PAGE_NOPE,
+    PAGE_ROPE,
     DRAFT_LEN: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
@@ -1588,6 +1653,7 @@ def _prefix_kernel_sm90(
         _launch_dependents()
     KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
     gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
+    gl.static_assert(MLA or not PAGED, "paged caches: MLA only")
     # Warps of the default partition: the consumers (columns) or the
     # score warpgroup.
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
@@ -1745,6 +1811,7 @@ def _prefix_kernel_sm90(
             v_ring,
             ready,
             empty,
+            (PAGE_NOPE, PAGE_ROPE),
             V_EXT_FROM_K,
             KV_FP8,
         )
@@ -1913,12 +1980,16 @@ def launch_prefix(
     module's RAGGED: some request may have fewer than ``draft_len`` drafts
     (its rows packed, its head blocks' shares aligned; each CTA orders the
     requests by draft count in ``part_o``'s rows past the partial rows,
-    ``hopper.order_rows``)."""
+    ``hopper.order_rows``). The module's PAGED: ``k_buffer`` is a paged
+    cache seen as a page-size-1 pool, its pages of a multiple of TOKENS
+    tokens, each request's ``kv_indices`` its pages' slots in order
+    (``hopper.loads_pages`` says where that can be read by TMA)."""
     if score_value and k_buffer.dtype != q.dtype:
         raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
     draft_mask = custom_mask is not None
     num_heads = q.shape[1]
     head_blocks = hopper.head_blocks(num_heads, block_h)
+    pages = _page_descriptors(k_buffer) if PAGED else (None, None)
     _prefix_kernel_sm90[(head_blocks, ctas)](
         q,
         k_buffer,
@@ -1949,6 +2020,7 @@ def launch_prefix(
         score_scale,
         draft_scale,
         v_scale,
+        *pages,
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=plan_block,
@@ -1961,4 +2033,19 @@ def launch_prefix(
         PREFIX_MASK=draft_mask and prefix_mask,
         DRAFT_MASK=draft_mask,
         **hopper.launch_options(score_value),
+    )
+
+
+def _page_descriptors(k_buffer):
+    """TMA descriptors of a paged pool's K rows: its latent and its rope
+    columns, a ring stage's tile of each (laid out as the ring is)."""
+    kv_dtype = gl.float8e4nv if k_buffer.element_size() == 1 else gl.bfloat16
+    rows = k_buffer[:, 0]
+    return tuple(
+        TensorDescriptor.from_tensor(
+            rows[:, first : first + width],
+            [hopper.TOKENS, width],
+            gl.NVMMASharedLayout.get_default_for([hopper.TOKENS, width], kv_dtype),
+        )
+        for first, width in ((0, problem.D_NOPE), (problem.D_NOPE, problem.D_ROPE))
     )

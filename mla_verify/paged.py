@@ -301,6 +301,7 @@ def paged_forward(
         k_scale=1.0,
         v_scale=v_scale,
         sm_scale=sm_scale * k_scale,
+        page_size=page_size,
     )
     if not wrote:  # validate_paged admits only calls the gate accepts
         raise RuntimeError("mla_verify: verify_mla_fwd refused a validated paged call")

@@ -47,13 +47,15 @@ def uses_gluon_sm90(
     v_from_k: bool,
     v_dim: int = V_HEAD_DIM,
     score_value: bool = True,
+    others: tuple[torch.Tensor, ...] = (),
 ) -> bool:
     """Whether a Hopper config runs the Hopper kernel for this call's
     tensors (compiled, on an sm90 device, bf16 q, and what
     ``hopper.supports`` names: MLA with V a view of K, or 256/256 and
-    128/128; fp8 KV on the columns schedule only); otherwise the Triton
-    kernel runs the same tile. Metadata only: both kernels read the draft
-    counts and masks on the device."""
+    128/128; fp8 KV on the columns schedule only; q, k_buffer and
+    ``others``, the call's other inputs, ``copy_aligned``); otherwise the
+    Triton kernel runs the same tile. Metadata only: both kernels read the
+    draft counts and masks on the device."""
     return (
         hopper.available()
         and not INTERPRETED
@@ -66,7 +68,17 @@ def uses_gluon_sm90(
             (q.shape[-1], v_dim),
             score_value,
         )
+        and all(copy_aligned(t) for t in (q, k_buffer, *others))
     )
+
+
+def copy_aligned(t: torch.Tensor) -> bool:
+    """Whether the Hopper kernel can copy rows of ``t`` 16 bytes at a time
+    (cp.async): a 16-byte aligned start, and strides (but the last, 1) that
+    are multiples of 16 elements, which is what Triton specialises on. It
+    does not compile for other inputs (rows padded to 580 elements, say);
+    the Triton kernel takes those."""
+    return t.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in t.stride()[:-1])
 
 
 def dependent_launch(device: torch.device) -> bool:
@@ -244,7 +256,13 @@ def plan_call(
     v_from_k = v_is_k_view(k_buffer, v_buffer)
     kv_dtype = KV_DTYPE_NAMES[k_buffer.dtype]
     hopper_kernel = config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
-        q, k_buffer, draft_len, v_from_k, head_dims[1], runs_score_value(config.kernel, kv_dtype)
+        q,
+        k_buffer,
+        draft_len,
+        v_from_k,
+        head_dims[1],
+        runs_score_value(config.kernel, kv_dtype),
+        (v_buffer, k_extend, v_extend),
     )
     if not (v_from_k or hopper_kernel):
         config = for_separate_v(config, head_dims)

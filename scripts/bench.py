@@ -43,7 +43,8 @@ Measures, in one run on one GPU:
   ``triton`` and ``torch_ref``; -page shapes ``paged``, ``tuned``
   (token-indexed, the same values) and, at page 64, ``flashmla`` on the
   very pages ``paged`` reads; ``rev:`` contenders run where ``tuned``
-  does. The others get a ``skipped`` row saying why.
+  does (on -page shapes the revision's ``verify_mla_paged``, as
+  ``paged``). The others get a ``skipped`` row saying why.
 
 Shape specs: ``H{heads}L{drafts}B{batch}`` then the prefix lengths, one of
 ``C{ctx}`` (uniform), ``Rlognormal{mean}`` (lognormal lengths, sigma 1, the
@@ -1286,6 +1287,8 @@ def rev_contender(rev: Revision, batch: Batch, arch: str) -> Contender:
     sets; the config its own ``resolve_config`` names."""
     s = batch.spec
     package = rev.module
+    if s.page_size:
+        return paged_contender(batch, arch, package, rev.name, f"rev:{rev.given}")
     kv_dtype = batch.k_buffer.dtype
     config, source = package.resolve_config(
         s.num_heads, s.draft_len, s.batch_size, kv_dtype, arch, head_dims=s.head_dims
@@ -1304,32 +1307,35 @@ def rev_contender(rev: Revision, batch: Batch, arch: str) -> Contender:
     return Contender(rev.name, launches, out, True, config, f"{source}; rev:{rev.given}")
 
 
-def paged_contender(batch: Batch, arch: str) -> Contender:
-    """``mla_verify.verify_mla_paged`` on each rotation set's paged cache
-    (``batch.paged``: the token-indexed contenders' values, drafts as each
-    sequence's last L positions); the tables' config, as ``tuned``."""
+def paged_contender(
+    batch: Batch, arch: str, package=mla_verify, name: str = "paged", given: str = ""
+) -> Contender:
+    """``verify_mla_paged`` (this package's, or a revision's for ``rev:``
+    contenders) on each rotation set's paged cache (``batch.paged``: the
+    token-indexed contenders' values, drafts as each sequence's last L
+    positions); the tables' config, as ``tuned``."""
     s = batch.spec
     bs, L, H = s.batch_size, s.draft_len, s.num_heads
     q = batch.q.view(bs, L, H, Q_DIM)
     out = batch.sets[0].new_output()  # [bs*L, H, 512]
     out4 = out.view(bs, L, H, V_DIM)
-    config, source = mla_verify.resolve_config(H, L, bs, batch.k_buffer.dtype, arch)
+    config, source = package.resolve_config(H, L, bs, batch.k_buffer.dtype, arch)
 
     def make(kv_cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor):
         def launch() -> None:
-            mla_verify.verify_mla_paged(
+            package.verify_mla_paged(
                 q, kv_cache, block_table, seqlens, sm_scale=batch.sm_scale, out=out4
             )
 
         return launch
 
     return Contender(
-        "paged",
+        name,
         [make(*cache) for cache in batch.paged],
         out,
         True,
         config,
-        f"{source}; verify_mla_paged, {s.page_size}-token pages",
+        "; ".join(filter(None, (source, f"verify_mla_paged, {s.page_size}-token pages", given))),
     )
 
 

@@ -255,3 +255,35 @@ def test_hopper_kernel_ragged_module_compiles():
     for uniform, ragged in zip(rows[::2], rows[1::2]):
         assert uniform[:3] == ragged[:3] and (uniform[3], ragged[3]) == ("False", "True")
         assert int(ragged[4]) == int(uniform[4]), (uniform, ragged)
+
+
+PAGED_SCRIPT = textwrap.dedent(
+    """
+    import re
+    from mla_verify import aot
+    from mla_verify.config import hopper_config
+    calls = (("gluon_sm90", "bf16"), ("gluon_sm90_sv", "bf16"), ("gluon_sm90", "fp8_e4m3"))
+    for kernel, kv_dtype in calls:
+        for paged in (False, True):
+            config = hopper_config(16, 4, 8, kernel)
+            compiled = aot.compile_stage1(config, 4, kv_dtype, "sm90", paged=paged)
+            found = aot.resources(compiled, "sm90")
+            tma = len(re.findall(r"\\bUTMALDG\\b", aot.sass(compiled)))
+            print(kernel, kv_dtype, paged, found.shared, found.spills or 0, tma)
+    """
+)
+
+
+@pytest.mark.slow
+def test_hopper_kernel_paged_module_compiles():
+    """The Hopper kernel's module for paged caches (full tiles loaded by
+    TMA) compiles for sm90 on either schedule, fp8 included, in the
+    shared memory of the token-indexed one, issues TMA loads where that
+    one issues none, and spills nothing."""
+    rows = [line.split() for line in _run_script(PAGED_SCRIPT, timeout=900).splitlines()]
+    assert len(rows) == 6, rows
+    for gathers, pages in zip(rows[::2], rows[1::2]):
+        assert gathers[:2] == pages[:2] and (gathers[2], pages[2]) == ("False", "True")
+        assert int(pages[3]) == int(gathers[3]), (gathers, pages)
+        assert int(pages[4]) == 0, pages
+        assert int(gathers[5]) == 0 and int(pages[5]) > 0, (gathers, pages)

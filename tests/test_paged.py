@@ -294,7 +294,22 @@ def test_gpu_matches_reference(heads, draft_len, lens, page_size, kv):
         q = batch.q.view(-1, heads, 576)
         pool = token_pool(batch.kv_cache)
         assert plan.uses_gluon_sm90(q, pool, draft_len, True, score_value=False)
+        # Its full prefix tiles of 64-token pages then load by TMA.
+        assert hopper.loads_pages(page_size, pool) == (page_size == 64)
     _check(batch, f"page {page_size} {kv}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row_stride", [640, 580])
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_gpu_padded_rows(page_size, row_stride):
+    """Token rows padded to 640 elements (16-byte aligned: TMA loads the
+    pages) or to 580 (not: the tiles are gathered)."""
+    batch = make_paged_batch(
+        16, 4, [3000, 0, 129, 64, 1000], page_size=page_size, row_stride=row_stride, device="cuda"
+    )
+    assert hopper.loads_pages(page_size, token_pool(batch.kv_cache)) == (row_stride == 640)
+    _check(batch, f"page {page_size}, rows of {row_stride}")
 
 
 @pytest.mark.gpu
@@ -362,6 +377,21 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv):
     out.fill_(float("nan"))
     graph.replay()
     check_close(out, second.reference(), what="replay after lengths changed")
+
+
+def test_pages_load_whole_where_tma_can():
+    """hopper.loads_pages: pages of a multiple of 64 tokens, rows and
+    their start 16-byte aligned; else the kernel gathers every tile."""
+    for page_size in PAGE_SIZES:
+        batch = make_paged_batch(H, L, [70], page_size=page_size, seed=14)
+        pool = token_pool(batch.kv_cache)
+        assert hopper.loads_pages(page_size, pool) == (page_size in (64, 128)), page_size
+    for row_stride, aligned in ((640, True), (580, False)):
+        batch = make_paged_batch(H, L, [70], page_size=64, row_stride=row_stride, seed=14)
+        assert hopper.loads_pages(64, token_pool(batch.kv_cache)) == aligned, row_stride
+    buffer = torch.zeros(128 * 576 + 1, dtype=torch.bfloat16)
+    assert hopper.loads_pages(64, buffer[:-1].view(128, 1, 576))
+    assert not hopper.loads_pages(64, buffer[1:].view(128, 1, 576))  # 2 bytes off
 
 
 def test_module_names():
