@@ -302,40 +302,15 @@ def _page_slot(KV_INDICES, first, end):
 
 
 @gluon.jit
-def _load_page_tile(nope, rope, pages, slot, ready, stage):
+def _load_page_tile(nope, rope, pages, slot, bar):
     # PAGED: a full tile, TOKENS rows of one page from `slot` on, in bulk
-    # (TMA), in two halves with a ready barrier each (_await_half): latent
-    # columns 0 .. HALF_V - 1, then the rest and the rope columns. Each
-    # expect is one of its barrier's PRODUCER_WARPS * 32 arrivals and sets
-    # the bytes to wait for; one arrive makes the rest.
+    # (TMA). The expect is one of the ready barrier's PRODUCER_WARPS * 32
+    # arrivals and sets the bytes to wait for; one arrive makes the rest.
     nope_desc, rope_desc = pages
-    elem: gl.constexpr = nope.dtype.primitive_bitwidth // 8
-    first = ready.index(stage)
-    second = ready.index(STAGES + stage)
-    mbarrier.expect(first, TOKENS * HALF_V * elem)
-    _tma_load(nope_desc, [slot, 0], first, nope.slice(0, HALF_V, dim=1))
-    mbarrier.expect(second, TOKENS * (D_NOPE - HALF_V + D_ROPE) * elem)
-    _tma_load(nope_desc, [slot, HALF_V], second, nope.slice(HALF_V, D_NOPE - HALF_V, dim=1))
-    _tma_load(rope_desc, [slot, 0], second, rope)
-    mbarrier.arrive(first, count=PRODUCER_WARPS * 32 - 1)
-    mbarrier.arrive(second, count=PRODUCER_WARPS * 32 - 1)
-
-
-@gluon.jit
-def _arrive_gathered(ready, stage):
-    # Each producer thread arrives once its own copies of the stage have
-    # landed (on both halves' barriers in a PAGED module).
-    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-    if PAGED:
-        async_copy.mbarrier_arrive(ready.index(STAGES + stage), increment_count=False)
-
-
-@gluon.jit
-def _await_tile(ready, t):
-    # Tile t of the ring has landed (both halves in a PAGED module).
-    mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
-    if PAGED:
-        mbarrier.wait(ready.index(STAGES + t % STAGES), (t // STAGES) & 1)
+    mbarrier.expect(bar, TOKENS * (D_NOPE + D_ROPE) * nope.dtype.primitive_bitwidth // 8)
+    _tma_load(nope_desc, [slot, 0], bar, nope)
+    _tma_load(rope_desc, [slot, 0], bar, rope)
+    mbarrier.arrive(bar, count=PRODUCER_WARPS * 32 - 1)
 
 
 @gluon.jit
@@ -760,7 +735,7 @@ def _produce_drafts(
         v_layout: gl.constexpr = _copy_layout(V_EXT.dtype.element_ty, D_V, PRODUCER_WARPS)
         rows = _tokens(q_first, v_layout)
         _gather_values(v_ring.index(stage), V_EXT, rows, q_first, q_first + num_rows, stride_ve_tok)
-    _arrive_gathered(ready, stage)
+    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
     if not V_EXT_FROM_K:
         stage = (t + 1) % STAGES
         mbarrier.wait(empty.index(stage), (((t + 1) // STAGES) & 1) ^ 1)
@@ -772,7 +747,7 @@ def _produce_drafts(
             stride_ve_tok,
             False,
         )
-        _arrive_gathered(ready, stage)
+        async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
 
 @gluon.jit
@@ -838,8 +813,7 @@ def _produce(
                         kv_rope_ring.index(stage),
                         pages,
                         page_slot,
-                        ready,
-                        stage,
+                        ready.index(stage),
                     )
                 else:
                     _gather_tile(
@@ -853,7 +827,7 @@ def _produce(
                         stride_k_slot,
                         True,
                     )
-                    _arrive_gathered(ready, stage)
+                    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
                 page_slot = next_page_slot
             else:
                 _gather_tile(
@@ -874,7 +848,7 @@ def _produce(
                 nope_rows = next_nope_rows
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
-                _arrive_gathered(ready, stage)
+                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
@@ -913,26 +887,6 @@ def _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s):
     stage = t % STAGES
     mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
     fence_async_shared()  # the gathers wrote through the generic proxy
-    if PAGED:
-        # The first half's scores while the second half lands.
-        kv_nope = kv_nope_ring.index(stage)
-        qk = warpgroup_mma(
-            q_nope.slice(0, HALF_V, dim=1),
-            kv_nope.slice(0, HALF_V, dim=1).permute((1, 0)),
-            zero_s,
-            use_acc=False,
-            is_async=True,
-        )
-        mbarrier.wait(ready.index(STAGES + stage), (t // STAGES) & 1)
-        fence_async_shared()
-        qk = warpgroup_mma(
-            q_nope.slice(HALF_V, D_NOPE - HALF_V, dim=1),
-            kv_nope.slice(HALF_V, D_NOPE - HALF_V, dim=1).permute((1, 0)),
-            qk,
-            is_async=True,
-        )
-        qk = warpgroup_mma(q_rope, kv_rope_ring.index(stage).permute((1, 0)), qk, is_async=True)
-        return warpgroup_mma_wait(0, deps=[qk])
     return _scores(q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s)
 
 
@@ -1261,7 +1215,7 @@ def _consume(
                 bits = _mask_bits(
                     masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
                 )
-            _await_tile(ready, tile)
+            mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
             if KV_FP8:
                 # The previous tile's P V is done (_add_pv's last barrier):
                 # the bf16 tile is free, and the fp8 stage is free once read.
@@ -1490,7 +1444,7 @@ def _draft_values(kv_nope_ring, v_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
     elif V_EXT_FROM_K:
         v_tile = kv_nope_ring.index(n % STAGES)
     else:
-        _await_tile(ready, n + 1)
+        mbarrier.wait(ready.index((n + 1) % STAGES), ((n + 1) // STAGES) & 1)
         fence_async_shared()
         v_tile = kv_nope_ring.index((n + 1) % STAGES)
     return v_tile
@@ -1838,17 +1792,10 @@ def _prefix_kernel_sm90(
                 [STAGES, TOKENS, D_V],
                 gl.NVMMASharedLayout.get_default_for([TOKENS, D_V], kv_dtype),
             )
-        # A PAGED module's stages land in halves (_load_page_tile): stage
-        # s's second half has barrier STAGES + s.
-        halves: gl.constexpr = 2 if PAGED else 1
-        ready = gl.allocate_shared_memory(
-            gl.int64, [halves * STAGES, 1], mbarrier.MBarrierLayout()
-        )
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for stage in gl.static_range(STAGES):
             mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
-            if PAGED:
-                mbarrier.init(ready.index(STAGES + stage), count=PRODUCER_WARPS * 32)
             # Score/value: both warpgroups release each stage.
             mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
         produce_args = (
