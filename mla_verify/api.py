@@ -453,9 +453,7 @@ def verify_mla_fwd(
         q_extend.device,
     )
     _validate_mask(q_extend, qo_indptr, custom_mask, mask_indptr, max_len_extend)
-    _expect(
-        isinstance(page_size, int) and page_size >= 1, "page_size", "an int >= 1", page_size
-    )
+    _expect(isinstance(page_size, int) and page_size >= 1, "page_size", "an int >= 1", page_size)
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
     if sm_scale is None:

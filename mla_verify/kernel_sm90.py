@@ -842,9 +842,7 @@ def _produce(
                     True,
                 )
                 if not MLA:
-                    _gather_values(
-                        v_ring.index(stage), V_BUF, nope_rows, first, end, stride_v_slot
-                    )
+                    _gather_values(v_ring.index(stage), V_BUF, nope_rows, first, end, stride_v_slot)
                 nope_rows = next_nope_rows
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
