@@ -49,6 +49,12 @@ Calls whose requests all have L drafts compile to code that knows L.
 fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
 P V, so each tile is widened to bf16 in shared memory (the consumers' cost).
 
+Paged caches (a module of its own, PAGED; verify_mla_paged with pages of 64
+or 128 tokens): the pool's slots run page by page, so a full prefix tile
+lies in one page, and the producer loads it whole by TMA from its first
+token's slot; a prefix's partial last tile is gathered as above (1.02-1.08x
+the gathers on the paged rows of RESULTS.md).
+
 Ordinary attention with one shared KV head (q/k = v = 256 or 128, no rope,
 V a cache of its own): the same kernel, run as a module of its own for
 those head dims (``hopper.gluon_kernel``), on either schedule (fp8 KV on
