@@ -416,9 +416,10 @@ def verify_mla_fwd(
     Raises ValueError for inconsistent arguments. ``config`` overrides the
     tuned table (for tuning and tests). ``page_size`` > 1 (what
     ``verify_mla_paged`` passes) promises that ``k_buffer`` is a paged cache
-    of pages of that many tokens seen as a page-size-1 pool, and that each
-    request's ``kv_indices`` run over its pages in order: the Hopper kernel
-    then loads whole pages (TMA). Graph-capture safe once the workspace
+    of pages of that many tokens seen as a page-size-1 pool, that each
+    request's prefix begins a page and that its ``kv_indices`` run through
+    each page's slots in order: the Hopper kernel then loads whole tiles of
+    a page by TMA (MLA; pages of a multiple of 64 tokens). Graph-capture safe once the workspace
     is prepared (see ``prepare_workspace``): draft counts, lengths, slots
     and mask bits may change between replays.
     """

@@ -65,6 +65,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from . import hopper
 from .config import rows_per_program
+from .problem import MLA_HEAD_DIMS
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -848,12 +849,17 @@ def launch(
     hold at least ``workspace_numel(plan.partial_rows, ...)`` elements;
     ``custom_mask`` (uint8, SGLang's layout) and ``mask_indptr`` where the
     plan reads a mask. ``page_size``: ``k_buffer`` is a paged cache seen as
-    a page-size-1 pool, and each request's ``kv_indices`` run over its pages
-    in order (``verify_mla_paged``'s translation); 1: any slots. Looks
+    a page-size-1 pool, each request's prefix begins a page and its
+    ``kv_indices`` run through each page's slots in order
+    (``verify_mla_paged``'s translation); 1: any slots. Looks
     nothing up, allocates nothing, never synchronises."""
     config = plan.config
     if plan.hopper:
-        paged = page_size > 1 and hopper.loads_pages(page_size, k_buffer)
+        paged = (
+            page_size > 1
+            and plan.head_dims == MLA_HEAD_DIMS
+            and hopper.loads_pages(page_size, k_buffer)
+        )
         hopper.gluon_kernel(plan.head_dims, plan.ragged, paged).launch_prefix(
             q,
             k_buffer,
