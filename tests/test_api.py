@@ -246,6 +246,7 @@ def test_max_bs_sizes_the_workspace_once(monkeypatch):
         (lambda b: _tree(custom_mask=torch.ones(BS * L * L - 1, dtype=torch.bool)), "numel"),
         (lambda b: _tree(custom_mask=torch.ones(10, 10, dtype=torch.bool)), "custom_mask.dim"),
         (lambda b: _tree(custom_mask=torch.ones(100, dtype=torch.bool, device="meta")), "device"),
+        (lambda b: {"page_size": 0}, "page_size"),
     ],
     ids=[
         "o_wrong_shape",
@@ -267,6 +268,7 @@ def test_max_bs_sizes_the_workspace_once(monkeypatch):
         "mask_shorter_than_any_uniform_batch",
         "mask_not_flat",
         "mask_on_other_device",
+        "page_size_zero",
     ],
 )
 def test_malformed_input_names_the_argument(over, match):
