@@ -675,7 +675,7 @@ def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_d
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
     fake_hopper = SimpleNamespace(launch_prefix=lambda *a, **kw: launched.append(kw["score_value"]))
-    monkeypatch.setattr(hopper, "gluon_kernel", lambda head_dims, ragged=False: fake_hopper)
+    monkeypatch.setattr(hopper, "gluon_kernel", lambda *args, **kwargs: fake_hopper)
     batch = make_batch(16, 2, [70, 5], kv_dtype=kv_dtype, device=device)
     batch.run(batch.new_output(), hopper_config(16, 2, 2, kernel_name))
     assert launched == [score_value]
