@@ -102,19 +102,22 @@ def gluon_kernel(
     return module
 
 
+def copy_aligned(t) -> bool:
+    """Whether the kernel can copy rows of the tensor ``t`` 16 bytes at a
+    time (cp.async, TMA): a 16-byte aligned start, and strides (but the
+    last, 1) that are multiples of 16 elements, which is what Triton
+    specialises on. It does not compile for other inputs (rows padded to
+    580 elements, say); the Triton kernel takes those."""
+    return t.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in t.stride()[:-1])
+
+
 def loads_pages(page_size: int, k_buffer) -> bool:
     """Whether the kernel loads the full prefix tiles of a paged MLA cache
     whole, by TMA (the PAGED module), where ``k_buffer`` is the cache seen
     as a page-size-1 pool: pages of a multiple of TOKENS tokens (a tile
-    then lies in one page), rows and their start 16-byte aligned (TMA's
-    rule)."""
-    row_bytes = k_buffer.stride(0) * k_buffer.element_size()
-    return (
-        page_size % TOKENS == 0
-        and row_bytes % 16 == 0
-        and k_buffer.data_ptr() % 16 == 0
-        and k_buffer.stride(-1) == 1
-    )
+    then lies in one page) and rows it can copy (``copy_aligned``, which
+    TMA's 16-byte rule needs too)."""
+    return page_size % TOKENS == 0 and copy_aligned(k_buffer)
 
 
 def available() -> bool:

@@ -53,7 +53,7 @@ def uses_gluon_sm90(
     tensors (compiled, on an sm90 device, bf16 q, and what
     ``hopper.supports`` names: MLA with V a view of K, or 256/256 and
     128/128; fp8 KV on the columns schedule only; q, k_buffer and
-    ``others``, the call's other inputs, ``copy_aligned``); otherwise the
+    ``others``, the call's other inputs, ``hopper.copy_aligned``); otherwise the
     Triton kernel runs the same tile. Metadata only: both kernels read the
     draft counts and masks on the device."""
     return (
@@ -68,17 +68,8 @@ def uses_gluon_sm90(
             (q.shape[-1], v_dim),
             score_value,
         )
-        and all(copy_aligned(t) for t in (q, k_buffer, *others))
+        and all(hopper.copy_aligned(t) for t in (q, k_buffer, *others))
     )
-
-
-def copy_aligned(t: torch.Tensor) -> bool:
-    """Whether the Hopper kernel can copy rows of ``t`` 16 bytes at a time
-    (cp.async): a 16-byte aligned start, and strides (but the last, 1) that
-    are multiples of 16 elements, which is what Triton specialises on. It
-    does not compile for other inputs (rows padded to 580 elements, say);
-    the Triton kernel takes those."""
-    return t.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in t.stride()[:-1])
 
 
 def dependent_launch(device: torch.device) -> bool:

@@ -326,12 +326,12 @@ def test_hopper_kernel_takes_16_byte_copies_only():
     elements and 16-byte aligned starts; other inputs go to the Triton
     kernel (the Hopper one does not compile for them)."""
     pool = torch.zeros(64 * 640 + 8, dtype=torch.bfloat16)
-    assert plan.copy_aligned(pool[: 64 * 576].view(64, 1, 576))
-    assert plan.copy_aligned(pool[: 64 * 640].view(64, 1, 640)[..., :576])  # padded rows
-    assert not plan.copy_aligned(pool[: 64 * 580].view(64, 1, 580)[..., :576])
-    assert not plan.copy_aligned(pool[: 64 * 600].view(64, 1, 600)[..., :576])  # 1200 bytes
-    assert not plan.copy_aligned(pool[1 : 1 + 64 * 576].view(64, 1, 576))  # 2 bytes off
-    assert not plan.copy_aligned(pool[4 : 4 + 64 * 576].view(64, 1, 576))  # 8 bytes off
+    assert hopper.copy_aligned(pool[: 64 * 576].view(64, 1, 576))
+    assert hopper.copy_aligned(pool[: 64 * 640].view(64, 1, 640)[..., :576])  # padded rows
+    assert not hopper.copy_aligned(pool[: 64 * 580].view(64, 1, 580)[..., :576])
+    assert not hopper.copy_aligned(pool[: 64 * 600].view(64, 1, 600)[..., :576])  # 1200 bytes
+    assert not hopper.copy_aligned(pool[1 : 1 + 64 * 576].view(64, 1, 576))  # 2 bytes off
+    assert not hopper.copy_aligned(pool[4 : 4 + 64 * 576].view(64, 1, 576))  # 8 bytes off
 
 
 def test_int64_index_tensors(device):
