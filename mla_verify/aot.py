@@ -36,7 +36,7 @@ from triton.runtime.jit import JITFunction
 from . import assembler, hopper, kernel
 from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
 from .device import arch_shared_memory
-from .problem import D_NOPE, D_ROPE, MLA_HEAD_DIMS, check_head_dims
+from .problem import MLA_HEAD_DIMS, check_head_dims
 
 # The AMD archs we ship tables for.
 AMD_ARCHS = ("gfx942", "gfx950")
@@ -318,7 +318,8 @@ def _compile_hopper_kernel(
     ragged: bool,
     paged: bool = False,
 ):
-    fn = hopper.gluon_kernel(head_dims, ragged, paged)._prefix_kernel_sm90
+    module = hopper.gluon_kernel(head_dims, ragged, paged)
+    fn = module._prefix_kernel_sm90
     # The plan's width follows the head count, a runtime value: MLA's 128
     # heads (its widest in practice).
     head_blocks = hopper.head_blocks(128, config.BLOCK_H)
@@ -337,9 +338,12 @@ def _compile_hopper_kernel(
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     if paged:  # TMA descriptors of the pool's latent and rope columns
         kv = pointers["K_BUF"][1:]
+        gl_kv = module.gl.float8e4nv if kv == "fp8e4nv" else module.gl.bfloat16
         pointers |= {
             name: f"tensordesc<{kv}[{hopper.TOKENS}, {width}],{layout!r}>"
-            for name, width, layout in _page_layouts(pointers["K_BUF"])
+            for name, (_, width, layout) in zip(
+                ("PAGE_NOPE", "PAGE_ROPE"), module.page_layouts(gl_kv)
+            )
         }
     else:
         constexprs |= {"PAGE_NOPE": None, "PAGE_ROPE": None}
@@ -352,15 +356,3 @@ def _compile_hopper_kernel(
     )
     with assembler.scope():  # the ptxas a launch assembles it with
         return triton.compile(src, target=target, options=hopper.launch_options(score_value))
-
-
-def _page_layouts(kv_pointer: str) -> list[tuple[str, int, object]]:
-    """The Hopper kernel's page descriptors (name, columns, shared layout)
-    for a KV pointer type of ``_TRITON_DTYPES``'s."""
-    from triton.experimental.gluon import language as gl
-
-    kv = gl.float8e4nv if kv_pointer == "*fp8e4nv" else gl.bfloat16
-    return [
-        (name, width, gl.NVMMASharedLayout.get_default_for([hopper.TOKENS, width], kv))
-        for name, width in (("PAGE_NOPE", D_NOPE), ("PAGE_ROPE", D_ROPE))
-    ]

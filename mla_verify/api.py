@@ -419,8 +419,8 @@ def verify_mla_fwd(
     of pages of that many tokens seen as a page-size-1 pool, that each
     request's prefix begins a page and that its ``kv_indices`` run through
     each page's slots in order: the Hopper kernel then loads whole tiles of
-    a page by TMA (MLA; pages of a multiple of 64 tokens). Graph-capture safe once the workspace
-    is prepared (see ``prepare_workspace``): draft counts, lengths, slots
+    a page by TMA (MLA; pages of a multiple of 64 tokens). Graph-capture
+    safe once the workspace is prepared (see ``prepare_workspace``): draft counts, lengths, slots
     and mask bits may change between replays.
     """
     reason = _refusal(
@@ -485,6 +485,7 @@ def verify_mla_fwd(
         config=config,
         masked=custom_mask is not None,
         skip_prefix_mask=bool(skip_prefix_custom_mask),
+        page_size=page_size,
     )
     if _debug and not capturing(device):
         _check_values(
@@ -517,7 +518,6 @@ def verify_mla_fwd(
         # The kernels read mask bytes; a bool mask is the same bytes.
         custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
         mask_indptr=mask_indptr,
-        page_size=page_size,
     )
     return True
 

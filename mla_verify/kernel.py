@@ -65,7 +65,6 @@ from triton.language.extra.cuda import gdc_wait
 
 from . import hopper
 from .config import rows_per_program
-from .problem import MLA_HEAD_DIMS
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -842,25 +841,16 @@ def launch(
     v_scale: float,
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
-    page_size: int = 1,
 ) -> None:
     """Launch both stages as ``plan`` (a ``plan.Plan`` of this call) says.
     Inputs are trusted (the API validates them); ``part_o`` / ``part_lse``
     hold at least ``workspace_numel(plan.partial_rows, ...)`` elements;
     ``custom_mask`` (uint8, SGLang's layout) and ``mask_indptr`` where the
-    plan reads a mask. ``page_size``: ``k_buffer`` is a paged cache seen as
-    a page-size-1 pool, each request's prefix begins a page and its
-    ``kv_indices`` run through each page's slots in order
-    (``verify_mla_paged``'s translation); 1: any slots. Looks
-    nothing up, allocates nothing, never synchronises."""
+    plan reads a mask. Looks nothing up, allocates nothing, never
+    synchronises."""
     config = plan.config
     if plan.hopper:
-        paged = (
-            page_size > 1
-            and plan.head_dims == MLA_HEAD_DIMS
-            and hopper.loads_pages(page_size, k_buffer)
-        )
-        hopper.gluon_kernel(plan.head_dims, plan.ragged, paged).launch_prefix(
+        hopper.gluon_kernel(plan.head_dims, plan.ragged, plan.paged).launch_prefix(
             q,
             k_buffer,
             v_buffer,

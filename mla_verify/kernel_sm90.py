@@ -2040,16 +2040,22 @@ def launch_prefix(
     )
 
 
+def page_layouts(kv_dtype) -> list[tuple[int, int, gl.NVMMASharedLayout]]:
+    """The PAGED module's TMA copies of a tile (first column, columns,
+    shared layout): K's latent and its rope columns, laid out as the ring
+    is, for KV of ``kv_dtype`` (gl.bfloat16 or gl.float8e4nv)."""
+    return [
+        (first, width, gl.NVMMASharedLayout.get_default_for([hopper.TOKENS, width], kv_dtype))
+        for first, width in ((0, problem.D_NOPE), (problem.D_NOPE, problem.D_ROPE))
+    ]
+
+
 def _page_descriptors(k_buffer):
-    """TMA descriptors of a paged pool's K rows: its latent and its rope
-    columns, a ring stage's tile of each (laid out as the ring is)."""
+    """TMA descriptors of a paged pool's K rows, a ring stage's tile of
+    each of ``page_layouts``'s column ranges."""
     kv_dtype = gl.float8e4nv if k_buffer.element_size() == 1 else gl.bfloat16
     rows = k_buffer[:, 0]
     return tuple(
-        TensorDescriptor.from_tensor(
-            rows[:, first : first + width],
-            [hopper.TOKENS, width],
-            gl.NVMMASharedLayout.get_default_for([hopper.TOKENS, width], kv_dtype),
-        )
-        for first, width in ((0, problem.D_NOPE), (problem.D_NOPE, problem.D_ROPE))
+        TensorDescriptor.from_tensor(rows[:, first : first + width], [hopper.TOKENS, width], layout)
+        for first, width, layout in page_layouts(kv_dtype)
     )

@@ -186,6 +186,9 @@ class Plan:
     draft_mask       the mask's draft block replaces the causal one (the
                      Hopper kernel reads it in stage 1, the Triton path in
                      stage 2)
+    paged            k_buffer is a paged MLA cache whose full prefix tiles
+                     the Hopper kernel loads whole by TMA (its PAGED module,
+                     hopper.loads_pages)
     """
 
     config: VerifyConfig
@@ -202,6 +205,7 @@ class Plan:
     head_dims: tuple[int, int] = MLA_HEAD_DIMS
     prefix_mask: bool = False
     draft_mask: bool = False
+    paged: bool = False
 
     @property
     def hopper(self) -> bool:
@@ -235,10 +239,14 @@ def plan_call(
     config: VerifyConfig,
     masked: bool = False,
     skip_prefix_mask: bool = True,
+    page_size: int = 1,
 ) -> Plan:
     """The plan of one call with ``config`` (tuned or forced). ``masked``:
     the call has a custom mask; ``skip_prefix_mask``: its prefix bits are
-    not read (every row sees the whole prefix).
+    not read (every row sees the whole prefix); ``page_size``: ``k_buffer``
+    is a paged cache seen as a page-size-1 pool, each request's prefix
+    begins a page and its ``kv_indices`` run through each page's slots in
+    order (``verify_mla_paged``'s translation); 1: any slots.
 
     Either kernel reads the draft counts (at most draft_len each) and the
     mask on the device."""
@@ -285,6 +293,9 @@ def plan_call(
         ),
         prefix_mask=masked and not skip_prefix_mask,
         draft_mask=masked,
+        paged=(
+            hopper_kernel and head_dims == MLA_HEAD_DIMS and hopper.loads_pages(page_size, k_buffer)
+        ),
     )
 
 
