@@ -1368,8 +1368,6 @@ def _consume_scores(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
-    # P as the A operand of P V, from registers.
-    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
@@ -1410,20 +1408,15 @@ def _consume_scores(
             _hand_alpha(alpha, stage, xchg, a_bar)
             p = gl.exp2(qk * score_scale - shift[:, None])
             l_i = l_i * alpha + gl.sum(p, 1)
-            p = p.to(gl.bfloat16)
+            _hand_p(p.to(gl.bfloat16), stage, kv_rope_ring, p_bar)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            # This tile's P V from P in registers, issued before P goes to
-            # the value warpgroup, so that it runs while P is stored; and
-            # the stage freed before waiting for the next tile: issued
-            # behind the next tile's scores instead, the stage was freed
-            # only once that tile had landed, and the ring ran one tile
-            # deep (1.5-10% slower).
-            p_op = gl.convert_layout(p, p_operand)
+            # This tile's P V, and its stage freed, before waiting for the
+            # next tile: issued behind the next tile's scores instead, the
+            # stage was freed only once that tile had landed, and the ring
+            # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(
-                p_op, v_ring.index(stage).slice(0, HALF_V, dim=1), acc, is_async=True
+                kv_rope_ring.index(stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
             )
-            _hand_p(p, stage, kv_rope_ring, p_bar)
-            acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
