@@ -1324,6 +1324,12 @@ def _hand_p(p, stage, kv_rope_ring, p_bar):
     # Score/value: P (bf16) goes into the tile's rope rows (spent: only
     # the score warpgroup read them, for the scores now done).
     kv_rope_ring.index(stage).store(p)
+    _p_stored(stage, p_bar)
+
+
+@gluon.jit
+def _p_stored(stage, p_bar):
+    # _hand_p's arrive, once the warpgroup has stored P.
     fence_async_shared()
     _warps_barrier()  # all of the warpgroup's stores before the arrive
     mbarrier.arrive(p_bar.index(stage), count=1)
@@ -1368,6 +1374,8 @@ def _consume_scores(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
+    # P as the A operand of P V, from registers.
+    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
@@ -1408,15 +1416,21 @@ def _consume_scores(
             _hand_alpha(alpha, stage, xchg, a_bar)
             p = gl.exp2(qk * score_scale - shift[:, None])
             l_i = l_i * alpha + gl.sum(p, 1)
-            _hand_p(p.to(gl.bfloat16), stage, kv_rope_ring, p_bar)
+            p = p.to(gl.bfloat16)
+            kv_rope_ring.index(stage).store(p)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            # This tile's P V, and its stage freed, before waiting for the
-            # next tile: issued behind the next tile's scores instead, the
-            # stage was freed only once that tile had landed, and the ring
-            # ran one tile deep (1.5-10% slower).
+            # This tile's P V from P in registers (stored first: a running
+            # wgmma's register operand may not be read), issued before the
+            # hand-over's arrive; and the stage freed before waiting for
+            # the next tile: issued behind the next tile's scores instead,
+            # the stage was freed only once that tile had landed, and the
+            # ring ran one tile deep (1.5-10% slower).
+            p_op = gl.convert_layout(p, p_operand)
             acc = warpgroup_mma(
-                kv_rope_ring.index(stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
+                p_op, v_ring.index(stage).slice(0, HALF_V, dim=1), acc, is_async=True
             )
+            _p_stored(stage, p_bar)
+            acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
