@@ -902,19 +902,12 @@ def _online_softmax(qk, scale, m_i, MASKED: gl.constexpr):
     # one fma with the max (scale > 0, so it commutes with the max).
     # MASKED: a mask may hide every key a row has seen so far; such a
     # row keeps max -inf and shifts by 0, not NaN.
-    shift, alpha, m_new = _new_max(qk, scale, m_i, MASKED)
-    return gl.exp2(qk * scale - shift[:, None]), alpha, m_new
-
-
-@gluon.jit
-def _new_max(qk, scale, m_i, MASKED: gl.constexpr):
-    # _online_softmax's first step: the shift of this tile's exponents,
-    # the rescale factor and the new running max.
     m_new = gl.maximum(m_i, gl.max(qk, 1) * scale)
     shift = m_new
     if MASKED:
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    return shift, gl.exp2(m_i - shift), m_new
+    p = gl.exp2(qk * scale - shift[:, None])
+    return p, gl.exp2(m_i - shift), m_new
 
 
 @gluon.jit
@@ -1310,39 +1303,17 @@ def _consume(
 
 
 @gluon.jit
-def _hand_alpha(alpha, stage, xchg, a_bar):
-    # Score/value: the factor that rescales the earlier tiles goes into
-    # xchg for the value warpgroup, ahead of P: it rescales its half of
-    # the output while the score warpgroup computes P.
+def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, MASKED: gl.constexpr):
+    # Score/value: one tile's softmax. P goes into the tile's rope rows
+    # (spent: only the score warpgroup read them, for the scores now
+    # done) and the factor that rescales the earlier tiles into xchg,
+    # for the value warpgroup.
+    p, alpha, m_i = _online_softmax(qk, scale, m_i, MASKED)
+    kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
     xchg.index(stage).store(alpha)
-    _warps_barrier()  # all of the warpgroup's stores before the arrive
-    mbarrier.arrive(a_bar.index(stage), count=1)
-
-
-@gluon.jit
-def _hand_p(p, stage, kv_rope_ring, p_bar):
-    # Score/value: P (bf16) goes into the tile's rope rows (spent: only
-    # the score warpgroup read them, for the scores now done).
-    kv_rope_ring.index(stage).store(p)
-    _p_stored(stage, p_bar)
-
-
-@gluon.jit
-def _p_stored(stage, p_bar):
-    # _hand_p's arrive, once the warpgroup has stored P.
     fence_async_shared()
     _warps_barrier()  # all of the warpgroup's stores before the arrive
     mbarrier.arrive(p_bar.index(stage), count=1)
-
-
-@gluon.jit
-def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, hand_bars, MASKED: gl.constexpr):
-    # Score/value: one tile's softmax, handed over (_hand_alpha, _hand_p).
-    a_bar, p_bar = hand_bars
-    shift, alpha, m_i = _new_max(qk, scale, m_i, MASKED)
-    _hand_alpha(alpha, stage, xchg, a_bar)
-    p = gl.exp2(qk * scale - shift[:, None])
-    _hand_p(p.to(gl.bfloat16), stage, kv_rope_ring, p_bar)
     return alpha, m_i, l_i * alpha + gl.sum(p, 1)
 
 
@@ -1379,7 +1350,7 @@ def _consume_scores(
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    ready, empty, a_bar, p_bar, sums_bar, sums_free = bars
+    ready, empty, p_bar, sums_bar, sums_free = bars
     score_scale, draft_scale, v_scale = scales
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
@@ -1412,12 +1383,11 @@ def _consume_scores(
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
-            shift, alpha, m_i = _new_max(qk, score_scale, m_i, PREFIX_MASK)
-            _hand_alpha(alpha, stage, xchg, a_bar)
-            p = gl.exp2(qk * score_scale - shift[:, None])
+            p, alpha, m_i = _online_softmax(qk, score_scale, m_i, PREFIX_MASK)
             l_i = l_i * alpha + gl.sum(p, 1)
             p = p.to(gl.bfloat16)
             kv_rope_ring.index(stage).store(p)
+            xchg.index(stage).store(alpha)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             # This tile's P V from P in registers (stored first: a running
             # wgmma's register operand may not be read), issued before the
@@ -1429,7 +1399,9 @@ def _consume_scores(
             acc = warpgroup_mma(
                 p_op, v_ring.index(stage).slice(0, HALF_V, dim=1), acc, is_async=True
             )
-            _p_stored(stage, p_bar)
+            fence_async_shared()
+            _warps_barrier()  # all of the warpgroup's stores before the arrive
+            mbarrier.arrive(p_bar.index(stage), count=1)
             acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
@@ -1447,7 +1419,7 @@ def _consume_scores(
             )
             qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
             alpha, m_i, l_i = _hand_over(
-                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, (a_bar, p_bar), DRAFT_MASK
+                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, DRAFT_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
@@ -1457,7 +1429,6 @@ def _consume_scores(
                 # V's tile carries no P; an arrive keeps that stage's
                 # p_bar phases in step with the ring (nobody waits on it).
                 stage = (t0 + 1) % STAGES
-                mbarrier.arrive(a_bar.index(stage), count=1)
                 mbarrier.arrive(p_bar.index(stage), count=1)
                 mbarrier.arrive(empty.index(stage), count=1)
             t0 = _after_drafts(t0, V_EXT_FROM_K)
@@ -1514,7 +1485,7 @@ def _consume_values(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    ready, empty, a_bar, p_bar, sums_bar, sums_free = bars
+    ready, empty, p_bar, sums_bar, sums_free = bars
     _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
     for b in range(b0, b1 + 1):
@@ -1524,9 +1495,8 @@ def _consume_values(
         for t in range(prefix_tiles):
             tile = t0 + t
             stage = tile % STAGES
-            mbarrier.wait(a_bar.index(stage), (tile // STAGES) & 1)
-            acc = acc * xchg.index(stage).load(o_rows)[:, None]
             mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
             acc = warpgroup_mma(
                 kv_rope_ring.index(stage), v_ring.index(stage).slice(HALF_V, HALF_V, dim=1), acc
             )
@@ -1535,9 +1505,8 @@ def _consume_values(
         acc = acc * v_scale
         if with_drafts:
             stage = t0 % STAGES
-            mbarrier.wait(a_bar.index(stage), (t0 // STAGES) & 1)
-            acc = acc * xchg.index(stage).load(o_rows)[:, None]
             mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
+            acc = acc * xchg.index(stage).load(o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
             acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
             _release_drafts(empty, t0, V_EXT_FROM_K)
@@ -1867,17 +1836,15 @@ def _prefix_kernel_sm90(
             xchg = gl.allocate_shared_memory(
                 gl.float32, [STAGES + 1, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
             )
-            a_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             p_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             sums_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             sums_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             for stage in gl.static_range(STAGES):
-                mbarrier.init(a_bar.index(stage), count=1)
                 mbarrier.init(p_bar.index(stage), count=1)
             mbarrier.init(sums_bar, count=1)
             mbarrier.init(sums_free, count=1)
             fence_async_shared()
-            bars = (ready, empty, a_bar, p_bar, sums_bar, sums_free)
+            bars = (ready, empty, p_bar, sums_bar, sums_free)
             gl.warp_specialize(
                 [
                     (
