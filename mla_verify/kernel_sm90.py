@@ -1345,8 +1345,6 @@ def _consume_scores(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
-    # P as the A operand of P V, from registers.
-    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
@@ -1383,26 +1381,17 @@ def _consume_scores(
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
-            p, alpha, m_i = _online_softmax(qk, score_scale, m_i, PREFIX_MASK)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            p = p.to(gl.bfloat16)
-            kv_rope_ring.index(stage).store(p)
-            xchg.index(stage).store(alpha)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            # This tile's P V from P in registers (stored first: a running
-            # wgmma's register operand may not be read), issued before the
-            # hand-over's arrive; and the stage freed before waiting for
-            # the next tile: issued behind the next tile's scores instead,
-            # the stage was freed only once that tile had landed, and the
-            # ring ran one tile deep (1.5-10% slower).
-            p_op = gl.convert_layout(p, p_operand)
-            acc = warpgroup_mma(
-                p_op, v_ring.index(stage).slice(0, HALF_V, dim=1), acc, is_async=True
+            alpha, m_i, l_i = _hand_over(
+                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, PREFIX_MASK
             )
-            fence_async_shared()
-            _warps_barrier()  # all of the warpgroup's stores before the arrive
-            mbarrier.arrive(p_bar.index(stage), count=1)
-            acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            # This tile's P V, and its stage freed, before waiting for the
+            # next tile: issued behind the next tile's scores instead, the
+            # stage was freed only once that tile had landed, and the ring
+            # ran one tile deep (1.5-10% slower).
+            acc = warpgroup_mma(
+                kv_rope_ring.index(stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
+            )
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
