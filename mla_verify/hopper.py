@@ -13,8 +13,8 @@ from . import assembler
 from .problem import D_NOPE, MLA_HEAD_DIMS
 
 ROWS = 64  # query rows per CTA (BLOCK_H heads x L drafts): one wgmma M per warpgroup
-TOKENS = 32  # prefix tokens per ring stage
-STAGES = 4  # q 72 KB + 4 x 36 KB ring fill the 227 KB of shared memory
+TOKENS = 64  # prefix tokens per ring stage
+STAGES = 2  # q 72 KB + 2 x 72 KB ring fill the 227 KB of shared memory
 CONSUMER_WARPS = 8  # the columns schedule's consumer partition
 WARPGROUP = 4  # warps of one warpgroup (the score/value partitions)
 PRODUCER_WARPS = 4

@@ -133,10 +133,9 @@ RAGGED = gl.constexpr(globals().get("RAGGED", False))
 # pool's are: its rows past the prefix end are zero-filled, not read.
 PAGED = gl.constexpr(globals().get("PAGED", False))
 # Columns of the second ring and of q's second buffer: MLA's rope rows.
-# Score/value hands P over in the ring's (TOKENS x 64, as P's 64 x TOKENS), so other
+# Score/value hands P over in the ring's (64 x 64, TOKENS wide), so other
 # head dims keep the ring for that; their q buffer of it goes unused.
 RING_ROPE = gl.constexpr(problem.D_ROPE)
-P_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([hopper.ROWS, hopper.TOKENS], gl.bfloat16))
 
 
 @gluon.jit
@@ -1183,7 +1182,7 @@ def _consume(
     # Warpgroup g computes score columns 32g .. 32g + 31 and output
     # columns g HALF_V .. (g + 1) HALF_V - 1 of all 64 rows.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, TOKENS // 2, 16]
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, HALF_V, 16]
@@ -1306,20 +1305,13 @@ def _consume(
 
 
 @gluon.jit
-def _p_tile(kv_rope_ring, stage):
-    # Score/value: P (ROWS x TOKENS) in the stage's spent rope rows
-    # (TOKENS x RING_ROPE, as many elements).
-    return kv_rope_ring.index(stage)._reinterpret(gl.bfloat16, [ROWS, TOKENS], P_SMEM)
-
-
-@gluon.jit
 def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, MASKED: gl.constexpr):
     # Score/value: one tile's softmax. P goes into the tile's rope rows
     # (spent: only the score warpgroup read them, for the scores now
     # done) and the factor that rescales the earlier tiles into xchg,
     # for the value warpgroup.
     p, alpha, m_i = _online_softmax(qk, scale, m_i, MASKED)
-    _p_tile(kv_rope_ring, stage).store(p.to(gl.bfloat16))
+    kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
     xchg.index(stage).store(alpha)
     fence_async_shared()
     _warps_barrier()  # all of the warpgroup's stores before the arrive
@@ -1350,7 +1342,7 @@ def _consume_scores(
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
     # the online softmax, and the first half of the output columns.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, TOKENS, 16]
+        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
@@ -1400,7 +1392,7 @@ def _consume_scores(
             # stage was freed only once that tile had landed, and the ring
             # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(
-                _p_tile(kv_rope_ring, stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
+                kv_rope_ring.index(stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
             )
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
@@ -1422,7 +1414,7 @@ def _consume_scores(
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
-            acc = warpgroup_mma(_p_tile(kv_rope_ring, stage), v_tile.slice(0, HALF_V, dim=1), acc)
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
             mbarrier.arrive(empty.index(stage), count=1)
             if not V_EXT_FROM_K:
                 # V's tile carries no P; an arrive keeps that stage's
@@ -1497,7 +1489,7 @@ def _consume_values(
             mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
             acc = warpgroup_mma(
-                _p_tile(kv_rope_ring, stage), v_ring.index(stage).slice(HALF_V, HALF_V, dim=1), acc
+                kv_rope_ring.index(stage), v_ring.index(stage).slice(HALF_V, HALF_V, dim=1), acc
             )
             mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
@@ -1507,7 +1499,7 @@ def _consume_values(
             mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
             v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
-            acc = warpgroup_mma(_p_tile(kv_rope_ring, stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
+            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
             _release_drafts(empty, t0, V_EXT_FROM_K)
             t0 = _after_drafts(t0, V_EXT_FROM_K)
         mbarrier.wait(sums_bar, (b - b0) & 1)
