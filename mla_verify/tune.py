@@ -687,6 +687,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for option, value in (("--top-k", args.top_k), ("--jobs", args.jobs)):
         if value is not None and value < 1:
             p.error(f"{option}: expected a positive int, got {value}")
+    if args.own_kernel_only and args.triton_only:
+        p.error("--triton-only: not with --own-kernel-only")
     if args.redo and args.remeasure:
         p.error("--remeasure: not with --redo (which searches every bucket again)")
     if not 0 <= args.margin < 1:
@@ -800,6 +802,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="search only the arch's own kernel (the Hopper one on sm90), not the portable "
         "Triton kernel beside it: its compiles take most of a full grid's time",
+    )
+    p.add_argument(
+        "--triton-only",
+        action="store_true",
+        help="in the buckets the table holds, search only the portable Triton kernel beside "
+        "the arch's own (sm90), adding or refreshing its winner and keeping the own "
+        "kernel's record as it is; a bucket the table lacks is searched in full",
     )
     p.add_argument(
         "--check",
@@ -1005,7 +1014,8 @@ def pending_work(args, out_path: Path) -> list[EntryWork]:
     kernel family (``tables.record_is_stale``). A bucket the table holds
     runs only the searches of its stale records and keeps the others; one
     without a Triton record beside its config was tuned with
-    --own-kernel-only and gets none. A new bucket, every bucket of an
+    --own-kernel-only and gets none, unless --triton-only asks for the
+    Triton search alone in the held buckets. A new bucket, every bucket of an
     unmeasured (model-derived) table and, with --redo, every bucket runs
     every search. With --remeasure a stale record's search is its config
     timed again (``_remeasure_bucket``)."""
@@ -1032,7 +1042,11 @@ def pending_work(args, out_path: Path) -> list[EntryWork]:
                         if not records
                         or args.redo
                         or (k in records and _is_stale(records[k], existing))
+                        or (args.triton_only and k == "triton" and k not in records)
                     )
+                    if args.triton_only and records and "triton" in kernels:
+                        # A held bucket keeps the arch's own record as it is.
+                        todo = tuple(k for k in todo if k == "triton")
                     keep = {k: r for k, r in records.items() if k not in todo}
                     if todo:
                         searches[bs] = todo

@@ -406,6 +406,12 @@ RESUME = {
     "triton_changed_own_kernel_only": ((CURRENT[0], OLD), ["--own-kernel-only"], {}),
     "bucket_missing": (None, [], {1: (None, "triton")}),
     "redo": (CURRENT, ["--redo"], {1: (None, "triton"), 2: (None, "triton")}),
+    # --triton-only: the Triton search alone where the bucket is held
+    "no_triton_record_triton_only": ((CURRENT[0], None), ["--triton-only"], {1: ("triton",)}),
+    "both_changed_triton_only": ((OLD, OLD), ["--triton-only"], {1: ("triton",)}),
+    "all_current_triton_only": (CURRENT, ["--triton-only"], {}),
+    "bucket_missing_triton_only": (None, ["--triton-only"], {1: (None, "triton")}),
+    "redo_triton_only": (CURRENT, ["--redo", "--triton-only"], {1: ("triton",), 2: ("triton",)}),
 }
 
 
@@ -878,6 +884,8 @@ def test_own_kernel_only_leaves_the_portable_search_out():
     --own-kernel-only asks for the Hopper kernel's alone."""
     assert tune.parse_args(["--own-kernel-only"]).own_kernel_only
     assert not tune.parse_args([]).own_kernel_only
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--own-kernel-only", "--triton-only"])
     if hopper.available():
         assert tune._searches(16, 4, "bf16", "sm90", (576, 512)) == [None, "triton"]
     assert tune._searches(16, 4, "bf16", "sm90", (576, 512), portable=False) == [None]
