@@ -1431,7 +1431,9 @@ class FlashInfer:
 class FlashMLA:
     """FlashMLA's dense decode (``flash_mla_with_kvcache``, SM90), used only
     where ``import flash_mla`` succeeds; ``reason`` says why not. This
-    project ships no FlashMLA code and no way to build it."""
+    project ships no FlashMLA code: ``scripts/build_flashmla.py`` builds
+    the bf16 dense decode in a FlashMLA checkout fetched outside it and
+    prints the PYTHONPATH that puts that checkout's ``flash_mla`` here."""
 
     def __init__(self, enabled: bool) -> None:
         self.module: Any = None
@@ -1443,7 +1445,10 @@ class FlashMLA:
         try:
             import flash_mla
         except Exception as exc:  # not installed, or built for another GPU
-            self.reason = f"import flash_mla failed: {type(exc).__name__}: {exc}"
+            self.reason = (
+                f"import flash_mla failed: {type(exc).__name__}: {exc} "
+                "(scripts/build_flashmla.py builds it)"
+            )
             return
         self.module = flash_mla
         self.version = getattr(flash_mla, "__version__", "unknown")
