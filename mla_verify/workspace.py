@@ -25,7 +25,7 @@ from .device import (
     sm_count,
 )
 from .lookup import block_config
-from .plan import partial_rows, workspace_numel
+from .plan import fit_grid, partial_rows, workspace_numel
 from .problem import (
     MLA_HEAD_DIMS,
     QK_HEAD_DIM,
@@ -208,8 +208,10 @@ def workspace_bytes(
     for bs in range(1, max_batch_size + 1):
         config = _launch_config(num_heads, draft_len, bs, kv_dtype, arch, head_dims)
         # A Hopper config runs the Hopper kernel's shares where it can, and
-        # the Triton kernel's units elsewhere: room for either.
-        shapes = (bs, num_heads, draft_len, config.NUM_KV_SPLITS)
+        # the Triton kernel's units elsewhere (as many as its launch makes:
+        # fit_grid): room for either.
+        splits = fit_grid(config, bs, balanced=True).NUM_KV_SPLITS
+        shapes = (bs, num_heads, draft_len, splits)
         rows = max(rows, partial_rows(*shapes, 0, config.BLOCK_H))
         if config.kernel in HOPPER_KERNELS:
             ctas = hopper.ctas_per_head_block(sms, num_heads, config.BLOCK_H)

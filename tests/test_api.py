@@ -343,6 +343,13 @@ def test_huge_batches_keep_the_grid_within_cuda_limits():
     fitted = fit_grid(config, 4096)
     assert fitted.NUM_KV_SPLITS == MAX_GRID_Y // 4096 and 4096 * fitted.NUM_KV_SPLITS <= MAX_GRID_Y
     assert fit_grid(config, 40000).NUM_KV_SPLITS == 1
+    # The Triton kernel's launches keep two units a request (a ragged
+    # batch's long request split), where the grid allows.
+    one = config.with_splits(1)
+    assert fit_grid(one, 32) == one
+    assert fit_grid(one, 32, balanced=True).NUM_KV_SPLITS == 2
+    assert fit_grid(config, 32, balanced=True) == config
+    assert fit_grid(one, 40000, balanced=True).NUM_KV_SPLITS == 1
     assert not can_handle(
         **gate_args(
             q_extend=torch.empty(70000 * L, H, 576, dtype=torch.bfloat16, device="meta"),

@@ -195,6 +195,16 @@ def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device
     _run_and_check(batch, config, device)
 
 
+def test_one_split_still_splits_a_long_request(device):
+    """A Triton config of one split launches two units a request, so the
+    long request of a ragged batch is cut into chunks of the batch's mean
+    length (plan.fit_grid), and the result still matches."""
+    batch = make_batch(2, 2, [300, 1, 0, 2, 1], device=device)
+    one = dataclasses.replace(SMALL, NUM_KV_SPLITS=1)
+    assert _hopper_plan(batch, one).config.NUM_KV_SPLITS == 2
+    _run_and_check(batch, one, device)
+
+
 def _random_tree_batch(seed: int, device, *, big: bool = False):
     """A tree-verify batch of random shape: draft length, counts (ragged),
     prefix lengths (0 and 1 included), tree, hidden prefix bits and whether
