@@ -201,7 +201,7 @@ def test_one_split_still_splits_a_long_request(device):
     length (plan.fit_grid), and the result still matches."""
     batch = make_batch(2, 2, [300, 1, 0, 2, 1], device=device)
     one = dataclasses.replace(SMALL, NUM_KV_SPLITS=1)
-    assert _hopper_plan(batch, one).config.NUM_KV_SPLITS == 2
+    assert _call_plan(batch, one).config.NUM_KV_SPLITS == 2
     _run_and_check(batch, one, device)
 
 
@@ -268,7 +268,7 @@ def test_hopper_kernel_takes_ragged_and_masked_calls(monkeypatch):
     config = hopper_config(8, 4, 2)
 
     def planned(**kwargs):
-        return _hopper_plan(make_batch(8, 4, [70, 5], **kwargs), config)
+        return _call_plan(make_batch(8, 4, [70, 5], **kwargs), config)
 
     assert planned().hopper and not planned().draft_mask
     ragged = planned(draft_counts=[4, 3])
@@ -286,7 +286,7 @@ def test_hopper_kernel_packs_ragged_rows_over_several_head_blocks(monkeypatch):
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
 
     def planned(heads, draft_counts):
-        call = _hopper_plan(
+        call = _call_plan(
             make_batch(heads, 4, [70, 5], draft_counts=draft_counts), hopper_config(heads, 4, 2)
         )
         return call, hopper.head_blocks(heads, call.config.BLOCK_H)
@@ -1015,7 +1015,7 @@ HOPPER_CALLS = [
 ]
 
 
-def _hopper_plan(batch, config):
+def _call_plan(batch, config):
     return plan.plan_call(
         batch.q,
         batch.k_extend,
@@ -1041,7 +1041,7 @@ def test_gpu_hopper_kernel_runs_ragged_and_masked_calls(schedule, kv_dtype, kwar
     split over several (3000 tokens), empty prefixes included."""
     batch = _gpu_batch(16, 4, [3000, 64, 1, 0, 700], kv_dtype, **kwargs)
     config = hopper_config(16, 4, 5, schedule)
-    assert _hopper_plan(batch, config).hopper
+    assert _call_plan(batch, config).hopper
     _run_and_check(batch, config, "cuda")
 
 
@@ -1084,7 +1084,7 @@ def test_gpu_hopper_kernel_packs_ragged_drafts(
     prefix_lens = [3000, 64, 1, 0, 700, 5000, 130, 9]
     batch = _gpu_batch(heads, draft_len, prefix_lens, kv_dtype, **kwargs)
     config = hopper_config(heads, draft_len, len(prefix_lens), schedule)
-    assert _hopper_plan(batch, config).hopper
+    assert _call_plan(batch, config).hopper
     model = plan.head_block_plan(
         prefix_lens, kwargs["draft_counts"], heads, config.BLOCK_H, draft_len, 16, 1
     )
@@ -1109,7 +1109,7 @@ def test_gpu_hopper_row_that_sees_no_key_gets_zero(schedule, prefix_len):
     start = int(batch.mask_indptr[0]) + 2 * width
     batch.custom_mask[start : start + width] = False
     config = hopper_config(16, 4, 2, schedule)
-    assert _hopper_plan(batch, config).hopper
+    assert _call_plan(batch, config).hopper
     ref = batch.reference()
     assert bool((ref[2] == 0).all())
     _run_and_check(batch, config, "cuda")
@@ -1160,7 +1160,7 @@ def test_gpu_hopper_kernel_runs_shared_kv_head_dims(head_dims, schedule, kwargs,
     the Hopper kernel, fp8 KV on columns, over every share plan, requests
     held whole and split, empty prefixes included."""
     batch = make_batch(16, 4, [3000, 64, 1, 0, 700], device="cuda", head_dims=head_dims, **kwargs)
-    assert _hopper_plan(batch, hopper_config(16, 4, 5, schedule)).hopper
+    assert _call_plan(batch, hopper_config(16, 4, 5, schedule)).hopper
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
