@@ -34,7 +34,8 @@ Measures, in one run on one GPU:
   package was at that commit, its code and shipped tables imported beside
   the working tree's (``load_revision``), so that revisions are compared
   in one process on the same batches (timed in separate processes, two
-  revisions differed by up to 10% from order and clock alone). All read the
+  revisions differed by up to 10% from order and clock alone);
+  ``rev:<git rev>:triton``: that revision's ``triton``. All read the
   same KV values; each is checked against the float32 reference with the
   package's tolerance (``mla_verify.testing.check_close``) before it is
   timed. Each runs only where it computes the shape's call: FlashInfer,
@@ -1153,12 +1154,16 @@ def kernel_contender(name: str, batch: Batch, arch: str) -> Contender:
 
 
 REV_PREFIX = "rev:"
+# rev:<git rev>:triton: that revision's portable Triton kernel with its own
+# block_config(..., kernel="triton"), as the ``triton`` contender is.
+REV_TRITON_SUFFIX = ":triton"
 
 
-def _rev_name(commit: str) -> str:
+def _rev_name(commit: str, kernel: str | None = None) -> str:
     """A revision contender's name: its commit (or directory name), so that
-    rows keep their meaning after branches move."""
-    return f"{REV_PREFIX}{commit[:12]}"
+    rows keep their meaning after branches move; ``:triton`` for its
+    portable kernel."""
+    return f"{REV_PREFIX}{commit[:12]}" + (REV_TRITON_SUFFIX if kernel == "triton" else "")
 
 
 @dataclass(frozen=True)
@@ -1170,10 +1175,11 @@ class Revision:
     given: str
     commit: str
     module: types.ModuleType
+    kernel: str | None = None  # "triton": its portable kernel, not ``tuned``
 
     @property
     def name(self) -> str:
-        return _rev_name(self.commit)
+        return _rev_name(self.commit, self.kernel)
 
 
 _revisions: dict[str, Revision] = {}  # contender name -> its revision, imported once
@@ -1284,14 +1290,22 @@ def load_revision(rev: str) -> Revision:
 def rev_contender(rev: Revision, batch: Batch, arch: str) -> Contender:
     """``tuned`` of another revision: its own ``verify_mla_fwd`` through its
     own tables (config=None, as an engine calls it) on the same rotation
-    sets; the config its own ``resolve_config`` names."""
+    sets; the config its own ``resolve_config`` names. With ``kernel``
+    "triton": its portable kernel with its own ``resolve_config(...,
+    kernel="triton")``, as the ``triton`` contender."""
     s = batch.spec
     package = rev.module
     if s.page_size:
         return paged_contender(batch, arch, package, rev.name, f"rev:{rev.given}")
     kv_dtype = batch.k_buffer.dtype
     config, source = package.resolve_config(
-        s.num_heads, s.draft_len, s.batch_size, kv_dtype, arch, head_dims=s.head_dims
+        s.num_heads,
+        s.draft_len,
+        s.batch_size,
+        kv_dtype,
+        arch,
+        head_dims=s.head_dims,
+        **({"kernel": "triton"} if rev.kernel else {}),
     )
     if batch.q.device.type == "cuda":  # its own workspace, before capture
         package.prepare_workspace(
@@ -1303,7 +1317,7 @@ def rev_contender(rev: Revision, batch: Batch, arch: str) -> Contender:
             head_dims=s.head_dims,
         )
     out = batch.sets[0].new_output()
-    launches = _kernel_launches(batch, out, None, package.verify_mla_fwd)
+    launches = _kernel_launches(batch, out, config if rev.kernel else None, package.verify_mla_fwd)
     return Contender(rev.name, launches, out, True, config, f"{source}; rev:{rev.given}")
 
 
@@ -2241,10 +2255,17 @@ def contender_arg(text: str) -> str:
     ``rev:<directory>`` holding one's mla_verify/ and configs/), imported now
     (before any GPU work) and named by its commit (the directory's name)."""
     if text.startswith(REV_PREFIX):
+        rev, kernel = text.removeprefix(REV_PREFIX), None
+        if rev.endswith(REV_TRITON_SUFFIX):
+            rev, kernel = rev.removesuffix(REV_TRITON_SUFFIX), "triton"
         try:
-            return load_revision(text.removeprefix(REV_PREFIX)).name
+            revision = load_revision(rev)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
+        if kernel is not None:
+            revision = dataclasses.replace(revision, kernel=kernel)
+            _revisions[revision.name] = revision
+        return revision.name
     if text not in CONTENDERS:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected one of {', '.join(CONTENDERS)} or rev:<git rev>"
@@ -2300,7 +2321,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "rev:<git rev>: tuned as this package was at that commit (its own code and shipped "
         "tables), timed side by side with the working tree's, e.g. rev:HEAD~2; or "
         "rev:<directory> holding a revision's mla_verify/ and configs/ (where there is no "
-        "git history). "
+        "git history); rev:<rev>:triton: that revision's portable kernel, as triton. "
         "tuned is the baseline of the ratios",
     )
     parser.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer")

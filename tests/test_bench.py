@@ -763,6 +763,35 @@ def test_a_revision_runs_its_own_verify_mla_fwd_and_tables(head_rev, device, mon
     assert row["config_source"].endswith("; rev:HEAD") and row["BLOCK_H"] == config.BLOCK_H
 
 
+def test_a_revisions_triton_kernel_is_a_contender_of_its_own(head_rev, device, monkeypatch):
+    """rev:<rev>:triton: that revision's portable kernel, launched with its
+    own resolve_config(..., kernel="triton"), as the triton contender is;
+    named apart from the revision's tuned, the same import."""
+    package = head_rev.module
+    args = bench.parse_args(["--contenders", "rev:HEAD", "rev:HEAD:triton", "--list-shapes"])
+    name = f"{head_rev.name}:triton"
+    assert args.contenders == [head_rev.name, name]
+    assert bench._revisions[name].module is package
+    calls = []
+
+    def fwd(*args, **kwargs):
+        calls.append(kwargs["config"])
+        return package.api.verify_mla_fwd(*args, **kwargs)
+
+    monkeypatch.setattr(package, "verify_mla_fwd", fwd)
+    spec = bench.parse_shape("H2L2B3Rlognormal40")
+    lens = bench.prefix_lengths(spec)
+    batch = bench.build_batch(
+        spec, lens, rotations=1, slots=sum(lens) + 12, device=torch.device(device), seed=3
+    )
+    ctx = types.SimpleNamespace(device=torch.device(device), arch="sm90")
+    row = {}
+    contender = bench.prepare_contender(name, batch, batch.sets[0].reference(), ctx, row)
+    assert contender is not None and row["rel_err"] < 6e-3, row
+    config, _ = package.resolve_config(2, 2, 3, arch="sm90", kernel="triton")
+    assert contender.name == name and calls == [config] and config.kernel == "triton"
+
+
 def test_the_overview_has_a_column_per_revision():
     ceilings = bench.Ceilings(4.2e12, 780e12)
     rows = []
