@@ -50,11 +50,12 @@ class VerifyConfig:
                    one latent tile)
     BLOCK_N        prefix tokens per inner-loop step
     NUM_KV_SPLITS  work units per request: stage 1 runs batch x NUM_KV_SPLITS
-                   programs per head block and cuts the batch's prefix tokens
-                   into chunks of one length, sized on the GPU so every chunk
-                   gets a unit; a uniform batch gives each request
-                   max(1, NUM_KV_SPLITS - 1) chunks, and the spare units let a
-                   long request among short ones take many more
+                   programs per head block and cuts the batch's prefix tokens,
+                   requests end to end, into batch x max(1, NUM_KV_SPLITS - 1)
+                   equal shares (on the GPU), one a unit, whatever the
+                   lengths; a uniform batch thus gives each request about
+                   NUM_KV_SPLITS - 1 units, and the spare slots hold the
+                   partials of shares that meet several requests
     num_warps      warps of a stage-1 program
     num_stages     software-pipelining depth of the KV stream
     waves_per_eu, matrix_instr_nonkdim, kpack

@@ -14,23 +14,29 @@ tokens; U = bs * NUM_KV_SPLITS work units):
              prefix keys, then its E_b drafts) where
              mask[mask_indptr[b] + i * (P_b + E_b) + j] != 0
     o        [T, H, Dv]
-    part_o   [U, H, L, Dv]    fp32 workspace: normalised output of each unit
-    part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each unit
+    part_o   [U, H, L, Dv]    fp32 workspace: normalised output of each slot
+                              (a unit's segment of one request)
+    part_lse [U, H, L]        fp32 workspace: log2-sum-exp2 of each slot
              (the Hopper kernel: U = 2 slots a CTA of a head block; with
              ragged drafts [2 x its grid, BLOCK_H x L] rows, see
              hopper.partial_rows)
 
-Algorithm: the batch's prefix tokens are cut into chunks of one size, sized
-from the total so that every request's chunks fit in U units; stage 1 runs
-one program per (head block, unit) and streams its chunk once for BLOCK_H
-heads x L drafts (rows past the request's E_b masked), with an online
-softmax; stage 2 runs one program per (request, head), merges the
-request's units and adds the E_b x E_b draft-draft block: causal, or as the
-mask says. With a mask, stage 1 also reads its tile's prefix bits (E_b
-bytes a token), unless the caller takes the prefix as visible to every row.
-A long request among short ones thus gets many units (as FlashMLA plans on
-the GPU), with no host sync: both stages derive the plan and the draft
-counts from the indptrs on the device.
+Algorithm: the requests' prefixes are laid end to end, one stream of
+tokens, cut into batch x (NUM_KV_SPLITS - 1) equal shares (BLOCK_N-aligned);
+stage 1 runs one program per (head block, unit), and unit u streams share u
+once for BLOCK_H heads x L drafts (rows past a request's E_b masked), with
+an online softmax, one segment for each request its share meets, whose
+partial goes to slot u + b (at most U - 1); stage 2 runs one program per
+(request, head), merges the request's segments and adds the E_b x E_b
+draft-draft block: causal, or as the mask says. With a mask, stage 1 also
+reads its tile's prefix bits (E_b bytes a token), unless the caller takes
+the prefix as visible to every row. Every unit thus holds the same work
+whatever the lengths: a long request among short ones spreads over many
+units, and short ones share one (as FlashMLA plans on the GPU), with no
+host sync: both stages derive the plan and the draft counts from the
+indptrs on the device. A uniform batch whose length NUM_KV_SPLITS - 1
+BLOCK_N-tiles divide gets NUM_KV_SPLITS - 1 units a request, each inside
+one request.
 
 On sm90, a config with kernel="gluon_sm90" or "gluon_sm90_sv" runs stage 1
 as the Gluon kernel of kernel_sm90.py instead (two schedules; for 256/256
@@ -49,7 +55,7 @@ partial.
 
 Scores are kept in the log2 domain (exp2 is one instruction). Units past
 the batch's work are neither written nor read: stale workspace never leaks.
-A row the mask hides every key of a chunk from holds weight 0 there; a row
+A row the mask hides every key of a segment from holds weight 0 there; a row
 that sees no key at all gets output 0.
 Limits: one KV head; page size 1; the Hopper kernel takes MLA, 256/256 and
 128/128 calls, bf16 or fp8 KV (ragged and masked ones too: plan.py,
@@ -93,14 +99,14 @@ MERGE_MAX_BLOCKS = 16  # 32 columns a block
 
 
 @triton.jit
-def _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N: tl.constexpr):
-    # One chunk length for the whole batch: sum_b cdiv(len_b, chunk) <=
-    # total / chunk + bs <= bs * NUM_KV_SPLITS, so every chunk has a unit.
-    # Lengths in int32 whatever the index dtype: loop-carried types must not change.
-    total = (tl.load(KV_INDPTR + batch_size) - tl.load(KV_INDPTR)).to(tl.int32)
-    spare = tl.maximum(batch_size * (num_kv_splits - 1), 1)
-    chunk = tl.maximum(tl.cdiv(total, spare), 1)
-    return tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+def _share_tokens(total, batch_size, num_kv_splits, BLOCK_N: tl.constexpr):
+    # Tokens a unit's share of the batch's prefix tokens holds: batch x
+    # (NUM_KV_SPLITS - 1) equal shares, BLOCK_N-aligned (a uniform batch's
+    # shares then fall on request boundaries where its lengths allow), so
+    # that a share's index plus its requests' (at most the shares + the
+    # batch - 1 slots in all) fits the batch x NUM_KV_SPLITS units.
+    shares = tl.maximum(batch_size * (num_kv_splits - 1), 1)
+    return tl.maximum(tl.cdiv(tl.cdiv(total, shares), BLOCK_N), 1) * BLOCK_N
 
 
 @triton.jit
@@ -114,22 +120,20 @@ def _prefix_lens(KV_INDPTR, offs_b, mask_b):
 
 
 @triton.jit
-def _units_before(KV_INDPTR, limit, chunk, work, BLOCK_B: tl.constexpr):
-    # Over requests b < limit: how many own units that end at or before
-    # `work` (so, the request that owns unit `work`), and those units' count.
-    owner = 0
+def _requests_met(KV_INDPTR, batch_size, pos_lo, pos_hi, BLOCK_B: tl.constexpr):
+    # The first and the last request whose prefixes meet the batch's prefix
+    # tokens pos_lo .. pos_hi - 1 (pos_lo < pos_hi; requests between them
+    # may have none), prefixes laid end to end in request order.
+    base = tl.load(KV_INDPTR)
     first = 0
-    done = 0
-    for start in range(0, limit, BLOCK_B):
+    last = 0
+    for start in range(0, batch_size, BLOCK_B):
         offs_b = start + tl.arange(0, BLOCK_B)
-        mask_b = offs_b < limit
-        units = tl.cdiv(_prefix_lens(KV_INDPTR, offs_b, mask_b), chunk)
-        ends = done + tl.cumsum(units, 0)
-        before = (ends <= work) & mask_b
-        owner += tl.sum(before.to(tl.int32), 0)
-        first += tl.sum(tl.where(before, units, 0), 0)
-        done += tl.sum(units, 0)
-    return owner, first
+        mask_b = offs_b < batch_size
+        ends = (tl.load(KV_INDPTR + offs_b + 1, mask=mask_b, other=0) - base).to(tl.int32)
+        first += tl.sum(((ends <= pos_lo) & mask_b).to(tl.int32), 0)
+        last += tl.sum(((ends < pos_hi) & mask_b).to(tl.int32), 0)
+    return first, last
 
 
 @triton.jit
@@ -353,91 +357,106 @@ def _prefix_kernel(
     # Head blocks of one unit are neighbours in launch order: the later
     # ones find the unit's KV tiles in L2.
     head_block = tl.program_id(0)
-    work = tl.program_id(1)
+    unit = tl.program_id(1)
 
-    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
-    req, first = _units_before(KV_INDPTR, batch_size, chunk, work, BLOCK_B)
-    if req >= batch_size:
+    # The unit's share of the batch's prefix tokens, requests laid end to
+    # end: positions pos_lo .. pos_hi - 1, met by requests first .. last.
+    base = tl.load(KV_INDPTR)
+    total = (tl.load(KV_INDPTR + batch_size) - base).to(tl.int32)
+    share = _share_tokens(total, batch_size, num_kv_splits, BLOCK_N)
+    pos_lo = unit * share
+    pos_hi = tl.minimum(pos_lo + share, total)
+    if pos_lo >= pos_hi:
         return
-    kv_start = tl.load(KV_INDPTR + req)
-    kv_len = (tl.load(KV_INDPTR + req + 1) - kv_start).to(tl.int32)
-    lo = (work - first) * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
-    q_start = tl.load(QO_INDPTR + req)
-    num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)  # the request's drafts
+    first, last = _requests_met(KV_INDPTR, batch_size, pos_lo, pos_hi, BLOCK_B)
 
-    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i;
-    # drafts past the request's own count are padding.
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
-    offs_i = offs_m % DRAFT_LEN
-    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
-    offs_d = tl.arange(0, D_V)
-
-    q_row = (q_start + offs_i).to(tl.int64)
-    ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
-    q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
-    if DOT_FP32:
-        q_nope = q_nope.to(tl.float32)
-    if D_ROPE > 0:
-        offs_r = tl.arange(0, D_ROPE)
-        q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
-        q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
-    if PREFIX_MASK:
-        # Row i's mask bits: its request's prefix keys, then its drafts.
-        mask_row = tl.load(MASK_INDPTR + req).to(tl.int64) + offs_i.to(tl.int64) * (
-            kv_len + num_rows
-        )
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
-
-    for start in tl.range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-        ptr_k = K_BUF + slot[:, None] * stride_k_slot
-        kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
-        kv_c = kv_c.to(q_nope.dtype)
-        qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
+    # One segment a request: its tokens inside the share, its partial at
+    # slot unit + req (segments in stream order raise the unit or the
+    # request at each step, so no two share a slot). A request with no
+    # tokens here (no prefix) writes weight 0 at a slot no one reads.
+    for req in range(first, last + 1):
+        kv_start = tl.load(KV_INDPTR + req)
+        kv_len = (tl.load(KV_INDPTR + req + 1) - kv_start).to(tl.int32)
+        begin = (kv_start - base).to(tl.int32)
+        lo = tl.maximum(pos_lo - begin, 0)
+        hi = tl.minimum(pos_hi - begin, kv_len)
+        q_start = tl.load(QO_INDPTR + req)
+        num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)  # the request's drafts
+        # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i;
+        # drafts past the request's own count are padding.
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+        offs_i = offs_m % DRAFT_LEN
+        offs_d = tl.arange(0, D_V)
         if D_ROPE > 0:
-            k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-            qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
-        qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
+            offs_r = tl.arange(0, D_ROPE)
+        mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
+
+        q_row = (q_start + offs_i).to(tl.int64)
+        ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
+        q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
+        if DOT_FP32:
+            q_nope = q_nope.to(tl.float32)
+        if D_ROPE > 0:
+            q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
+            q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
         if PREFIX_MASK:
-            bits = tl.load(
-                MASK + mask_row[:, None] + offs_n[None, :],
-                mask=mask_m[:, None] & mask_n[None, :],
-                other=0,
-            )  # [M, N], E_b bytes a token
-            qk = tl.where(bits != 0, qk, float("-inf"))
+            # Row i's mask bits: its request's prefix keys, then its drafts.
+            mask_row = tl.load(MASK_INDPTR + req).to(tl.int64) + offs_i.to(tl.int64) * (
+                kv_len + num_rows
+            )
 
-        m_new, alpha, p = _softmax_step(qk, m_i)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if V_FROM_K:
-            v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
-        else:
-            v = tl.load(
-                V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
-                mask=mask_n[:, None],
-                other=0.0,
-            ).to(q_nope.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
-        m_i = m_new
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
 
-    part_row = ((work * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)  # [M]
-    # The KV cache's value scale applies to the prefix alone. A row the mask
-    # hid the whole chunk from holds weight 0 (lse -inf, values 0: merged
-    # as nothing, never as NaN * 0).
-    seen = l_i > 0
-    l_i = tl.where(seen, l_i, 1.0)
-    tl.store(
-        PART_O + part_row[:, None] * D_V + offs_d[None, :],
-        tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
-        mask=mask_m[:, None],
-    )
-    tl.store(PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m)
+        for start in tl.range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < hi
+            slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+            ptr_k = K_BUF + slot[:, None] * stride_k_slot
+            kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
+            kv_c = kv_c.to(q_nope.dtype)
+            qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
+            if D_ROPE > 0:
+                k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+                qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
+            qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
+            if PREFIX_MASK:
+                bits = tl.load(
+                    MASK + mask_row[:, None] + offs_n[None, :],
+                    mask=mask_m[:, None] & mask_n[None, :],
+                    other=0,
+                )  # [M, N], E_b bytes a token
+                qk = tl.where(bits != 0, qk, float("-inf"))
+
+            m_new, alpha, p = _softmax_step(qk, m_i)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if V_FROM_K:
+                v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
+            else:
+                v = tl.load(
+                    V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
+                    mask=mask_n[:, None],
+                    other=0.0,
+                ).to(q_nope.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
+            m_i = m_new
+
+        part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
+        # The KV cache's value scale applies to the prefix alone. A row the
+        # mask hid the whole segment from holds weight 0 (lse -inf, values
+        # 0: merged as nothing, never as NaN * 0).
+        seen = l_i > 0
+        l_i = tl.where(seen, l_i, 1.0)
+        tl.store(
+            PART_O + part_row[:, None] * D_V + offs_d[None, :],
+            tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
+            mask=mask_m[:, None],
+        )
+        tl.store(
+            PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m
+        )
 
 
 @triton.jit
@@ -525,7 +544,6 @@ def _merge_extend_kernel(
     L_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_B: tl.constexpr,
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
     DRAFT_MASK: tl.constexpr,
@@ -539,9 +557,15 @@ def _merge_extend_kernel(
     kv_len = (tl.load(KV_INDPTR + req + 1) - tl.load(KV_INDPTR + req)).to(tl.int32)
     q_start = tl.load(QO_INDPTR + req)
     num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)
-    chunk = _chunk_len(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
-    num_pieces = tl.cdiv(kv_len, chunk)
-    _, first = _units_before(KV_INDPTR, req, chunk, batch_size * num_kv_splits, BLOCK_B)
+    # The units whose shares meet the request's prefix wrote its pieces, at
+    # slots unit + req (stage 1).
+    base = tl.load(KV_INDPTR)
+    total = (tl.load(KV_INDPTR + batch_size) - base).to(tl.int32)
+    share = _share_tokens(total, batch_size, num_kv_splits, BLOCK_N)
+    begin = (tl.load(KV_INDPTR + req) - base).to(tl.int32)
+    first_unit = begin // share
+    num_pieces = tl.where(kv_len > 0, (begin + kv_len - 1) // share - first_unit + 1, 0)
+    first = first_unit + req
     if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
         gdc_wait()
     m_i, l_i, acc = _merge_pieces(
@@ -1005,7 +1029,6 @@ def launch_merge(
         L_PAD=triton.next_power_of_2(draft_len),
         BLOCK_L=max(16, triton.next_power_of_2(draft_len)),
         BLOCK_N=block_n,
-        BLOCK_B=PLAN_BLOCK,
         D_V=d_v,
         D_ROPE=q.shape[-1] - d_v,
         DRAFT_MASK=draft_mask,

@@ -106,12 +106,12 @@ def fit_grid(config: VerifyConfig, batch_size: int, balanced: bool = False) -> V
     CUDA at 65535: very large batches get fewer units per request.
 
     ``balanced`` (the Triton kernel's launches): at least two units a
-    request. Its chunk is the batch's total over batch x (NUM_KV_SPLITS -
-    1) units, so one split makes each request a single unit whatever its
-    length: a ragged batch then waits on its longest request alone
-    (H64L4B32, lognormal 16K prefixes, one tile: 5255 us at one split on
-    the H200, against 2219 us at two in an earlier run). A uniform batch
-    runs the same units either way, the second of each pair empty."""
+    request. The kernel cuts the batch's prefix tokens into batch x
+    (NUM_KV_SPLITS - 1) equal shares, so one split would leave a single
+    share, one program, for the whole batch; with two, a uniform batch
+    gets one unit a request, the spare slots holding the partials of
+    shares that meet two requests. Batches past half the cap get one
+    split, and one program: correct, not fast."""
     splits = max(2, config.NUM_KV_SPLITS) if balanced else config.NUM_KV_SPLITS
     splits = min(splits, max(1, MAX_BATCH_SIZE // batch_size))
     return config if splits == config.NUM_KV_SPLITS else config.with_splits(splits)

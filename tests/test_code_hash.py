@@ -45,11 +45,11 @@ def _changed(monkeypatch, module_name: str, name: str) -> dict[str, str]:
 
 # (module, jitted function) -> the families whose hash its code is in
 CODE_FAMILIES = {
-    "triton_stage1_helper": ("kernel", "_units_before", {"triton"}),
+    "triton_stage1_helper": ("kernel", "_requests_met", {"triton"}),
     "triton_stage1_kernel": ("kernel", "_prefix_kernel", {"triton"}),
     "triton_stage2_helper": ("kernel", "_add_drafts", {"triton"}),
     "shares_stage2_helper": ("kernel", "_share_positions", {"gluon_sm90"}),
-    "shared_plan_helper": ("kernel", "_prefix_lens", {"triton", "gluon_sm90"}),
+    "shares_plan_helper": ("kernel", "_prefix_lens", {"gluon_sm90"}),
     "shared_merge_helper": ("kernel", "_merge_pieces", {"triton", "gluon_sm90"}),
     "gluon_partition": ("kernel_sm90", "_consume_values", {"gluon_sm90"}),
     "gluon_constexpr_function": ("kernel_sm90", "_copy_layout", {"gluon_sm90"}),

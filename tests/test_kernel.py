@@ -197,12 +197,25 @@ def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device
 
 def test_one_split_still_splits_a_long_request(device):
     """A Triton config of one split launches two units a request, so the
-    long request of a ragged batch is cut into chunks of the batch's mean
-    length (plan.fit_grid), and the result still matches."""
+    batch's prefix tokens are cut into one share a request, the long
+    request's over several units (plan.fit_grid), and the result still
+    matches."""
     batch = make_batch(2, 2, [300, 1, 0, 2, 1], device=device)
     one = dataclasses.replace(SMALL, NUM_KV_SPLITS=1)
     assert _call_plan(batch, one).config.NUM_KV_SPLITS == 2
     _run_and_check(batch, one, device)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_a_share_meets_several_requests(splits, device):
+    """The batch's prefix tokens cut into equal shares whatever the
+    lengths: short requests share a unit, a long one spreads over several,
+    and requests without a prefix sit between them (330 tokens: shares of
+    48, 32 and 16). Each segment's partial has a slot of its own: the
+    workspace is poisoned, so a slot read but never written, or written
+    twice, shows."""
+    batch = make_batch(3, 2, [5, 0, 40, 3, 17, 0, 0, 64, 1, 200], device=device)
+    _run_and_check(batch, dataclasses.replace(SMALL, NUM_KV_SPLITS=splits), device)
 
 
 def _random_tree_batch(seed: int, device, *, big: bool = False):
