@@ -22,6 +22,9 @@ from .problem import MLA_HEAD_DIMS, check_head_dims, check_shape, kv_columns, kv
 # Largest rows-per-program tile: a [64, 512] fp32 accumulator already fills
 # 8 warps' registers (measured on the H200); 128 rows spills.
 MAX_ROWS = 64
+# The AMD default's: 16-token tiles of 64 rows on 4 waves spill on gfx942
+# and gfx950 (compiled ahead of time, tests/test_aot.py).
+AMD_DEFAULT_MAX_ROWS = 32
 MAX_KV_SPLITS = 64
 # Stage 1's implementations: the Triton kernel (any GPU) and the two
 # schedules of the Hopper kernel (kernel_sm90's docstring).
@@ -245,14 +248,16 @@ def triton_default_config(
     it is not the default for MLA): rows per program follow H*L (16 rows
     for small products, 64 for large). On NVIDIA the widest KV tile that
     fits the arch's shared memory (``nvidia_block_n``: 64 tokens on sm80
-    and sm90), 8 warps for 64 rows. On AMD 16-token tiles on 4 waves, a
-    tile that fits LDS and spills no register for every row count up to 64
-    on gfx942 and gfx950. CI compiles every arch's default ahead of time
-    (tests/test_aot.py).
+    and sm90), 8 warps for 64 rows. On AMD 16-token tiles on 4 waves, at
+    most 32 rows: a tile that fits LDS and spills no register on gfx942
+    and gfx950 (64 rows spill 18-29 scalar registers since 39a927e's loop
+    over a share's requests). CI compiles every arch's default ahead of
+    time (tests/test_aot.py).
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)
     kv_dtype_name(kv_dtype)  # validated; the tile is the same for every KV dtype
-    rows = min(MAX_ROWS, max(16, triton.next_power_of_2(num_heads * draft_len)))
+    most = AMD_DEFAULT_MAX_ROWS if is_amd_arch(arch) else MAX_ROWS
+    rows = min(most, max(16, triton.next_power_of_2(num_heads * draft_len)))
     block_h = max(1, min(num_heads, rows // draft_len))
     rows = rows_per_program(block_h, draft_len)
     splits = default_num_kv_splits(num_heads, batch_size, block_h, rows, arch)
