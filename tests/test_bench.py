@@ -730,13 +730,9 @@ def test_contenders_take_revisions_by_commit(head_rev, capsys):
         assert message in capsys.readouterr().err
 
 
-def test_a_revision_runs_its_own_verify_mla_fwd_and_tables(head_rev, device, monkeypatch):
-    """A rev: contender through prepare_contender, as run_shape calls it:
-    its own verify_mla_fwd, table lookup (config=None) on every rotation
-    set, checked against the reference; its own resolve_config's config."""
-    import mla_verify
-
-    package = head_rev.module
+def _record_configs(package, monkeypatch) -> list:
+    """The configs a revision's verify_mla_fwd is called with, in order (it
+    still computes)."""
     calls = []
 
     def fwd(*args, **kwargs):
@@ -744,6 +740,17 @@ def test_a_revision_runs_its_own_verify_mla_fwd_and_tables(head_rev, device, mon
         return package.api.verify_mla_fwd(*args, **kwargs)
 
     monkeypatch.setattr(package, "verify_mla_fwd", fwd)
+    return calls
+
+
+def test_a_revision_runs_its_own_verify_mla_fwd_and_tables(head_rev, device, monkeypatch):
+    """A rev: contender through prepare_contender, as run_shape calls it:
+    its own verify_mla_fwd, table lookup (config=None) on every rotation
+    set, checked against the reference; its own resolve_config's config."""
+    import mla_verify
+
+    package = head_rev.module
+    calls = _record_configs(package, monkeypatch)
     spec = bench.parse_shape("H2L2B2C9")
     lens = bench.prefix_lengths(spec)
     batch = bench.build_batch(
@@ -772,13 +779,7 @@ def test_a_revisions_triton_kernel_is_a_contender_of_its_own(head_rev, device, m
     name = f"{head_rev.name}:triton"
     assert args.contenders == [head_rev.name, name]
     assert bench._revisions[name].module is package
-    calls = []
-
-    def fwd(*args, **kwargs):
-        calls.append(kwargs["config"])
-        return package.api.verify_mla_fwd(*args, **kwargs)
-
-    monkeypatch.setattr(package, "verify_mla_fwd", fwd)
+    calls = _record_configs(package, monkeypatch)
     spec = bench.parse_shape("H2L2B3Rlognormal40")
     lens = bench.prefix_lengths(spec)
     batch = bench.build_batch(
