@@ -101,18 +101,18 @@ def for_separate_v(
     )
 
 
-def fit_grid(config: VerifyConfig, batch_size: int, balanced: bool = False) -> VerifyConfig:
+def fit_grid(config: VerifyConfig, batch_size: int, triton_kernel: bool = False) -> VerifyConfig:
     """Stage 1's second grid dimension (batch x NUM_KV_SPLITS) is capped by
     CUDA at 65535: very large batches get fewer units per request.
 
-    ``balanced`` (the Triton kernel's launches): at least two units a
+    ``triton_kernel`` (the Triton kernel's launches): at least two units a
     request. The kernel cuts the batch's prefix tokens into batch x
     (NUM_KV_SPLITS - 1) equal shares, so one split would leave a single
     share, one program, for the whole batch; with two, a uniform batch
     gets one unit a request, the spare slots holding the partials of
     shares that meet two requests. Batches past half the cap get one
     split, and one program: correct, not fast."""
-    splits = max(2, config.NUM_KV_SPLITS) if balanced else config.NUM_KV_SPLITS
+    splits = max(2, config.NUM_KV_SPLITS) if triton_kernel else config.NUM_KV_SPLITS
     splits = min(splits, max(1, MAX_BATCH_SIZE // batch_size))
     return config if splits == config.NUM_KV_SPLITS else config.with_splits(splits)
 
@@ -273,7 +273,7 @@ def plan_call(
     )
     if not (v_from_k or hopper_kernel):
         config = for_separate_v(config, head_dims)
-    config = fit_grid(config, batch_size, balanced=not hopper_kernel)
+    config = fit_grid(config, batch_size, triton_kernel=not hopper_kernel)
     share_ctas = 0
     if hopper_kernel:
         share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)

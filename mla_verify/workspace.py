@@ -210,7 +210,7 @@ def workspace_bytes(
         # A Hopper config runs the Hopper kernel's shares where it can, and
         # the Triton kernel's units elsewhere (as many as its launch makes:
         # fit_grid): room for either.
-        splits = fit_grid(config, bs, balanced=True).NUM_KV_SPLITS
+        splits = fit_grid(config, bs, triton_kernel=True).NUM_KV_SPLITS
         shapes = (bs, num_heads, draft_len, splits)
         rows = max(rows, partial_rows(*shapes, 0, config.BLOCK_H))
         if config.kernel in HOPPER_KERNELS:

@@ -347,9 +347,9 @@ def test_huge_batches_keep_the_grid_within_cuda_limits():
     # batch's long request split), where the grid allows.
     one = config.with_splits(1)
     assert fit_grid(one, 32) == one
-    assert fit_grid(one, 32, balanced=True).NUM_KV_SPLITS == 2
-    assert fit_grid(config, 32, balanced=True) == config
-    assert fit_grid(one, 40000, balanced=True).NUM_KV_SPLITS == 1
+    assert fit_grid(one, 32, triton_kernel=True).NUM_KV_SPLITS == 2
+    assert fit_grid(config, 32, triton_kernel=True) == config
+    assert fit_grid(one, 40000, triton_kernel=True).NUM_KV_SPLITS == 1
     assert not can_handle(
         **gate_args(
             q_extend=torch.empty(70000 * L, H, 576, dtype=torch.bfloat16, device="meta"),
