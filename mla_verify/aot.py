@@ -185,7 +185,6 @@ def compile_stage1(
         V_FROM_K=v_from_k,
         PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
-        ROWS_AS_N=kernel._rows_as_n(rows_per_program(config.BLOCK_H, draft_len), config.BLOCK_N),
     )
     fn = kernel._prefix_kernel
     src = _signature(

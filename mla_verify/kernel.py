@@ -353,7 +353,6 @@ def _prefix_kernel(
     V_FROM_K: tl.constexpr,
     PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    ROWS_AS_N: tl.constexpr,
 ):
     # Head blocks of one unit are neighbours in launch order: the later
     # ones find the unit's KV tiles in L2.
@@ -409,10 +408,7 @@ def _prefix_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if ROWS_AS_N:
-            acc = tl.zeros([D_V, BLOCK_M], dtype=tl.float32)  # transposed
-        else:
-            acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
 
         for start in tl.range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
@@ -421,17 +417,10 @@ def _prefix_kernel(
             ptr_k = K_BUF + slot[:, None] * stride_k_slot
             kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
             kv_c = kv_c.to(q_nope.dtype)
-            if ROWS_AS_N:
-                qk_t = tl.dot(kv_c, tl.trans(q_nope))  # [N, M]
-                if D_ROPE > 0:
-                    k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                    qk_t += tl.dot(k_pe.to(q_nope.dtype), tl.trans(q_pe))
-                qk = tl.trans(qk_t)
-            else:
-                qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
-                if D_ROPE > 0:
-                    k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                    qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
+            qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
+            if D_ROPE > 0:
+                k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+                qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
             qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
             if PREFIX_MASK:
                 bits = tl.load(
@@ -451,13 +440,8 @@ def _prefix_kernel(
                     mask=mask_n[:, None],
                     other=0.0,
                 ).to(q_nope.dtype)
-            if ROWS_AS_N:
-                acc = acc * alpha[None, :] + tl.dot(tl.trans(v), tl.trans(p.to(v.dtype)))
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
             m_i = m_new
-        if ROWS_AS_N:
-            acc = tl.trans(acc)
 
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
         # The KV cache's value scale applies to the prefix alone. A row the
@@ -862,12 +846,6 @@ def _add_drafts(
 INTERPRETED = not isinstance(_prefix_kernel, triton.runtime.JITFunction)
 
 
-def _rows_as_n(rows, block_n):
-    import os
-
-    return os.environ.get("MLA_ROWS_AS_N", "1") == "1" and rows <= 32 and block_n >= 64
-
-
 def launch(
     plan,
     q: torch.Tensor,
@@ -977,7 +955,6 @@ def launch(
         V_FROM_K=plan.v_from_k,
         PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,
-        ROWS_AS_N=_rows_as_n(rows_per_program(config.BLOCK_H, plan.draft_len), config.BLOCK_N),
         **config.launch_options(),
     )
     launch_merge(
