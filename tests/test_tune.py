@@ -150,6 +150,49 @@ def test_sm90_keeps_the_triton_winner_beside_the_hopper_one(table_env, device):
     assert lookup.block_config(2, 2, 2, arch="sm90", kernel="triton") == results[1].triton.config
 
 
+def test_a_triton_winner_the_own_search_left_out_takes_the_own_record(table_env, device):
+    """The own search carries only its fastest tile at the representative
+    batch (--top-k 1: a Hopper config) to the split search; where the Triton
+    search beside finds a config that beats the own winner side by side
+    (here one split), that config is the bucket's own record too, stamped
+    with the Triton kernel's hash, and the default keeps its time."""
+
+    def timer(config, batches):
+        if config.kernel != "triton":
+            return 40.0
+        return 100.0 - 20 * (config.BLOCK_N == 32) - 55 * (config.NUM_KV_SPLITS == 1)
+
+    results = run([*TINY, "--top-k", "1"], table_env, device, timer=timer, arch="sm90")
+    table = json.loads((table_env / "sm90.json").read_text())
+    tables.validate_table(table, expected_arch="sm90")
+    for r in results:
+        winner = r.triton.config
+        assert (winner.kernel, winner.BLOCK_N, winner.NUM_KV_SPLITS) == ("triton", 32, 1)
+        assert r.config == winner
+        assert r.tuned_us == pytest.approx(25.0)
+        assert r.default_us == pytest.approx(40.0)  # the Hopper default's
+        bucket = table["entries"]["H2_L2_bf16"]["buckets"][str(r.batch_size)]
+        assert bucket["config"] == winner.to_dict()
+        assert bucket["kernel_hash"] == KERNEL_HASHES["triton"]
+    lookup.reload_tables()
+    assert lookup.block_config(2, 2, 2, arch="sm90") == results[1].triton.config
+
+
+def test_the_own_record_stays_where_the_triton_winner_does_not_beat_it(table_env, device):
+    """A Triton winner slower than the own winner (or within the margin of
+    it) leaves the own record the Hopper kernel's."""
+
+    def timer(config, batches):
+        if config.kernel != "triton":
+            return 40.0
+        return 100.0 - 20 * (config.BLOCK_N == 32) - 40.5 * (config.NUM_KV_SPLITS == 1)
+
+    results = run([*TINY, "--top-k", "1"], table_env, device, timer=timer, arch="sm90")
+    for r in results:
+        assert r.config.kernel in HOPPER_KERNELS
+        assert r.triton.tuned_us == pytest.approx(39.5)
+
+
 def test_after_a_triton_kernel_change_a_rerun_searches_only_its_records(
     table_env, device, monkeypatch
 ):
@@ -439,6 +482,39 @@ def test_resume_searches_only_the_stale_records(tmp_path, bucket1, flags, search
             assert set(kept) == set(records) - set(bucket_searches)
             for search, record in kept.items():
                 assert record == tables.Record.from_json(records[search])
+
+
+@pytest.mark.parametrize(
+    "own_hash, flags, searches",
+    [
+        (OLD, ["--triton-only"], {1: (None, "triton")}),
+        (KERNEL_HASHES["triton"], ["--triton-only"], {}),
+        (KERNEL_HASHES["triton"], ["--triton-only", "--redo"], {1: (None, "triton")}),
+    ],
+    ids=["stale", "current", "redo"],
+)
+def test_triton_only_searches_in_full_a_bucket_whose_own_record_is_a_triton_config(
+    tmp_path, own_hash, flags, searches
+):
+    """--triton-only keeps a held bucket's own record as it is, unless that
+    record is itself a Triton config (the Triton kernel won the bucket): it
+    goes stale with the Triton records, and the bucket runs both searches,
+    since the Hopper kernel may win it now."""
+    args = tune.parse_args(["--heads", "2", "--draft-lens", "2", "--batch-sizes", "1", *flags])
+    path = tmp_path / "sm90.json"
+    triton = triton_default_config(2, 2, 1, "sm90")
+    own = tables.Record(triton, 15.0, 12.0, kernel_hash=own_hash)
+    beside = tables.Record(triton, 15.0, 25.0, kernel_hash=own_hash)
+    body = {
+        "num_heads": 2,
+        "draft_len": 2,
+        "kv_dtype": "bf16",
+        "buckets": {"1": tables.bucket_json(own, beside)},
+    }
+    meta = {"arch": "sm90", "kernel_hash": KERNEL_HASH, "measured": True}
+    tables.write_entries(path, "sm90", meta, {"H2_L2_bf16": body})
+    work = tune.pending_work(args, path)
+    assert {b: s for w in work for b, s in w.searches.items()} == searches
 
 
 def test_resume_of_a_legacy_table_keeps_its_meaning(tmp_path):
