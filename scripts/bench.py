@@ -28,9 +28,11 @@ Measures, in one run on one GPU:
   ``triton`` (the tuned tile on the package's portable Triton kernel),
   ``mha`` (the Triton kernel with BLOCK_H=1, the MHA-style baseline),
   ``torch_ref`` (the float32 reference on the GPU), ``flashinfer``
-  (``BatchMLAPagedAttentionWrapper``, fa3 backend, page size 1) and
+  (``BatchMLAPagedAttentionWrapper``, fa3 backend, page size 1),
   ``flashmla`` (FlashMLA's dense decode, 64-token pages; only where
-  ``import flash_mla`` succeeds); and ``rev:<git rev>``: ``tuned`` as this
+  ``import flash_mla`` succeeds); ``sglang`` (SGLang's verify kernel, the
+  one this package grew from, read from the checkout ``--sglang-src``
+  names; uniform causal bf16 rows); and ``rev:<git rev>``: ``tuned`` as this
   package was at that commit, its code and shipped tables imported beside
   the working tree's (``load_revision``), so that revisions are compared
   in one process on the same batches (timed in separate processes, two
@@ -41,7 +43,7 @@ Measures, in one run on one GPU:
   timed. Each runs only where it computes the shape's call: FlashInfer,
   FlashMLA and ``mha`` on plain shapes (MLA 576/512, L causal drafts a
   request); tree, ragged and head-dim shapes time ``tuned``, ``default``,
-  ``triton`` and ``torch_ref``; -page shapes ``paged``, ``tuned``
+  ``triton`` and ``torch_ref``, head-dim shapes ``sglang`` too; -page shapes ``paged``, ``tuned``
   (token-indexed, the same values) and, at page 64, ``flashmla`` on the
   very pages ``paged`` reads; ``rev:`` contenders run where ``tuned``
   does (on -page shapes the revision's ``verify_mla_paged``, as
@@ -95,7 +97,9 @@ import csv
 import dataclasses
 import datetime
 import functools
+import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -173,6 +177,7 @@ CONTENDERS = (
     "torch_ref",
     "flashinfer",
     "flashmla",
+    "sglang",
 )
 PLOT_CONTENDERS = ("tuned", "paged", "triton", "flashinfer", "flashmla")
 
@@ -1523,6 +1528,87 @@ class FlashMLA:
         )
 
 
+SGLANG_VERIFY = Path("sglang/kernels/ops/attention/verify_mla.py")
+
+
+class SGLangVerify:
+    """SGLang's grouped-head verify kernel, the one this package grew from
+    (``verify_shared_kv_fwd`` of ``verify_mla.py``: 4 heads a program,
+    BLOCK_N 64, 8 warps, 1 stage, ``512 // (batch x head blocks)`` splits
+    up to 32), used only where ``--sglang-src`` names an SGLang checkout's
+    ``python`` folder. This project ships no SGLang code: the file is read
+    from that checkout alone (``load_sglang_verify``), so its version is
+    the file's hash."""
+
+    def __init__(self, enabled: bool, src: Path | None = None) -> None:
+        self.fwd: Callable[..., bool] | None = None
+        self.version = "n/a"
+        self.reason = ""
+        if not enabled:
+            self.reason = "not among --contenders"
+            return
+        if src is None:
+            self.reason = f"--sglang-src not given (a folder holding {SGLANG_VERIFY})"
+            return
+        path = src / SGLANG_VERIFY
+        try:
+            self.fwd = load_sglang_verify(path)
+        except Exception as exc:  # missing, or not the file this loader knows
+            self.reason = f"loading {path} failed: {type(exc).__name__}: {exc}"
+            return
+        self.version = f"verify_mla.py sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+
+    @property
+    def available(self) -> bool:
+        return self.fwd is not None
+
+    def contender(self, batch: Batch) -> Contender:
+        """Called as SGLang's verify launcher calls it, with the arguments
+        ``verify_mla_fwd`` gets (it has the same convention)."""
+        fwd = self.fwd
+
+        def sglang_fwd(*args: Any, config: Any = None, **kwargs: Any) -> bool:
+            return fwd(*args, **kwargs)
+
+        out = batch.sets[0].new_output()
+        launches = _kernel_launches(batch, out, None, fwd=sglang_fwd)
+        return Contender("sglang", launches, out, True, None, f"SGLang {self.version}")
+
+
+def load_sglang_verify(path: Path) -> Callable[..., bool]:
+    """``verify_shared_kv_fwd`` of SGLang's ``verify_mla.py`` at ``path``,
+    loaded alone. It imports two SGLang names, which are given the values
+    SGLang itself gives them on an NVIDIA GPU: ``dot_in_kv_dtype`` True (it
+    is False only for fp8 pools on gfx950) and ``_AMD_LAUNCH_KWARGS`` empty
+    (set only on ROCm); the rest of SGLang then need not be importable.
+    ``sys.modules`` is left as it was."""
+    package = "sglang.kernels.ops.attention"
+    given = {
+        f"{package}.fp8_dot_support": {"dot_in_kv_dtype": lambda kv_dtype, width: True},
+        f"{package}.verify_splitkv": {"_AMD_LAUNCH_KWARGS": {}},
+    }
+    names = ["sglang", "sglang.kernels", "sglang.kernels.ops", package, *given]
+    saved = {name: sys.modules.get(name) for name in names}
+    try:
+        for name in names:
+            module = types.ModuleType(name)
+            module.__path__ = []  # a package, so that the names below it resolve
+            module.__dict__.update(given.get(name, {}))
+            sys.modules[name] = module
+        spec = importlib.util.spec_from_file_location("mla_verify_bench_sglang_verify", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+    return module.verify_shared_kv_fwd
+
+
 # --- one shape --------------------------------------------------------------------------
 
 
@@ -1533,6 +1619,7 @@ class RunContext:
     ceilings: Ceilings
     flashinfer: FlashInfer
     flashmla: FlashMLA
+    sglang: SGLangVerify
     contenders: tuple[str, ...]
     meta: dict[str, Any]
     rep_ms: float
@@ -1611,6 +1698,9 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
         return "only on -page<N> rows"
     if kind and name in ("flashinfer", "flashmla", "mha"):
         return f"not this call ({kind})"
+    if name == "sglang" and (spec.ragged or spec.mask != "causal"):
+        # Its gate refuses ragged drafts; it reads no mask (causal only).
+        return f"not this call ({kind})"
     return None
 
 
@@ -1648,6 +1738,12 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
         if batch.spec.kv_dtype != "bf16":
             return "this benchmark times FlashMLA on bf16 KV only"
         return ctx.flashmla.contender(batch, ctx.seed + 3)
+    if name == "sglang":
+        if not ctx.sglang.available:
+            return ctx.sglang.reason
+        if batch.spec.kv_dtype != "bf16":
+            return "this benchmark times SGLang's kernel on bf16 KV only"
+        return ctx.sglang.contender(batch)
     raise ValueError(f"unknown contender {name!r}")
 
 
@@ -2326,6 +2422,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer")
     parser.add_argument(
+        "--sglang-src",
+        type=Path,
+        metavar="DIR",
+        help=f"an SGLang checkout's python folder (holding {SGLANG_VERIFY}): times SGLang's "
+        "verify kernel as the sglang contender",
+    )
+    parser.add_argument(
         "--rep-ms",
         type=float,
         default=50.0,
@@ -2424,6 +2527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     flashmla = FlashMLA(enabled="flashmla" in args.contenders)
     if not flashmla.available:
         logger.info("flashmla skipped: %s", flashmla.reason)
+    sglang = SGLangVerify("sglang" in args.contenders, args.sglang_src)
+    if not sglang.available:
+        logger.info("sglang skipped: %s", sglang.reason)
     meta = run_metadata(device, flashinfer.version, flashmla.version)
     arch = mla_verify.current_arch(device)
     props = torch.cuda.get_device_properties(device)
@@ -2449,6 +2555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ceilings=ceilings,
         flashinfer=flashinfer,
         flashmla=flashmla,
+        sglang=sglang,
         contenders=tuple(args.contenders),
         meta=meta,
         rep_ms=args.rep_ms,

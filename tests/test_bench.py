@@ -486,6 +486,7 @@ def test_each_kind_of_call_is_checked_against_the_reference(text, device):
         arch=mla_verify.current_arch() if device == "cuda" else "sm90",
         flashinfer=bench.FlashInfer(False, None),
         flashmla=bench.FlashMLA(False),
+        sglang=bench.SGLangVerify(False),
         torch_ref_max_tokens=1 << 20,
         seed=5,
     )
@@ -531,6 +532,62 @@ def test_flashmla_reads_the_pages_the_paged_call_reads():
         assert torch.equal(seqlens, paged[2])
 
 
+FAKE_SGLANG_VERIFY = """
+from sglang.kernels.ops.attention.fp8_dot_support import dot_in_kv_dtype
+from sglang.kernels.ops.attention.verify_splitkv import _AMD_LAUNCH_KWARGS
+
+SEEN = []
+
+
+def verify_shared_kv_fwd(q, k_ext, v_ext, o, *args, **kwargs):
+    SEEN.append((dot_in_kv_dtype(None, 64), dict(_AMD_LAUNCH_KWARGS), len(args), sorted(kwargs)))
+    o.copy_(REFERENCE)
+    return True
+"""
+
+
+def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path, monkeypatch):
+    """The sglang contender reads verify_mla.py from the folder --sglang-src
+    names, its two SGLang imports given their NVIDIA values, sys.modules
+    left as it was; it is called as verify_mla_fwd is, less our config."""
+    path = tmp_path / bench.SGLANG_VERIFY
+    path.parent.mkdir(parents=True)
+    path.write_text(FAKE_SGLANG_VERIFY)
+    before = set(sys.modules)
+    sglang = bench.SGLangVerify(True, tmp_path)
+    assert sglang.available, sglang.reason
+    assert not {m for m in set(sys.modules) - before if m.startswith("sglang")}
+    assert sglang.version.startswith("verify_mla.py sha256 ")
+    spec = bench.parse_shape("H2L2B2C9")
+    lens = bench.prefix_lengths(spec)
+    batch = bench.build_batch(
+        spec, lens, rotations=1, slots=sum(lens) + 9, device=torch.device("cpu"), seed=3
+    )
+    ref = batch.sets[0].reference()
+    sglang.fwd.__globals__["REFERENCE"] = ref
+    ctx = types.SimpleNamespace(sglang=sglang, device=torch.device("cpu"))
+    row = {}
+    contender = bench.prepare_contender("sglang", batch, ref, ctx, row)
+    assert contender is not None and row["rel_err"] < 6e-3  # bf16 rounding of the reference
+    (seen,) = sglang.fwd.__globals__["SEEN"]
+    # q, k/v extend, o, then the pool, indptrs, indices, mask, causal, mask indptr, L
+    assert seen[:3] == (True, {}, 9)
+    assert seen[3] == ["k_scale", "skip_prefix_custom_mask", "sm_scale", "v_scale"]
+    fp8 = bench.parse_shape("H2L2B2C9-fp8")
+    fp8_batch = bench.build_batch(
+        fp8, lens, rotations=1, slots=sum(lens) + 9, device=torch.device("cpu"), seed=3
+    )
+    row = {}
+    assert bench.prepare_contender("sglang", fp8_batch, ref, ctx, row) is None
+    assert row["status"] == "skipped" and "bf16" in row["reason"]
+
+
+def test_sglang_contender_says_why_it_is_not_there(tmp_path):
+    assert "--sglang-src" in bench.SGLangVerify(True, None).reason
+    missing = bench.SGLangVerify(True, tmp_path)
+    assert not missing.available and "verify_mla.py" in missing.reason
+
+
 def test_contenders_run_only_where_they_compute_the_call():
     def runs(text):
         spec = bench.parse_shape(text)
@@ -539,8 +596,10 @@ def test_contenders_run_only_where_they_compute_the_call():
     package = {"tuned", "default", "triton", "torch_ref"}
     assert runs("H16L4B32C16K") == set(bench.CONTENDERS) - {"paged"}
     assert runs("H16L4B32C16K-fp8") == set(bench.CONTENDERS) - {"paged"}  # skipped later, for KV
-    for kind in ("-tree", "-treefull", "-ragged", "-d256", "-d128"):
+    for kind in ("-tree", "-treefull", "-ragged"):
         assert runs(f"H16L4B32C16K{kind}") == package, kind
+    for kind in ("-d256", "-d128"):  # SGLang's kernel takes shared-KV head dims
+        assert runs(f"H16L4B32C16K{kind}") == package | {"sglang"}, kind
     assert runs("H16L4B32C16K-page64") == {"paged", "tuned", "flashmla"}
     for page in (1, 16, 32, 128):
         assert runs(f"H16L4B32C16K-page{page}") == {"paged", "tuned"}
