@@ -1529,6 +1529,9 @@ class FlashMLA:
 
 
 SGLANG_VERIFY = Path("sglang/kernels/ops/attention/verify_mla.py")
+# Pool elements SGLang's kernel can address: it computes slot x row stride
+# in int32 (kv_indices' type).
+SGLANG_MAX_POOL = 2**31
 
 
 class SGLangVerify:
@@ -1743,6 +1746,13 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
             return ctx.sglang.reason
         if batch.spec.kv_dtype != "bf16":
             return "this benchmark times SGLang's kernel on bf16 KV only"
+        elements = max(batch.k_buffer.numel(), batch.sets[0].v_buffer.numel())
+        if elements >= SGLANG_MAX_POOL:
+            # On the H200 such a pool's first call broke the CUDA context.
+            return (
+                f"the pool holds {elements} elements; SGLang's kernel addresses it in "
+                "int32 (slot x row stride), which wraps at 2^31"
+            )
         return ctx.sglang.contender(batch)
     raise ValueError(f"unknown contender {name!r}")
 

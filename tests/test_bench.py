@@ -582,6 +582,18 @@ def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path, monkeypatch):
     assert row["status"] == "skipped" and "bf16" in row["reason"]
 
 
+def test_sglang_contender_skips_a_pool_it_cannot_address():
+    """SGLang's kernel computes slot x row stride in int32: a pool of 2^31
+    elements or more is skipped with the reason, never launched."""
+    sglang = bench.SGLangVerify(False)
+    sglang.fwd = lambda *args, **kwargs: pytest.fail("launched")
+    pool = torch.empty(1, dtype=torch.bfloat16).expand(2**31 // 576 + 1, 1, 576)
+    vb = types.SimpleNamespace(v_buffer=pool[..., :512])
+    batch = types.SimpleNamespace(spec=bench.parse_shape("H8L2B64C65536"), sets=[vb], k_buffer=pool)
+    reason = bench._make_contender("sglang", batch, types.SimpleNamespace(sglang=sglang))
+    assert isinstance(reason, str) and "int32" in reason and str(pool.numel()) in reason
+
+
 def test_sglang_contender_says_why_it_is_not_there(tmp_path):
     assert "--sglang-src" in bench.SGLangVerify(True, None).reason
     missing = bench.SGLangVerify(True, tmp_path)
