@@ -43,11 +43,12 @@ Measures, in one run on one GPU:
   timed. Each runs only where it computes the shape's call: FlashInfer,
   FlashMLA and ``mha`` on plain shapes (MLA 576/512, L causal drafts a
   request); tree, ragged and head-dim shapes time ``tuned``, ``default``,
-  ``triton`` and ``torch_ref``, head-dim shapes ``sglang`` too; -page shapes ``paged``, ``tuned``
-  (token-indexed, the same values) and, at page 64, ``flashmla`` on the
-  very pages ``paged`` reads; ``rev:`` contenders run where ``tuned``
-  does (on -page shapes the revision's ``verify_mla_paged``, as
-  ``paged``). The others get a ``skipped`` row saying why.
+  ``triton`` and ``torch_ref``, head-dim shapes ``sglang`` too; -page
+  shapes ``paged``, ``tuned`` (token-indexed, the same values) and, at
+  page 64, ``flashmla`` on the very pages ``paged`` reads; ``rev:``
+  contenders run where ``tuned`` does (on -page shapes the revision's
+  ``verify_mla_paged``, as ``paged``). The others get a ``skipped`` row
+  saying why.
 
 Shape specs: ``H{heads}L{drafts}B{batch}`` then the prefix lengths, one of
 ``C{ctx}`` (uniform), ``Rlognormal{mean}`` (lognormal lengths, sigma 1, the
@@ -1679,7 +1680,8 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
     every request L causal drafts); -page rows compare the paged entry
     point with the token-indexed one on the same values, and FlashMLA at
     page 64; tree, ragged and head-dim rows the package's kernels and the
-    reference. A ``rev:`` contender runs where ``tuned`` does."""
+    reference, head-dim rows SGLang's kernel too (every request L causal
+    drafts). A ``rev:`` contender runs where ``tuned`` does."""
     if name.startswith(REV_PREFIX):
         name = "tuned"
     kind = ", ".join(
