@@ -546,7 +546,7 @@ def verify_shared_kv_fwd(q, k_ext, v_ext, o, *args, **kwargs):
 """
 
 
-def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path, monkeypatch):
+def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path):
     """The sglang contender reads verify_mla.py from the folder --sglang-src
     names, its two SGLang imports given their NVIDIA values, sys.modules
     left as it was; it is called as verify_mla_fwd is, less our config."""
