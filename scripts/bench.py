@@ -1077,7 +1077,7 @@ def _kernel_launches(
     def make(vb: VerifyBatch) -> Callable[[], None]:
         def launch() -> None:
             if not vb.run(out, config, fwd=fwd):
-                raise RuntimeError("verify_mla_fwd refused the call (can_handle is False)")
+                raise RuntimeError(f"{fwd.__name__} refused the call (its gate said no)")
 
         return launch
 
@@ -1571,6 +1571,7 @@ class SGLangVerify:
         ``verify_mla_fwd`` gets (it has the same convention)."""
         fwd = self.fwd
 
+        @functools.wraps(fwd)  # its name in a refusal's message
         def sglang_fwd(*args: Any, config: Any = None, **kwargs: Any) -> bool:
             return fwd(*args, **kwargs)
 

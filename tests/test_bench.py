@@ -577,6 +577,14 @@ def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path):
     fp8_batch = bench.build_batch(
         fp8, lens, rotations=1, slots=sum(lens) + 9, device=torch.device("cpu"), seed=3
     )
+
+    # A call its gate refuses names it (the bench skips ragged and masked rows for it).
+    def verify_shared_kv_fwd(*args, **kwargs):
+        return False
+
+    refusing = types.SimpleNamespace(fwd=verify_shared_kv_fwd, version="v")
+    with pytest.raises(RuntimeError, match="verify_shared_kv_fwd refused the call"):
+        bench.SGLangVerify.contender(refusing, batch).launches[0]()
     row = {}
     assert bench.prepare_contender("sglang", fp8_batch, ref, ctx, row) is None
     assert row["status"] == "skipped" and "bf16" in row["reason"]
