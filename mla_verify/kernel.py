@@ -99,14 +99,19 @@ MERGE_MAX_BLOCKS = 16  # 32 columns a block
 
 
 @triton.jit
-def _share_tokens(total, batch_size, num_kv_splits, BLOCK_N: tl.constexpr):
-    # Tokens a unit's share of the batch's prefix tokens holds: batch x
-    # (NUM_KV_SPLITS - 1) equal shares, BLOCK_N-aligned (a uniform batch's
-    # shares then fall on request boundaries where its lengths allow), so
-    # that a share's index plus its requests' (at most the shares + the
-    # batch - 1 slots in all) fits the batch x NUM_KV_SPLITS units.
+def _unit_shares(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N: tl.constexpr):
+    # The batch's prefix tokens, requests laid end to end: the first
+    # request's offset in the pool's indices, the tokens in all, and the
+    # tokens a unit's share holds: batch x (NUM_KV_SPLITS - 1) equal
+    # shares, BLOCK_N-aligned (a uniform batch's shares then fall on
+    # request boundaries where its lengths allow), so that a share's index
+    # plus its requests' (at most the shares + the batch - 1 slots in all)
+    # fits the batch x NUM_KV_SPLITS units.
+    base = tl.load(KV_INDPTR)
+    total = (tl.load(KV_INDPTR + batch_size) - base).to(tl.int32)
     shares = tl.maximum(batch_size * (num_kv_splits - 1), 1)
-    return tl.maximum(tl.cdiv(tl.cdiv(total, shares), BLOCK_N), 1) * BLOCK_N
+    share = tl.maximum(tl.cdiv(tl.cdiv(total, shares), BLOCK_N), 1) * BLOCK_N
+    return base, total, share
 
 
 @triton.jit
@@ -361,14 +366,22 @@ def _prefix_kernel(
 
     # The unit's share of the batch's prefix tokens, requests laid end to
     # end: positions pos_lo .. pos_hi - 1, met by requests first .. last.
-    base = tl.load(KV_INDPTR)
-    total = (tl.load(KV_INDPTR + batch_size) - base).to(tl.int32)
-    share = _share_tokens(total, batch_size, num_kv_splits, BLOCK_N)
+    base, total, share = _unit_shares(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     pos_lo = unit * share
     pos_hi = tl.minimum(pos_lo + share, total)
     if pos_lo >= pos_hi:
         return
     first, last = _requests_met(KV_INDPTR, batch_size, pos_lo, pos_hi, BLOCK_B)
+
+    # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i;
+    # drafts past a request's own count are padding.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+    offs_i = offs_m % DRAFT_LEN
+    offs_d = tl.arange(0, D_V)
+    if D_ROPE > 0:
+        offs_r = tl.arange(0, D_ROPE)
+    mask_head = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
 
     # One segment a request: its tokens inside the share, its partial at
     # slot unit + req (segments in stream order raise the unit or the
@@ -382,15 +395,7 @@ def _prefix_kernel(
         hi = tl.minimum(pos_hi - begin, kv_len)
         q_start = tl.load(QO_INDPTR + req)
         num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)  # the request's drafts
-        # Row m of the tile is (head h, draft i) with m = (h - h0) * L + i;
-        # drafts past the request's own count are padding.
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
-        offs_i = offs_m % DRAFT_LEN
-        offs_d = tl.arange(0, D_V)
-        if D_ROPE > 0:
-            offs_r = tl.arange(0, D_ROPE)
-        mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
+        mask_m = mask_head & (offs_i < num_rows)
 
         q_row = (q_start + offs_i).to(tl.int64)
         ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
@@ -559,9 +564,7 @@ def _merge_extend_kernel(
     num_rows = (tl.load(QO_INDPTR + req + 1) - q_start).to(tl.int32)
     # The units whose shares meet the request's prefix wrote its pieces, at
     # slots unit + req (stage 1).
-    base = tl.load(KV_INDPTR)
-    total = (tl.load(KV_INDPTR + batch_size) - base).to(tl.int32)
-    share = _share_tokens(total, batch_size, num_kv_splits, BLOCK_N)
+    base, _, share = _unit_shares(KV_INDPTR, batch_size, num_kv_splits, BLOCK_N)
     begin = (tl.load(KV_INDPTR + req) - base).to(tl.int32)
     first_unit = begin // share
     num_pieces = tl.where(kv_len > 0, (begin + kv_len - 1) // share - first_unit + 1, 0)
