@@ -23,12 +23,14 @@ from __future__ import annotations
 import multiprocessing
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import triton
+from tqdm import tqdm
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
@@ -218,19 +220,29 @@ def fits(
     return not problems(config, draft_len, kv_dtype, arch, head_dims)
 
 
-def resources_many(jobs: Iterable[Job], workers: int = 1) -> list[Resources | str]:
+def resources_many(
+    jobs: Iterable[Job], workers: int = 1, progress: str | None = None
+) -> list[Resources | str]:
     """``compile_prefix_kernel`` of each job, in order, on ``workers``
     processes; a compile error comes back as its message. Jobs that differ
     only in runtime values (split count, share floor) compile once, and
-    each compile is remembered for the life of the process."""
+    each compile is remembered for the life of the process. ``progress``:
+    a progress bar of that name on stderr (compiles take seconds each)."""
     keys = [(_compile_key(c), l, d, a, tuple(dims)) for c, l, d, a, dims in jobs]
     todo = sorted(set(keys) - set(_found), key=repr)
-    if workers > 1 and len(todo) > 1:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            _found.update(zip(todo, pool.map(_resources_or_error, todo, chunksize=1)))
-    else:
-        _found.update((job, _resources_or_error(job)) for job in todo)
+    with tqdm(
+        total=len(todo), desc=progress, unit="kernel", file=sys.stderr, disable=progress is None
+    ) as bar:
+        if workers > 1 and len(todo) > 1:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                for job, found in zip(todo, pool.map(_resources_or_error, todo, chunksize=1)):
+                    _found[job] = found
+                    bar.update()
+        else:
+            for job in todo:
+                _found[job] = _resources_or_error(job)
+                bar.update()
     return [_found[key] for key in keys]
 
 

@@ -399,7 +399,7 @@ def precompile(entries, arch: str, workers: int) -> None:
                 if searched
                 for tile in tile_candidates(heads, draft_len, arch, dtype_name, head_dims)
             ]
-            aot.resources_many(checks, workers)  # remembered for searched_tiles
+            aot.resources_many(checks, workers, "compiling ahead of time")  # for searched_tiles
     jobs = []
     seen = set()
     for heads, draft_len, dtype_name, head_dims, kernels, searched, configs in entries:
@@ -932,7 +932,7 @@ def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> 
     jobs = [(tile, l, d, arch, dims) for (_, l, d, dims), found in tiles.items() for tile in found]
     start = time.perf_counter()
     workers = args.jobs or min(16, os.cpu_count() or 1)
-    compiled = dict(zip(jobs, aot.resources_many(jobs, workers)))
+    compiled = dict(zip(jobs, aot.resources_many(jobs, workers, f"compiling for {arch}")))
     entries = {}
     for (heads, draft_len, dtype_name, head_dims), candidates in tiles.items():
         fitting = []

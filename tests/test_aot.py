@@ -117,6 +117,31 @@ def test_spills_and_lds_are_read_from_the_compiled_kernel():
     )
 
 
+def test_compiling_many_kernels_shows_its_progress_where_asked():
+    """A table's compiles take minutes on a CPU machine: resources_many
+    draws a progress bar, counting compiles, when given a name for it, and
+    stays quiet without one."""
+    out = _run_script(
+        textwrap.dedent(
+            """
+            import io, sys
+            from mla_verify import aot
+            from mla_verify.config import VerifyConfig
+            job = (VerifyConfig(4, 16, 1, 4, 1), 2, "bf16", "gfx950", (576, 512))
+            other = (VerifyConfig(4, 16, 1, 4, 2), 2, "bf16", "gfx950", (576, 512))
+            sys.stderr = shown = io.StringIO()
+            (found,) = aot.resources_many([job], progress="compiling for gfx950")
+            sys.stderr = quiet = io.StringIO()
+            aot.resources_many([other])
+            sys.stderr = sys.__stderr__
+            print(found.registers > 0, "compiling for gfx950" in shown.getvalue(),
+                  "1/1" in shown.getvalue(), "compiling" in quiet.getvalue())
+            """
+        )
+    )
+    assert out.split() == ["True", "True", "True", "False"], out
+
+
 def test_compiled_kernel_is_the_launched_one():
     """Compiled ahead of time, stage 1 gets the divisibility a launch finds
     in its tensors and strides: its KV stream is then pipelined with
