@@ -63,8 +63,8 @@ def tile_candidates(
     or fp8 e4m3 KV), its schedules: columns, and score/value for bf16. For
     MLA those alone (Triton tiles won none of its buckets on sm90 against
     them); for the other head dims the Triton kernel's tiles too, which won
-    11 of the 27 fp8 256/256 buckets on the H200 (H4 at batch 4-256, H8 at
-    batch 8-64) and 3 of the 27 bf16 ones (H4 batch 64, H8 batch 32-64).
+    9 of the 27 fp8 256/256 buckets on the H200 (H4 at batch 4-256, H8 at
+    batch 32-64) and 3 of the 27 bf16 ones (H4 batch 64, H8 batch 32-64).
     Elsewhere the Triton kernel's tiles.
     ``kernel="triton"``: the Triton kernel's tiles on any arch, the portable
     path the tuner keeps beside the arch's winner."""
