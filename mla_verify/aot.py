@@ -158,7 +158,7 @@ def compile_stage1(
     if mask not in MASKS:
         raise ValueError(f"mask: expected one of {MASKS}, got {mask!r}")
     prefix_mask = mask == "prefix"
-    score_value = runs_score_value(config.kernel, kv_dtype)
+    score_value = runs_score_value(config.kernel, kv_dtype, (qk, v))
     on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
     if on_hopper and hopper.supports(draft_len, kv_dtype, v_from_k, (qk, v), score_value):
         # Without a mask the launch passes kv_indptr in the mask's place.

@@ -32,11 +32,14 @@ HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
 KERNELS = ("triton", *HOPPER_KERNELS)
 
 
-def runs_score_value(kernel: str, kv_dtype: str) -> bool:
+def runs_score_value(
+    kernel: str, kv_dtype: str, head_dims: tuple[int, int] = MLA_HEAD_DIMS
+) -> bool:
     """Whether a config's stage 1 runs the Hopper kernel's score/value
-    schedule: where it names it and the KV dtype allows it; otherwise a
-    "gluon_sm90_sv" config runs the columns schedule (same tile and plan)."""
-    return kernel == "gluon_sm90_sv" and kv_dtype in hopper.SCORE_VALUE_KV_DTYPES
+    schedule: where it names it and the KV dtype allows it for these head
+    dims (``hopper.score_value_kv_dtypes``); otherwise a "gluon_sm90_sv"
+    config runs the columns schedule (same tile and plan)."""
+    return kernel == "gluon_sm90_sv" and kv_dtype in hopper.score_value_kv_dtypes(head_dims)
 
 
 def rows_per_program(block_h: int, draft_len: int) -> int:
@@ -228,7 +231,7 @@ def hopper_schedules(
     v_from_k = tuple(head_dims) == MLA_HEAD_DIMS
     found = []
     for schedule in HOPPER_KERNELS:
-        score_value = runs_score_value(schedule, kv_dtype)
+        score_value = runs_score_value(schedule, kv_dtype, head_dims)
         if schedule == "gluon_sm90_sv" and not score_value:
             continue
         if hopper.supports(draft_len, kv_dtype, v_from_k, head_dims, score_value):

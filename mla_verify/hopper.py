@@ -46,7 +46,6 @@ PRODUCER_REGS = 88
 VALUE_REGS = 176
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
-SCORE_VALUE_KV_DTYPES = ("bf16",)  # fp8 runs the columns schedule (kernel_sm90's docstring)
 # Ordinary attention with one shared KV head (q/k = v; V a cache of its own
 # or K itself): both schedules, as for MLA.
 SHARED_KV_HEAD_DIMS = ((256, 256), (128, 128))
@@ -129,6 +128,14 @@ def block_heads(num_heads: int, draft_len: int) -> int:
     return max(1, min(num_heads, ROWS // draft_len))
 
 
+def score_value_kv_dtypes(head_dims: tuple[int, int] = MLA_HEAD_DIMS) -> tuple[str, ...]:
+    """The KV dtypes the score/value schedule takes: MLA's bf16 and fp8
+    (widened by its two warpgroups into one bf16 tile), the other head
+    dims' bf16 (their fp8 runs the columns schedule: kernel_sm90's
+    docstring)."""
+    return KV_DTYPES if tuple(head_dims) == MLA_HEAD_DIMS else ("bf16",)
+
+
 def supports(
     draft_len: int,
     kv_dtype_name: str,
@@ -137,12 +144,13 @@ def supports(
     score_value: bool = True,
 ) -> bool:
     """Calls the Hopper kernel computes (where Gluon is available), bf16 or
-    fp8 KV on the columns schedule, bf16 on score/value: absorbed MLA with
-    V a view of K; ordinary attention of SHARED_KV_HEAD_DIMS (V a view of K
-    or a cache of its own). The Triton kernel takes the rest."""
+    fp8 KV on the columns schedule, those of ``score_value_kv_dtypes`` on
+    score/value: absorbed MLA with V a view of K; ordinary attention of
+    SHARED_KV_HEAD_DIMS (V a view of K or a cache of its own). The Triton
+    kernel takes the rest."""
     if draft_len > ROWS:
         return False
-    kv_dtypes = SCORE_VALUE_KV_DTYPES if score_value else KV_DTYPES
+    kv_dtypes = score_value_kv_dtypes(head_dims) if score_value else KV_DTYPES
     if tuple(head_dims) == MLA_HEAD_DIMS:
         return kv_dtype_name in kv_dtypes and v_from_k
     return tuple(head_dims) in SHARED_KV_HEAD_DIMS and kv_dtype_name in kv_dtypes

@@ -1055,6 +1055,44 @@ def _widen(fp8_nope, fp8_second, nope, second):
     _warps_barrier()
 
 
+# Score/value with fp8 KV loads a request's draft rows (bf16) into the
+# widened tile DRAFT_PIECE columns at a time: a warpgroup's whole half at
+# once would hold 64 registers a thread, more than the value warpgroup
+# has beside its half of the output.
+DRAFT_PIECE = gl.constexpr(64)
+
+
+@gluon.jit
+def _widen_columns(src, dst):
+    # Score/value, fp8 KV: one warpgroup widens its columns of an fp8
+    # ring stage (src) into the bf16 tile (dst), all of them in one load,
+    # so that every shared-memory read is in flight at once: in pieces
+    # of 64 columns, with a barrier between pieces, the read latency
+    # showed four times a tile (score/value took 0.90x the columns
+    # schedule's time on fp8 rows that way, 0.82x this way). The caller
+    # fences and waits for its warps before the tile is read.
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPGROUP, 1], [1, 0])
+    dst.store(fp8_to_bf16(src.load(layout)))
+
+
+@gluon.jit
+def _widened_scores(q_nope, q_rope, wide, wide_bar, fill, zero_s):
+    # Score/value, fp8 KV: S = Q K^T over the bf16 tile, first its latent
+    # columns 0 .. HALF_V - 1 (the score warpgroup widened them), then,
+    # once the value warpgroup has widened the rest (wide_bar, fill-th
+    # completion), the others and the rope columns.
+    wide_nope, wide_rope, _ = wide
+    left = wide_nope.slice(0, HALF_V, dim=1).permute((1, 0))
+    right = wide_nope.slice(HALF_V, HALF_V, dim=1).permute((1, 0))
+    q_left = q_nope.slice(0, HALF_V, dim=1)
+    q_right = q_nope.slice(HALF_V, HALF_V, dim=1)
+    qk = warpgroup_mma(q_left, left, zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(wide_bar, fill & 1)
+    qk = warpgroup_mma(q_right, right, qk, is_async=True)
+    qk = warpgroup_mma(q_rope, wide_rope.permute((1, 0)), qk, is_async=True)
+    return warpgroup_mma_wait(0, deps=[qk])
+
+
 @gluon.jit
 def _consume_drafts(
     q_nope,
@@ -1091,11 +1129,11 @@ def _consume_drafts(
 
 
 @gluon.jit
-def _load_draft_rows(dst, BASE, request, stride_tok, col0):
+def _load_draft_rows(dst, BASE, request, stride_tok, col0, WARPS: gl.constexpr = CONSUMER_WARPS):
     # The request's draft rows of k_extend / v_extend, columns col0
     # onwards, into dst (the rows past them zero).
     q_first, num_rows, _, _, _ = request
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, layout))
     ptrs = BASE + (q_first + rows).to(gl.int64)[:, None] * stride_tok + cols[None, :]
@@ -1103,13 +1141,27 @@ def _load_draft_rows(dst, BASE, request, stride_tok, col0):
 
 
 @gluon.jit
-def _load_draft_halves(dst, BASE, request, stride_tok):
-    # _load_draft_rows for dst's columns, HALF_V at a time (a whole row
-    # of MLA's 512 at once holds twice the registers).
-    for half in gl.static_range(2):
+def _load_draft_pieces(
+    dst, BASE, request, stride_tok, col0, PIECE: gl.constexpr, WARPS: gl.constexpr
+):
+    # _load_draft_rows for dst's columns (col0 onwards in BASE's rows),
+    # PIECE at a time: a whole row of MLA's 512 at once holds twice the
+    # registers of half of it.
+    for piece in gl.static_range(dst.shape[1] // PIECE):
         _load_draft_rows(
-            dst.slice(half * HALF_V, HALF_V, dim=1), BASE, request, stride_tok, half * HALF_V
+            dst.slice(piece * PIECE, PIECE, dim=1),
+            BASE,
+            request,
+            stride_tok,
+            col0 + piece * PIECE,
+            WARPS,
         )
+
+
+@gluon.jit
+def _load_draft_halves(dst, BASE, request, stride_tok):
+    # Columns: dst's columns HALF_V at a time, by both warpgroups.
+    _load_draft_pieces(dst, BASE, request, stride_tok, 0, HALF_V, CONSUMER_WARPS)
 
 
 @gluon.jit
@@ -1305,13 +1357,13 @@ def _consume(
 
 
 @gluon.jit
-def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, MASKED: gl.constexpr):
-    # Score/value: one tile's softmax. P goes into the tile's rope rows
-    # (spent: only the score warpgroup read them, for the scores now
-    # done) and the factor that rescales the earlier tiles into xchg,
-    # for the value warpgroup.
+def _hand_over(qk, scale, m_i, l_i, p_dst, stage, xchg, p_bar, MASKED: gl.constexpr):
+    # Score/value: one tile's softmax. P goes into p_dst (bf16 KV: the
+    # tile's rope rows, spent: only the score warpgroup read them, for
+    # the scores now done) and the factor that rescales the earlier
+    # tiles into xchg, for the value warpgroup.
     p, alpha, m_i = _online_softmax(qk, scale, m_i, MASKED)
-    kv_rope_ring.index(stage).store(p.to(gl.bfloat16))
+    p_dst.store(p.to(gl.bfloat16))
     xchg.index(stage).store(alpha)
     fence_async_shared()
     _warps_barrier()  # all of the warpgroup's stores before the arrive
@@ -1323,11 +1375,13 @@ def _hand_over(qk, scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, MASKED: gl
 def _consume_scores(
     share,
     q_args,
+    ext,
     q_nope,
     q_rope,
     kv_nope_ring,
     kv_rope_ring,
     v_ring,
+    wide,
     xchg,
     bars,
     scales,
@@ -1336,11 +1390,14 @@ def _consume_scores(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
+    KV_FP8: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
-    # the online softmax, and the first half of the output columns.
+    # the online softmax, and the first half of the output columns. With
+    # fp8 KV (MLA) it widens that half's latent columns of each tile into
+    # the bf16 tile (`wide`) and hands P over in a buffer of its own.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
     )
@@ -1350,8 +1407,11 @@ def _consume_scores(
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    ready, empty, p_bar, sums_bar, sums_free = bars
+    ready, empty, p_bar, sums_bar, sums_free, wide_bar = bars
     score_scale, draft_scale, v_scale = scales
+    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    wide_nope, _, p_smem = wide
+    wide_left = wide_nope.slice(0, HALF_V, dim=1)
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
     segment = _segment(share, gl.minimum(b0, b1), base)
@@ -1359,6 +1419,10 @@ def _consume_scores(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
     )
     t0 = 0  # ring tiles of the earlier segments
+    # P handed over in the earlier segments: with bf16 KV one a ring tile
+    # (t0), with fp8 one a prefix tile and one for the drafts, which the
+    # ring does not hold.
+    h0 = 0
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
         # The next request's segment, read a request ahead (b1's own
@@ -1379,50 +1443,90 @@ def _consume_scores(
                 bits = _mask_bits(
                     masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
                 )
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
+            if KV_FP8:
+                handed = h0 + t
+                mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
+                # This warpgroup's last P V is done (synchronous): the
+                # tile's left half is free.
+                _widen_columns(kv_nope_ring.index(stage).slice(0, HALF_V, dim=1), wide_left)
+                fence_async_shared()
+                _warps_barrier()
+                mbarrier.arrive(empty.index(stage), count=1)
+                qk = _widened_scores(q_nope, q_rope, wide, wide_bar, handed, zero_s)
+                p_dst = p_smem
+                v_half = wide_left
+            else:
+                handed = tile
+                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
+                p_dst = kv_rope_ring.index(stage)
+                v_half = v_ring.index(stage).slice(0, HALF_V, dim=1)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
             alpha, m_i, l_i = _hand_over(
-                qk, score_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, PREFIX_MASK
+                qk, score_scale, m_i, l_i, p_dst, handed % STAGES, xchg, p_bar, PREFIX_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             # This tile's P V, and its stage freed, before waiting for the
             # next tile: issued behind the next tile's scores instead, the
             # stage was freed only once that tile had landed, and the ring
             # ran one tile deep (1.5-10% slower).
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage), v_ring.index(stage).slice(0, HALF_V, dim=1), acc
-            )
-            mbarrier.arrive(empty.index(stage), count=1)
+            acc = warpgroup_mma(p_dst, v_half, acc)
+            if not KV_FP8:
+                mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
+        h0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
         acc = acc * v_scale
 
         if with_drafts:
-            # Tile n holds the drafts' K (and tile n + 1 their V unless V
-            # is a view of K). Row (h, i) sees drafts 0..i (or as its mask
-            # says), scored without k_scale.
-            stage = t0 % STAGES
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
+            # The drafts' K (and V unless it is a view of K): with bf16 KV
+            # ring tile t0 (and t0 + 1); with fp8 KV loaded into the bf16
+            # tile by both warpgroups. Row (h, i) sees drafts 0..i (or as
+            # its mask says), scored without k_scale.
+            if KV_FP8:
+                handed = h0
+                _load_draft_pieces(
+                    wide_left, K_EXT, request, stride_ke_tok, 0, DRAFT_PIECE, WARPGROUP
+                )
+                fence_async_shared()
+                _warps_barrier()
+                qk = _widened_scores(q_nope, q_rope, wide, wide_bar, handed, zero_s)
+                p_dst = p_smem
+            else:
+                handed = t0
+                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
+                p_dst = kv_rope_ring.index(t0 % STAGES)
             _stage_next(
                 segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
             )
             qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
             alpha, m_i, l_i = _hand_over(
-                qk, draft_scale, m_i, l_i, stage, kv_rope_ring, xchg, p_bar, DRAFT_MASK
+                qk, draft_scale, m_i, l_i, p_dst, handed % STAGES, xchg, p_bar, DRAFT_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
-            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(0, HALF_V, dim=1), acc)
-            mbarrier.arrive(empty.index(stage), count=1)
-            if not V_EXT_FROM_K:
-                # V's tile carries no P; an arrive keeps that stage's
-                # p_bar phases in step with the ring (nobody waits on it).
-                stage = (t0 + 1) % STAGES
-                mbarrier.arrive(p_bar.index(stage), count=1)
-                mbarrier.arrive(empty.index(stage), count=1)
-            t0 = _after_drafts(t0, V_EXT_FROM_K)
+            if KV_FP8:
+                if not V_EXT_FROM_K:
+                    # The scores have read K's rows: V's take their place.
+                    _load_draft_pieces(
+                        wide_left, V_EXT, request, stride_ve_tok, 0, DRAFT_PIECE, WARPGROUP
+                    )
+                    fence_async_shared()
+                    _warps_barrier()
+                acc = warpgroup_mma(p_dst, wide_left, acc)
+                h0 += 1
+            else:
+                v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
+                acc = warpgroup_mma(p_dst, v_tile.slice(0, HALF_V, dim=1), acc)
+                mbarrier.arrive(empty.index(t0 % STAGES), count=1)
+                if not V_EXT_FROM_K:
+                    # V's tile carries no P; an arrive keeps that stage's
+                    # p_bar phases in step with the ring (nobody waits on it).
+                    stage = (t0 + 1) % STAGES
+                    mbarrier.arrive(p_bar.index(stage), count=1)
+                    mbarrier.arrive(empty.index(stage), count=1)
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
+                h0 = t0
         else:
             _stage_next(
                 segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
@@ -1457,11 +1561,33 @@ def _draft_values(kv_nope_ring, v_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
 
 
 @gluon.jit
+def _widen_right(kv_nope_ring, kv_rope_ring, ready, empty, tile, wide, wide_bar):
+    # Score/value, fp8 KV: the value warpgroup widens ring tile `tile`'s
+    # latent columns HALF_V onwards and its rope columns into the bf16
+    # tile (its last P V is done, and the score warpgroup's last scores,
+    # which it waited for), frees the stage and signals wide_bar.
+    wide_nope, wide_rope, _ = wide
+    stage = tile % STAGES
+    mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
+    _widen_columns(
+        kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
+        wide_nope.slice(HALF_V, HALF_V, dim=1),
+    )
+    _widen_columns(kv_rope_ring.index(stage), wide_rope)
+    fence_async_shared()
+    _warps_barrier()
+    mbarrier.arrive(empty.index(stage), count=1)
+    mbarrier.arrive(wide_bar, count=1)
+
+
+@gluon.jit
 def _consume_values(
     share,
+    ext,
     kv_nope_ring,
     kv_rope_ring,
     v_ring,
+    wide,
     xchg,
     bars,
     v_scale,
@@ -1469,39 +1595,78 @@ def _consume_values(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
+    KV_FP8: gl.constexpr,
 ):
     # The value warpgroup: the second half of the output columns, one P V
-    # for each P the score warpgroup hands over.
+    # for each P the score warpgroup hands over. With fp8 KV (MLA) it
+    # widens that half's latent columns and the rope columns of each tile.
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    ready, empty, p_bar, sums_bar, sums_free = bars
+    ready, empty, p_bar, sums_bar, sums_free, wide_bar = bars
+    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    wide_nope, wide_rope, p_smem = wide
+    wide_right = wide_nope.slice(HALF_V, HALF_V, dim=1)
     _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
+    h0 = 0  # P handed over in the earlier segments (_consume_scores)
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
-            stage = tile % STAGES
-            mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
+            if KV_FP8:
+                handed = h0 + t
+                _widen_right(kv_nope_ring, kv_rope_ring, ready, empty, tile, wide, wide_bar)
+                p_src = p_smem
+                v_half = wide_right
+            else:
+                handed = tile
+                p_src = kv_rope_ring.index(tile % STAGES)
+                v_half = v_ring.index(tile % STAGES).slice(HALF_V, HALF_V, dim=1)
+            stage = handed % STAGES
+            mbarrier.wait(p_bar.index(stage), (handed // STAGES) & 1)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage), v_ring.index(stage).slice(HALF_V, HALF_V, dim=1), acc
-            )
-            mbarrier.arrive(empty.index(stage), count=1)
+            acc = warpgroup_mma(p_src, v_half, acc)
+            if not KV_FP8:
+                mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
+        h0 += prefix_tiles
         acc = acc * v_scale
         if with_drafts:
-            stage = t0 % STAGES
-            mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
-            acc = acc * xchg.index(stage).load(o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
-            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
-            _release_drafts(empty, t0, V_EXT_FROM_K)
-            t0 = _after_drafts(t0, V_EXT_FROM_K)
+            if KV_FP8:
+                stage = h0 % STAGES
+                _load_draft_pieces(
+                    wide_right, K_EXT, request, stride_ke_tok, HALF_V, DRAFT_PIECE, WARPGROUP
+                )
+                _load_draft_rows(wide_rope, K_EXT, request, stride_ke_tok, D_NOPE, WARPGROUP)
+                fence_async_shared()
+                _warps_barrier()
+                mbarrier.arrive(wide_bar, count=1)
+                mbarrier.wait(p_bar.index(stage), (h0 // STAGES) & 1)
+                acc = acc * xchg.index(stage).load(o_rows)[:, None]
+                if not V_EXT_FROM_K:
+                    # The scores have read K's rows: V's take their place.
+                    _load_draft_pieces(
+                        wide_right, V_EXT, request, stride_ve_tok, HALF_V, DRAFT_PIECE, WARPGROUP
+                    )
+                    fence_async_shared()
+                    _warps_barrier()
+                acc = warpgroup_mma(p_smem, wide_right, acc)
+                h0 += 1
+            else:
+                stage = t0 % STAGES
+                mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
+                acc = acc * xchg.index(stage).load(o_rows)[:, None]
+                v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
+                acc = warpgroup_mma(
+                    kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc
+                )
+                _release_drafts(empty, t0, V_EXT_FROM_K)
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
+                h0 = t0
         mbarrier.wait(sums_bar, (b - b0) & 1)
         l_i = xchg.index(STAGES).load(o_rows)
         _warps_barrier()  # every warp has read the sums
@@ -1658,7 +1823,7 @@ def _prefix_kernel_sm90(
         # reads a partial.
         _launch_dependents()
     KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
-    gl.static_assert(not (SCORE_VALUE and KV_FP8), "score/value: bf16 KV only")
+    gl.static_assert(MLA or not (SCORE_VALUE and KV_FP8), "score/value with fp8 KV: MLA only")
     gl.static_assert(MLA or not PAGED, "paged caches: MLA only")
     # Warps of the default partition: the consumers (columns) or the
     # score warpgroup.
@@ -1834,8 +1999,24 @@ def _prefix_kernel_sm90(
                 mbarrier.init(p_bar.index(stage), count=1)
             mbarrier.init(sums_bar, count=1)
             mbarrier.init(sums_free, count=1)
+            if KV_FP8:
+                # One bf16 tile, widened from the fp8 ring by both
+                # warpgroups (each its half of the latent columns; the
+                # value warpgroup the rope ones, and signals wide_bar),
+                # and P's buffer: the fp8 ring's rope rows cannot hold it.
+                # q, two fp8 stages, this tile and P: 224 of 227 KB.
+                wide_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+                mbarrier.init(wide_bar, count=1)
+                wide = (
+                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem),
+                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, RING_ROPE], rope_smem),
+                    gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem),
+                )
+            else:
+                wide_bar = sums_bar  # never waited on
+                wide = (kv_nope_ring.index(0), kv_rope_ring.index(0), kv_rope_ring.index(0))
             fence_async_shared()
-            bars = (ready, empty, p_bar, sums_bar, sums_free)
+            bars = (ready, empty, p_bar, sums_bar, sums_free, wide_bar)
             gl.warp_specialize(
                 [
                     (
@@ -1843,11 +2024,13 @@ def _prefix_kernel_sm90(
                         (
                             share,
                             q_args,
+                            ext,
                             q_nope,
                             q_rope,
                             kv_nope_ring,
                             kv_rope_ring,
                             v_ring,
+                            wide,
                             xchg,
                             bars,
                             scales,
@@ -1856,6 +2039,7 @@ def _prefix_kernel_sm90(
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
+                            KV_FP8,
                             PREFIX_MASK,
                             DRAFT_MASK,
                         ),
@@ -1864,9 +2048,11 @@ def _prefix_kernel_sm90(
                         _consume_values,
                         (
                             share,
+                            ext,
                             kv_nope_ring,
                             kv_rope_ring,
                             v_ring,
+                            wide,
                             xchg,
                             bars,
                             v_scale,
@@ -1874,6 +2060,7 @@ def _prefix_kernel_sm90(
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
+                            KV_FP8,
                         ),
                     ),
                     (_produce, produce_args),
@@ -1979,7 +2166,7 @@ def launch_prefix(
     ``custom_mask`` (uint8, kernel.py's layout, with ``mask_indptr``)
     replaces the causal draft block, and its prefix bits are read too where
     ``prefix_mask``. ``score_value`` picks that schedule
-    (bf16 KV only, see ``SCORE_VALUE_KV_DTYPES``) over columns.
+    (``hopper.score_value_kv_dtypes``) over columns.
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
     go out at this grid's start. ``v_buffer``: V's cache, read only by a
     module for other head dims than MLA's (MLA reads V from K's rows). The
@@ -1990,8 +2177,10 @@ def launch_prefix(
     cache seen as a page-size-1 pool, its pages of a multiple of TOKENS
     tokens, each request's ``kv_indices`` its pages' slots in order
     (``hopper.loads_pages`` says where that can be read by TMA)."""
-    if score_value and k_buffer.dtype != q.dtype:
-        raise ValueError(f"score_value: needs KV in q's dtype {q.dtype}, got {k_buffer.dtype}")
+    if score_value and k_buffer.element_size() != 1 and k_buffer.dtype != q.dtype:
+        raise ValueError(
+            f"score_value: needs KV in q's dtype {q.dtype} or fp8, got {k_buffer.dtype}"
+        )
     draft_mask = custom_mask is not None
     num_heads = q.shape[1]
     head_blocks = hopper.head_blocks(num_heads, block_h)

@@ -52,7 +52,7 @@ def uses_gluon_sm90(
     """Whether a Hopper config runs the Hopper kernel for this call's
     tensors (compiled, on an sm90 device, bf16 q, and what
     ``hopper.supports`` names: MLA with V a view of K, or 256/256 and
-    128/128; fp8 KV on the columns schedule only; q, k_buffer and
+    128/128; fp8 KV on score/value for MLA only; q, k_buffer and
     ``others``, the call's other inputs, ``hopper.copy_aligned``); otherwise the
     Triton kernel runs the same tile. Metadata only: both kernels read the
     draft counts and masks on the device."""
@@ -268,7 +268,7 @@ def plan_call(
         draft_len,
         v_from_k,
         head_dims[1],
-        runs_score_value(config.kernel, kv_dtype),
+        runs_score_value(config.kernel, kv_dtype, head_dims),
         (v_buffer, k_extend, v_extend),
     )
     if not (v_from_k or hopper_kernel):
@@ -285,7 +285,7 @@ def plan_call(
         v_from_k=v_from_k,
         v_extend_from_k=v_is_k_view(k_extend, v_extend),
         share_ctas=share_ctas,
-        score_value=runs_score_value(config.kernel, kv_dtype),
+        score_value=runs_score_value(config.kernel, kv_dtype, head_dims),
         dependent=dependent_launch(q.device),
         merge_blocks=(
             merge_column_blocks(batch_size, num_heads, draft_len, share_ctas, head_dims[1])
