@@ -206,10 +206,12 @@ def default_config(
 
     On sm90, for the calls the Hopper kernel takes (``hopper.supports``,
     with V passed as engines pass it: MLA's a view of K, the others' a cache
-    of their own), its score/value schedule (columns for fp8 KV), one wave
-    of 64-row CTAs: the Hopper kernel beat the tuned Triton kernel on 12 of
-    13 MLA benchmark shapes, and score/value beat columns on all 12 shapes
-    measured (the benchmark notes in git history). Elsewhere the Triton
+    of their own), its score/value schedule (columns for the other head
+    dims' fp8 KV), one wave of 64-row CTAs: the Hopper kernel beat the
+    tuned Triton kernel on 12 of 13 MLA benchmark shapes, score/value beat
+    columns on all 12 bf16 shapes measured (the benchmark notes in git
+    history), and on MLA fp8 KV it took 427 of the 432 buckets from the
+    columns records it was timed beside (tuning/README.md). Elsewhere the Triton
     kernel's default, ``triton_default_config``.
     """
     num_heads, draft_len, batch_size = check_shape(num_heads, draft_len, batch_size)

@@ -24,7 +24,7 @@ consume, in one of two schedules:
                  softmax and columns 0-255, and hands P (into the tile's
                  spent rope rows) and the rescale factors to the value
                  warpgroup, which adds P V for columns 256-511 while the
-                 score warpgroup moves on. bf16 KV only.
+                 score warpgroup moves on. bf16 KV, and fp8 for MLA.
 
 The grid is persistent: each head block gets one wave of CTAs, and the
 batch's positions (each request's prefix tiles, then its drafts) are cut on
@@ -48,6 +48,13 @@ Calls whose requests all have L drafts compile to code that knows L.
 
 fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
 P V, so each tile is widened to bf16 in shared memory (the consumers' cost).
+Columns widens a tile with all 8 warps before its scores. Score/value (MLA)
+keeps one bf16 tile beside the fp8 ring and P in a buffer of its own (the
+fp8 ring's rope rows cannot hold it): each warpgroup widens its half of the
+latent columns (the value warpgroup the rope columns too) once its last
+P V is done, and frees its half of the fp8 stage; the scores start on the
+score warpgroup's half and finish once the value warpgroup signals its
+own (wide_bar). Both load the drafts' rows (bf16) into the tile themselves.
 
 Paged caches (a module of its own, PAGED; verify_mla_paged with pages of 64
 or 128 tokens): the pool's slots run page by page, so a full prefix tile

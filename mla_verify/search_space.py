@@ -60,7 +60,8 @@ def tile_candidates(
 
     ``kernel=None``: the arch's own kernel. On sm90, where the Hopper
     kernel runs (``hopper.supports``: MLA, 256/256 and 128/128, with bf16
-    or fp8 e4m3 KV), its schedules: columns, and score/value for bf16. For
+    or fp8 e4m3 KV), its schedules: columns, and score/value (bf16; fp8
+    for MLA). For
     MLA those alone (Triton tiles won none of its buckets on sm90 against
     them); for the other head dims the Triton kernel's tiles too, which won
     9 of the 27 fp8 256/256 buckets on the H200 (H4 at batch 4-256, H8 at

@@ -68,12 +68,12 @@ def test_to_dict_round_trips_and_leaves_out_the_default_kernel():
         assert VerifyConfig.from_dict(config.to_dict()) == config
 
 
-@pytest.mark.parametrize("kv_dtype,kernel", [("bf16", "gluon_sm90_sv"), ("fp8_e4m3", "gluon_sm90")])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("heads,draft_len", [(8, 1), (16, 4), (128, 4), (40, 3), (128, 8)])
-def test_default_on_sm90_is_the_hopper_kernel_with_64_rows(heads, draft_len, kv_dtype, kernel):
-    # score/value for bf16 KV, columns (the schedule that runs fp8) for fp8
+def test_default_on_sm90_is_the_hopper_kernel_with_64_rows(heads, draft_len, kv_dtype):
+    # MLA: score/value for bf16 and fp8 KV
     config = default_config(heads, draft_len, 32, "sm90", kv_dtype)
-    assert config.kernel == kernel
+    assert config.kernel == "gluon_sm90_sv"
     assert config.BLOCK_H == min(heads, 64 // draft_len)
 
 
@@ -163,20 +163,23 @@ def test_tuner_tries_the_hopper_kernel_only_where_it_runs():
     def hopper_kernels(arch, dtype):
         return [c.kernel for c in tile_candidates(16, 4, arch, dtype) if c.kernel != "triton"]
 
-    # both schedules for bf16; fp8 runs the columns schedule only
+    # both schedules for MLA's bf16 and fp8 KV
     assert hopper_kernels("sm90", "bf16") == ["gluon_sm90", "gluon_sm90_sv"]
-    assert hopper_kernels("sm90", "fp8_e4m3") == ["gluon_sm90"]
+    assert hopper_kernels("sm90", "fp8_e4m3") == ["gluon_sm90", "gluon_sm90_sv"]
     assert hopper_kernels("sm90", "fp16") == []
     assert hopper_kernels("gfx950", "bf16") == []
 
 
 def test_hopper_schedules_name_the_calls_the_hopper_kernel_runs():
-    # MLA, 256/256 and 128/128: both schedules for bf16, columns for fp8;
-    # nothing past a tile's 64 rows, nor for other head dims.
+    # MLA, 256/256 and 128/128: both schedules for bf16; for fp8 both for
+    # MLA, columns for the others; nothing past a tile's 64 rows, nor for
+    # other head dims.
     for dims in [(576, 512), (256, 256), (128, 128)]:
         assert hopper_schedules(4, "bf16", dims) == ["gluon_sm90", "gluon_sm90_sv"]
-        assert hopper_schedules(4, "fp8_e4m3", dims) == ["gluon_sm90"]
         assert hopper_schedules(65, "bf16", dims) == []
+    assert hopper_schedules(4, "fp8_e4m3", (576, 512)) == ["gluon_sm90", "gluon_sm90_sv"]
+    for dims in [(256, 256), (128, 128)]:
+        assert hopper_schedules(4, "fp8_e4m3", dims) == ["gluon_sm90"]
     assert hopper_schedules(4, "bf16", (192, 128)) == []
 
 
@@ -184,7 +187,7 @@ def test_hopper_schedules_name_the_calls_the_hopper_kernel_runs():
 def test_sm90_search_leaves_out_triton_tiles_where_the_hopper_kernel_runs():
     kernels = lambda dtype: {c.kernel for c in tile_candidates(16, 4, "sm90", dtype)}  # noqa: E731
     assert kernels("bf16") == {"gluon_sm90", "gluon_sm90_sv"}
-    assert kernels("fp8_e4m3") == {"gluon_sm90"}
+    assert kernels("fp8_e4m3") == {"gluon_sm90", "gluon_sm90_sv"}
     assert kernels("fp16") == {"triton"}  # the Hopper kernel takes bf16 q and bf16/fp8 KV
     assert "triton" in {c.kernel for c in tile_candidates(16, 4, "sm80", "bf16")}
 
@@ -199,18 +202,21 @@ def test_tuner_searches_the_share_floor_of_the_hopper_kernel_only(kernel):
 
 
 @pytest.mark.parametrize(
-    "kernel,kv_dtype,runs",
+    "kernel,kv_dtype,head_dims,runs",
     [
-        ("gluon_sm90_sv", "bf16", True),
-        ("gluon_sm90_sv", "fp8_e4m3", False),
-        ("gluon_sm90", "bf16", False),
-        ("triton", "bf16", False),
+        ("gluon_sm90_sv", "bf16", (576, 512), True),
+        ("gluon_sm90_sv", "fp8_e4m3", (576, 512), True),
+        ("gluon_sm90_sv", "bf16", (256, 256), True),
+        ("gluon_sm90_sv", "fp8_e4m3", (256, 256), False),
+        ("gluon_sm90", "bf16", (576, 512), False),
+        ("triton", "bf16", (576, 512), False),
     ],
 )
-def test_score_value_schedule_runs_for_bf16_kv_only(kernel, kv_dtype, runs):
-    # An sv entry used for fp8 KV (a user's own bf16-only table, say) runs
-    # the columns schedule: same tile, same plan.
-    assert runs_score_value(kernel, kv_dtype) is runs
+def test_score_value_schedule_runs_where_its_kv_dtypes_allow(kernel, kv_dtype, head_dims, runs):
+    # MLA's score/value takes bf16 and fp8 KV, the other head dims' bf16:
+    # an sv entry used for their fp8 KV runs the columns schedule (same
+    # tile, same plan).
+    assert runs_score_value(kernel, kv_dtype, head_dims) is runs
 
 
 def test_separate_v_takes_the_triton_kernel_with_a_smaller_ring():

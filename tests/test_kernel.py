@@ -314,15 +314,15 @@ def test_hopper_kernel_packs_ragged_rows_over_several_head_blocks(monkeypatch):
 
 def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
     """MLA with V a view of K, 256/256 and 128/128 with V a view of K or a
-    cache of its own: bf16 or fp8 KV on the columns schedule, bf16 on
-    score/value."""
+    cache of its own: bf16 or fp8 KV on the columns schedule; on
+    score/value MLA's bf16 and fp8, the others' bf16."""
     monkeypatch.setattr(plan, "INTERPRETED", False)
     monkeypatch.setattr(plan, "is_cuda_sm90", lambda device: True)
     meta = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
     mla = (576, 512)
     assert hopper.supports(4, "bf16", True, mla, score_value=False)
     assert hopper.supports(4, "fp8_e4m3", True, mla, score_value=False)
-    assert not hopper.supports(4, "fp8_e4m3", True, mla)  # score/value: bf16 only
+    assert hopper.supports(4, "fp8_e4m3", True, mla)
     assert not hopper.supports(4, "bf16", False, mla)  # a separate V cache
     assert not hopper.supports(65, "bf16", True, mla)  # more drafts than a tile's rows
     for dims in [(256, 256), (128, 128)]:
@@ -330,7 +330,7 @@ def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
             assert hopper.supports(4, "bf16", v_from_k, dims)
             assert hopper.supports(4, "bf16", v_from_k, dims, score_value=False)
             assert hopper.supports(4, "fp8_e4m3", v_from_k, dims, score_value=False)
-        assert not hopper.supports(4, "fp8_e4m3", False, dims)  # score/value: bf16 only
+        assert not hopper.supports(4, "fp8_e4m3", False, dims)  # their score/value: bf16 only
         assert not hopper.supports(4, "fp16", False, dims, score_value=False)
     assert not hopper.supports(4, "bf16", False, (192, 128), score_value=False)
     if hopper.available():
@@ -687,13 +687,14 @@ def test_hopper_config_elsewhere_runs_the_triton_kernel_with_its_tile(device):
     "kernel_name,kv_dtype,score_value",
     [
         ("gluon_sm90_sv", torch.bfloat16, True),
-        ("gluon_sm90_sv", torch.float8_e4m3fn, False),
+        ("gluon_sm90_sv", torch.float8_e4m3fn, True),
         ("gluon_sm90", torch.bfloat16, False),
+        ("gluon_sm90", torch.float8_e4m3fn, False),
     ],
 )
 def test_hopper_config_picks_its_schedule(monkeypatch, device, kernel_name, kv_dtype, score_value):
-    """Score/value runs where the config asks for it and the KV is bf16; a
-    score/value entry taken for fp8 KV runs the columns schedule."""
+    """Score/value runs where the config asks for it (MLA, bf16 or fp8
+    KV), columns where it names columns."""
     launched = []
     monkeypatch.setattr(plan, "uses_gluon_sm90", lambda *args: True)
     monkeypatch.setattr(plan, "sm_count", lambda device: 132)
@@ -794,9 +795,8 @@ SHARE_PLANS = [(None, None), (7, 1), (None, 1), (None, 16)]
 
 
 def _runs_hopper_kernel(batch, schedule) -> bool:
-    """Whether a ``schedule`` config runs the Hopper kernel for ``batch``,
-    not the Triton fallback (fp8 KV: the columns schedule, whichever the
-    config names)."""
+    """Whether a ``schedule`` config runs the Hopper kernel for ``batch``
+    (MLA), not the Triton fallback."""
     score_value = runs_score_value(schedule, kv_dtype_name(batch.k_buffer.dtype))
     return plan.uses_gluon_sm90(
         batch.q, batch.k_buffer, batch.draft_len, True, score_value=score_value
@@ -1141,7 +1141,8 @@ SHARED_KV_CALLS = [
     ),
     ("scales", {"separate_v": True, "k_scale": 0.75, "v_scale": 1.25}),
 ]
-# fp8 KV runs the columns schedule only (a score/value config runs it too).
+# Their fp8 KV runs the columns schedule only (a score/value config runs it
+# too); MLA's fp8 takes both.
 FP8_SHARED_KV_CALLS = [
     ("fp8_scales", {"separate_v": True, "k_scale": 0.75, "v_scale": 1.25}),
     ("fp8_v_is_k", {}),

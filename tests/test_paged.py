@@ -289,11 +289,12 @@ def test_gpu_matches_reference(heads, draft_len, lens, page_size, kv):
         heads, draft_len, lens, page_size=page_size, device="cuda", seed=11, **GPU_KV[kv]
     )
     if ON_HOPPER:
-        # Paged bf16 and fp8 calls can take the Hopper kernel, as token-indexed
-        # ones do (fp8 on its columns schedule).
+        # Paged bf16 and fp8 calls can take the Hopper kernel on either
+        # schedule, as token-indexed ones do.
         q = batch.q.view(-1, heads, 576)
         pool = token_pool(batch.kv_cache)
         assert plan.uses_gluon_sm90(q, pool, draft_len, True, score_value=False)
+        assert plan.uses_gluon_sm90(q, pool, draft_len, True)
         # Its full prefix tiles of 64-token pages then load by TMA.
         assert hopper.loads_pages(page_size, pool) == (page_size == 64)
     _check(batch, f"page {page_size} {kv}")
