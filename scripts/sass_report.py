@@ -3,7 +3,8 @@
     python scripts/sass_report.py H64L4B32C16384-ragged H64L4B32C16384
 
 compiles each shape's stage 1 for sm90 with the config the shipped table
-gives it, as its launch would (``aot.compile_stage1``), disassembles it
+gives it (``--schedule gluon_sm90_sv``: the Hopper kernel's tile on that
+schedule instead), as its launch would (``aot.compile_stage1``), disassembles it
 with the ``nvdisasm`` that ships with Triton (``aot.sass``), and prints its
 instructions, registers and stack, then each loop that issues wgmma or
 cp.async: its first instruction, nesting depth and size, and how many
@@ -29,6 +30,7 @@ import bench  # scripts/, first on the path when run as a script
 
 from mla_verify import aot, lookup
 from mla_verify.cli import Parser
+from mla_verify.config import HOPPER_KERNELS, hopper_config
 
 # bench.py's mask kinds as compile_stage1 takes them.
 _MASKS = {"causal": "none", "tree": "draft", "treefull": "prefix"}
@@ -167,11 +169,16 @@ def count(instructions: Sequence[str], loop: Loop) -> dict[str, int]:
     return {kind: sum(bool(pattern.search(i)) for i in body) for kind, pattern in _KINDS.items()}
 
 
-def report(spec: bench.ShapeSpec) -> str:
-    """One shape's stage 1: its config, size, registers and loops."""
-    config = lookup.block_config(
-        spec.num_heads, spec.draft_len, spec.batch_size, spec.kv_dtype, arch="sm90"
-    )
+def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
+    """One shape's stage 1: its config, size, registers and loops. The
+    config is the shipped table's, or with ``schedule`` (one of
+    ``HOPPER_KERNELS``) the Hopper kernel's tile on that schedule."""
+    if schedule is None:
+        config = lookup.block_config(
+            spec.num_heads, spec.draft_len, spec.batch_size, spec.kv_dtype, arch="sm90"
+        )
+    else:
+        config = hopper_config(spec.num_heads, spec.draft_len, spec.batch_size, schedule)
     options = dict(mask=_MASKS[spec.mask], ragged=spec.ragged)
     compiled = aot.compile_stage1(
         config, spec.draft_len, spec.kv_dtype, "sm90", spec.head_dims, **options
@@ -199,6 +206,11 @@ def report(spec: bench.ShapeSpec) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = Parser(prog="sass_report.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("shapes", nargs="+", type=bench.parse_shape, help="bench.py shape names")
+    parser.add_argument(
+        "--schedule",
+        choices=HOPPER_KERNELS,
+        help="compile the Hopper kernel's tile on this schedule, not the table's config",
+    )
     args = parser.parse_args(argv)
     for spec in args.shapes:
         if spec.page_size:
@@ -209,7 +221,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     for spec in args.shapes:
-        print(report(spec))
+        print(report(spec, args.schedule))
     return 0
 
 

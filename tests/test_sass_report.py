@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import triton
@@ -83,6 +84,28 @@ def test_paged_shapes_are_refused(capsys):
         sass_report.parse_args(["H16L4B8C2048-page64"])
     assert exit_info.value.code == 2
     assert "paged shapes are not supported" in capsys.readouterr().err
+
+
+def test_a_schedule_replaces_the_tables_config(monkeypatch):
+    # --schedule compiles the Hopper kernel's tile on that schedule (fp8
+    # MLA rows take either); without it, the shipped table's config.
+    compiled = []
+    monkeypatch.setattr(
+        sass_report.aot, "compile_stage1", lambda config, *a, **kw: compiled.append(config)
+    )
+    monkeypatch.setattr(
+        sass_report.aot, "resources", lambda *a: SimpleNamespace(registers=1, scratch=0)
+    )
+    monkeypatch.setattr(sass_report.aot, "sass", lambda *a: LISTING)
+    args = sass_report.parse_args(["H64L4B32C16384-fp8", "--schedule", "gluon_sm90"])
+    assert sass_report.report(args.shapes[0], args.schedule).startswith(
+        "H64L4B32C16384-fp8: gluon_sm90, BLOCK_H 16"
+    )
+    sass_report.report(args.shapes[0], "gluon_sm90_sv")
+    assert [c.kernel for c in compiled] == ["gluon_sm90", "gluon_sm90_sv"]
+    assert sass_report.parse_args(["H16L4B8C2048"]).schedule is None
+    with pytest.raises(SystemExit):
+        sass_report.parse_args(["H16L4B8C2048", "--schedule", "triton"])
 
 
 def _nvdisasm() -> str | None:
