@@ -36,13 +36,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from . import assembler, hopper, kernel
-from .config import (
-    HOPPER_KERNELS,
-    VerifyConfig,
-    rows_per_program,
-    runs_narrow,
-    runs_score_value,
-)
+from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
 from .device import arch_shared_memory
 from .problem import MLA_HEAD_DIMS, check_head_dims
 
@@ -164,10 +158,7 @@ def compile_stage1(
     if mask not in MASKS:
         raise ValueError(f"mask: expected one of {MASKS}, got {mask!r}")
     prefix_mask = mask == "prefix"
-    narrow_rows = 0
-    if not ragged:
-        narrow_rows = runs_narrow(config.kernel, config.BLOCK_H, draft_len, (qk, v), mask != "none")
-    score_value = runs_score_value(config.kernel, kv_dtype, (qk, v)) and not narrow_rows
+    score_value = runs_score_value(config.kernel, kv_dtype, (qk, v))
     on_hopper = config.kernel in HOPPER_KERNELS and arch == "sm90"
     if on_hopper and hopper.supports(draft_len, kv_dtype, v_from_k, (qk, v), score_value):
         # Without a mask the launch passes kv_indptr in the mask's place.
@@ -183,8 +174,6 @@ def compile_stage1(
             prefix_mask,
             ragged,
             paged,
-            narrow_rows,
-            hopper.ring_stages(narrow_rows, kv_dtype),
         )
     pointers |= {"MASK": "*u8" if prefix_mask else "*i32", "MASK_INDPTR": "*i32"}
     constexprs = dict(
@@ -340,10 +329,8 @@ def _compile_hopper_kernel(
     prefix_mask: bool,
     ragged: bool,
     paged: bool = False,
-    narrow_rows: int = 0,
-    stages: int = hopper.STAGES,
 ):
-    module = hopper.gluon_kernel(head_dims, ragged, paged, stages)
+    module = hopper.gluon_kernel(head_dims, ragged, paged)
     fn = module._prefix_kernel_sm90
     # The plan's width follows the head count, a runtime value: MLA's 128
     # heads (its widest in practice).
@@ -359,7 +346,6 @@ def _compile_hopper_kernel(
         LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)
         PREFIX_MASK=prefix_mask,
         DRAFT_MASK=draft_mask,
-        NARROW=narrow_rows,
     )
     pointers = pointers | {"K_EXT": "*bf16", "V_EXT": "*bf16", "O": "*bf16"}
     if paged:  # TMA descriptors of the pool's latent and rope columns
@@ -381,5 +367,4 @@ def _compile_hopper_kernel(
         _launch_aligned(fn, pointers),
     )
     with assembler.scope():  # the ptxas a launch assembles it with
-        options = hopper.launch_options(score_value or narrow_rows > 0)
-        return triton.compile(src, target=target, options=options)
+        return triton.compile(src, target=target, options=hopper.launch_options(score_value))

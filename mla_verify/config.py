@@ -26,10 +26,9 @@ MAX_ROWS = 64
 # and gfx950 (compiled ahead of time, tests/test_aot.py).
 AMD_DEFAULT_MAX_ROWS = 32
 MAX_KV_SPLITS = 64
-# Stage 1's implementations: the Triton kernel (any GPU) and the three
+# Stage 1's implementations: the Triton kernel (any GPU) and the two
 # schedules of the Hopper kernel (kernel_sm90's docstring).
-NARROW = "gluon_sm90_narrow"
-HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv", NARROW)
+HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
 KERNELS = ("triton", *HOPPER_KERNELS)
 
 
@@ -37,29 +36,10 @@ def runs_score_value(
     kernel: str, kv_dtype: str, head_dims: tuple[int, int] = MLA_HEAD_DIMS
 ) -> bool:
     """Whether a config's stage 1 runs the Hopper kernel's score/value
-    schedule: where it names it, or names the narrow one for a call that
-    cannot run it (``runs_narrow``), and the KV dtype allows it for these
-    head dims (``hopper.score_value_kv_dtypes``); otherwise such a config
-    runs the columns schedule (same tile and plan)."""
-    return kernel in ("gluon_sm90_sv", NARROW) and (
-        kv_dtype in hopper.score_value_kv_dtypes(head_dims)
-    )
-
-
-def runs_narrow(
-    kernel: str,
-    block_h: int,
-    draft_len: int,
-    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
-    masked: bool = False,
-) -> int:
-    """The query rows of the Hopper kernel's narrow schedule (16 or 32)
-    where a config names it and the call allows it: MLA, no custom mask,
-    at most ``hopper.NARROW_ROWS`` rows a tile; else 0. The plan also
-    leaves it out of a call it packs as ragged (``plan_call``)."""
-    if kernel != NARROW or masked or tuple(head_dims) != MLA_HEAD_DIMS:
-        return 0
-    return hopper.narrow_rows(block_h, draft_len)
+    schedule: where it names it and the KV dtype allows it for these head
+    dims (``hopper.score_value_kv_dtypes``); otherwise a "gluon_sm90_sv"
+    config runs the columns schedule (same tile and plan)."""
+    return kernel == "gluon_sm90_sv" and kv_dtype in hopper.score_value_kv_dtypes(head_dims)
 
 
 def rows_per_program(block_h: int, draft_len: int) -> int:
@@ -238,11 +218,7 @@ def default_config(
     kv_dtype = kv_dtype_name(kv_dtype)
     schedules = hopper_schedules(draft_len, kv_dtype, head_dims) if arch == "sm90" else []
     if schedules:
-        schedule = schedules[-1]
-        block_h = hopper.block_heads(num_heads, draft_len)
-        if kv_dtype == "fp8_e4m3" and runs_narrow(NARROW, block_h, draft_len, head_dims):
-            schedule = NARROW
-        return hopper_config(num_heads, draft_len, batch_size, schedule)
+        return hopper_config(num_heads, draft_len, batch_size, schedules[-1])
     return triton_default_config(num_heads, draft_len, batch_size, arch, kv_dtype, head_dims)
 
 
@@ -257,8 +233,6 @@ def hopper_schedules(
     v_from_k = tuple(head_dims) == MLA_HEAD_DIMS
     found = []
     for schedule in HOPPER_KERNELS:
-        if schedule == NARROW:
-            continue
         score_value = runs_score_value(schedule, kv_dtype, head_dims)
         if schedule == "gluon_sm90_sv" and not score_value:
             continue

@@ -45,9 +45,6 @@ MAX_REGS = 168
 PRODUCER_REGS = 88
 VALUE_REGS = 176
 
-# The narrow schedule's most query rows a tile (wgmma's N; kernel_sm90).
-NARROW_ROWS = 32
-
 KV_DTYPES = ("bf16", "fp8_e4m3")
 # Ordinary attention with one shared KV head (q/k = v; V a cache of its own
 # or K itself): both schedules, as for MLA.
@@ -70,16 +67,12 @@ SHAPE = (
     DRAFT_POSITIONS,
     PLAN_ELEMENTS,
     ORDER_REQUESTS,
-    NARROW_ROWS,
 )
 
 
 @functools.cache
 def gluon_kernel(
-    head_dims: tuple[int, int] = MLA_HEAD_DIMS,
-    ragged: bool = False,
-    paged: bool = False,
-    stages: int = STAGES,
+    head_dims: tuple[int, int] = MLA_HEAD_DIMS, ragged: bool = False, paged: bool = False
 ) -> ModuleType | None:
     """The kernel module for ``head_dims`` (MLA's: ``kernel_sm90`` itself),
     ``ragged`` calls (some request with fewer than L drafts) and ``paged``
@@ -93,18 +86,16 @@ def gluon_kernel(
     except ImportError:
         return None
     head_dims = tuple(head_dims)
-    if head_dims == MLA_HEAD_DIMS and not ragged and not paged and stages == STAGES:
+    if head_dims == MLA_HEAD_DIMS and not ragged and not paged:
         assembler.install(kernel_sm90._prefix_kernel_sm90)
         return kernel_sm90
     name = f"{kernel_sm90.__name__}_{head_dims[0]}x{head_dims[1]}"
     name += ("_ragged" if ragged else "") + ("_paged" if paged else "")
-    name += f"_stages{stages}" if stages != STAGES else ""
     spec = importlib.util.spec_from_file_location(name, kernel_sm90.__file__)
     module = importlib.util.module_from_spec(spec)
     module.HEAD_DIMS = head_dims
     module.RAGGED = ragged
     module.PAGED = paged
-    module.RING_STAGES = stages
     spec.loader.exec_module(module)
     assembler.install(module._prefix_kernel_sm90)
     return module
@@ -163,19 +154,6 @@ def supports(
     if tuple(head_dims) == MLA_HEAD_DIMS:
         return kv_dtype_name in kv_dtypes and v_from_k
     return tuple(head_dims) in SHARED_KV_HEAD_DIMS and kv_dtype_name in kv_dtypes
-
-
-def ring_stages(narrow: int, kv_dtype_name: str) -> int:
-    """The ring's stages: three of fp8 tiles beside the narrow schedule's
-    smaller q (36 KB each: 204-221 KB in all), else STAGES."""
-    return 3 if narrow == 16 and kv_dtype_name == "fp8_e4m3" else STAGES
-
-
-def narrow_rows(block_h: int, draft_len: int) -> int:
-    """The query rows of the narrow schedule's tile (wgmma's N: 16 or 32)
-    for BLOCK_H heads x L drafts, or 0 where they pass NARROW_ROWS."""
-    rows = max(16, 1 << (block_h * draft_len - 1).bit_length())
-    return rows if rows <= NARROW_ROWS else 0
 
 
 def launch_options(score_value: bool) -> dict[str, int | str]:

@@ -71,7 +71,6 @@ from triton.language.extra.cuda import gdc_wait
 
 from . import hopper
 from .config import rows_per_program
-from .problem import kv_dtype_name
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -878,8 +877,7 @@ def launch(
     synchronises."""
     config = plan.config
     if plan.hopper:
-        stages = hopper.ring_stages(plan.narrow_rows, kv_dtype_name(k_buffer.dtype))
-        hopper.gluon_kernel(plan.head_dims, plan.ragged, plan.paged, stages).launch_prefix(
+        hopper.gluon_kernel(plan.head_dims, plan.ragged, plan.paged).launch_prefix(
             q,
             k_buffer,
             v_buffer,
@@ -902,7 +900,6 @@ def launch(
             v_extend_from_k=plan.v_extend_from_k,
             plan_block=PLAN_BLOCK,
             score_value=plan.score_value,
-            narrow_rows=plan.narrow_rows,
             launch_dependents=plan.dependent,
             custom_mask=custom_mask if plan.draft_mask else None,
             mask_indptr=mask_indptr if plan.draft_mask else None,

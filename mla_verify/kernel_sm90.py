@@ -102,7 +102,7 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # globals); their values and meaning live in hopper.py.
 ROWS = gl.constexpr(hopper.ROWS)
 TOKENS = gl.constexpr(hopper.TOKENS)
-STAGES = gl.constexpr(globals().get("RING_STAGES", hopper.STAGES))
+STAGES = gl.constexpr(hopper.STAGES)
 CONSUMER_WARPS = gl.constexpr(hopper.CONSUMER_WARPS)
 WARPGROUP = gl.constexpr(hopper.WARPGROUP)
 PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
@@ -197,15 +197,13 @@ def _row_coords(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
-    M: gl.constexpr = ROWS,
 ):
-    # Row m of head block k's tile (of M rows: the narrow schedule's are
-    # fewer) is (head h, draft i) with h E + i = k BLOCK_H L + m: E = L,
-    # or with RAGGED the request's num_rows drafts, its rows packed
-    # densely (_min_rows); a head block past the request's rows masks
-    # every row.
+    # Row m of head block k's tile is (head h, draft i) with
+    # h E + i = k BLOCK_H L + m: E = L, or with RAGGED the request's
+    # num_rows drafts, its rows packed densely (_min_rows); a head block
+    # past the request's rows masks every row.
     tile_rows: gl.constexpr = BLOCK_H * DRAFT_LEN
-    offs_m = gl.arange(0, M, layout=layout)
+    offs_m = gl.arange(0, ROWS, layout=layout)
     if RAGGED:
         offs_h, offs_i = _divmod_rows(head_block * tile_rows + offs_m, num_rows)
     else:
@@ -225,12 +223,11 @@ def _tile_coords(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     layout: gl.constexpr,
-    M: gl.constexpr = ROWS,
 ):
-    # _row_coords for a 2-D tile of M rows in `layout`, and its columns
-    # col0 .. col0 + WIDTH - 1.
+    # _row_coords for a 2-D tile in `layout`, and its columns col0 ..
+    # col0 + WIDTH - 1.
     offs_h, offs_i, mask_m = _row_coords(
-        head_block, num_heads, num_rows, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout), M
+        head_block, num_heads, num_rows, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, layout)
     )
     cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     return offs_h, offs_i, mask_m, cols
@@ -265,7 +262,7 @@ def _copy_q(
     layout: gl.constexpr = _copy_layout(Q.dtype.element_ty, WIDTH, WARPS)
     q_first, num_rows, _, _, _ = request
     offs_h, offs_i, mask_m, cols = _tile_coords(
-        head_block, num_heads, num_rows, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout, dst.shape[0]
+        head_block, num_heads, num_rows, col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
     )
     rows = (q_first + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
     _cp_async(dst, Q + rows[:, None] + cols[None, :], mask=mask_m[:, None])
@@ -1195,23 +1192,9 @@ def _consume_loaded_drafts(
     # fp8 KV: the ring holds fp8 rows, so the consumers load the drafts
     # (bf16) into the widened tile themselves. The last prefix tile's
     # P V is done (_add_pv's last barrier): the tile is free.
-    wide_nope, wide_rope, wide_v = wide
-    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    _load_draft_keys(ext, wide, request)
-    qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
-    qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
-    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
-    _load_draft_values(ext, wide, request, V_EXT_FROM_K)
-    # _add_pv fences and waits for every warp's stores before its P V.
-    return m_i, l_elem, _add_pv(p, p_smem, wide_v, acc)
-
-
-@gluon.jit
-def _load_draft_keys(ext, wide, request):
-    # fp8 KV, an 8-warp partition: the drafts' K rows (and V's, where V
-    # is a buffer of its own) into the widened tile, ready for wgmma.
     K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
     wide_nope, wide_rope, wide_v = wide
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     _load_draft_halves(wide_nope, K_EXT, request, stride_ke_tok)
     if D_ROPE > 0:
         _load_draft_rows(wide_rope, K_EXT, request, stride_ke_tok, D_NOPE)
@@ -1220,17 +1203,15 @@ def _load_draft_keys(ext, wide, request):
         _load_draft_halves(wide_v, V_EXT, request, stride_ve_tok)
     fence_async_shared()
     _warps_barrier()
-
-
-@gluon.jit
-def _load_draft_values(ext, wide, request, V_EXT_FROM_K: gl.constexpr):
-    # fp8 KV, MLA, after the drafts' scores: their V rows over K's in the
-    # widened tile, unless V is a view of K. The caller fences them.
-    _, V_EXT, _, stride_ve_tok = ext
+    qk = _scores(q_nope, q_rope, wide_nope, wide_rope, zero_s)
+    qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
+    p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
     if MLA:  # noqa: SIM102 (constexpr first: a worker's V_EXT_FROM_K is a runtime value)
         if not V_EXT_FROM_K:
-            _warps_barrier()  # every warp's scores have read K's rows
-            _load_draft_halves(wide[0], V_EXT, request, stride_ve_tok)
+            _warps_barrier()  # both warpgroups' scores have read K's rows
+            _load_draft_halves(wide_nope, V_EXT, request, stride_ve_tok)
+    # _add_pv fences and waits for every warp's stores before its P V.
+    return m_i, l_elem, _add_pv(p, p_smem, wide_v, acc)
 
 
 @gluon.jit
@@ -1380,350 +1361,6 @@ def _consume(
         dest = _dest(out_args, b, b0, whole, request)
         _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
-
-
-# --- narrow: the tile's query rows as wgmma's N ----------------------------------
-# A tile of at most 32 query rows (BLOCK_H x L) computes S^T = K Q^T, the
-# 64 keys down wgmma's M and the rows its N, and O^T += V^T P^T, the 512
-# output columns down M: N / 64 of a 64-row tile's products. Two
-# warpgroups split the latent columns, each its own half of every tile:
-# the left one scores columns 0 .. HALF_V - 1 and adds their output
-# columns, the right one the others and the rope columns. They swap
-# their partial scores (xchg, one mbarrier each a slot) and run the same
-# softmax on the sum, so neither reads a column the other writes: with
-# fp8 KV each widens its own half and frees it. A 64-row tile reads each
-# key once per warpgroup (the rows split across them), which left the
-# narrow tiles no faster than 64 rows.
-
-
-@gluon.jit
-def _mask_tail_narrow(st, first, hi):
-    # _mask_tail with the keys down the rows.
-    if first + TOKENS > hi:
-        layout: gl.constexpr = st.type.layout
-        keys = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-        st = gl.where((keys < hi)[:, None], st, float("-inf"))
-    return st
-
-
-@gluon.jit
-def _mask_drafts_narrow(st, DRAFT_LEN: gl.constexpr):
-    # The drafts' tile, keys down the rows: query row (h, i) sees drafts
-    # 0..i (no custom mask, no ragged packing: the row's draft is m % L).
-    layout: gl.constexpr = st.type.layout
-    draft_of_row = gl.arange(0, st.shape[1], layout=gl.SliceLayout(0, layout)) % DRAFT_LEN
-    draft = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-    return gl.where(draft[:, None] <= draft_of_row[None, :], st, float("-inf"))
-
-
-@gluon.jit
-def _softmax_narrow(st, scale, m_i, l_elem, acc):
-    # _softmax_step over the keys of each column of S^T (no mask can hide
-    # every key of a row here); acc is O^T.
-    m_new = gl.maximum(m_i, gl.max(st, 0) * scale)
-    p = gl.exp2(st * scale - m_new[None, :])
-    alpha = gl.exp2(m_i - m_new)
-    l_elem = l_elem * alpha[None, :] + p
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout))[None, :]
-    return p, m_new, l_elem, acc
-
-
-@gluon.jit
-def _half_scores(q_own, q_rope, kv_own, kv_rope, zero_st, LEFT: gl.constexpr):
-    # This warpgroup's part of S^T: its latent columns (and the rope
-    # columns, right). The caller has fenced the tile's writes.
-    st = warpgroup_mma(kv_own, q_own.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-    if not LEFT:
-        st = warpgroup_mma(kv_rope, q_rope.permute((1, 0)), st, is_async=True)
-    return warpgroup_mma_wait(0, deps=[st])
-
-
-@gluon.jit
-def _swap_scores(st, xchg, xbar, n, LEFT: gl.constexpr):
-    # The n-th swap of partial scores: this warpgroup's into its slot,
-    # the other's read back, the sum in both (the same bits, so
-    # both run the same softmax). Two slots a warpgroup, alternating:
-    # one is only rewritten after the other warpgroup's next partial has
-    # arrived, which it sends after reading this one.
-    mine = (n % 2) * 2
-    theirs = mine
-    if LEFT:
-        theirs += 1
-    else:
-        mine += 1
-    xchg.index(mine).store(st)
-    _warps_barrier()  # all of the warpgroup's stores before the arrive
-    mbarrier.arrive(xbar.index(mine), count=1)
-    mbarrier.wait(xbar.index(theirs), (n // 2) & 1)
-    # IEEE addition commutes: both warpgroups get the same bits.
-    return st + xchg.index(theirs).load(st.type.layout)
-
-
-@gluon.jit
-def _half_pv(p, pt_own, v_own, acc):
-    # O^T += V^T P^T for this warpgroup's output columns: its half of the
-    # latent tile read transposed as wgmma's A (which 16-bit operands
-    # allow), P^T (its own copy) as B.
-    pt_own.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    _warps_barrier()
-    acc = warpgroup_mma(v_own.permute((1, 0)), pt_own, acc)
-    _warps_barrier()  # every warp is done with P^T
-    return acc
-
-
-@gluon.jit
-def _issue_q_half(
-    q_own,
-    q_rope,
-    q_args,
-    request,
-    out_args,
-    BLOCK_H: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    LEFT: gl.constexpr,
-):
-    # _issue_q for this warpgroup's query columns (the rope ones, right).
-    _, _, _, _, _, _, head_block, num_heads = out_args
-    col0: gl.constexpr = 0 if LEFT else HALF_V
-    _warps_barrier()
-    _copy_q(
-        q_own, q_args, request, head_block, num_heads, col0, HALF_V, BLOCK_H, DRAFT_LEN, WARPGROUP
-    )
-    if not LEFT:
-        _copy_q(
-            q_rope,
-            q_args,
-            request,
-            head_block,
-            num_heads,
-            D_NOPE,
-            D_ROPE,
-            BLOCK_H,
-            DRAFT_LEN,
-            WARPGROUP,
-        )
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _consume_narrow(
-    share,
-    q_args,
-    ext,
-    q_halves,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    wide,
-    pt_halves,
-    xchg,
-    bars,
-    scales,
-    out_args,
-    BLOCK_H: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    V_EXT_FROM_K: gl.constexpr,
-    KV_FP8: gl.constexpr,
-    LEFT: gl.constexpr,
-):
-    # Narrow (MLA, no custom mask, not RAGGED): one warpgroup's half of
-    # every tile (the comment above _mask_tail_narrow).
-    ready, empty, xbar = bars
-    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
-    col0: gl.constexpr = 0 if LEFT else HALF_V
-    q_own = q_halves[0] if LEFT else q_halves[1]
-    pt_own = pt_halves[0] if LEFT else pt_halves[1]
-    wide_nope, wide_rope, _ = wide  # read with fp8 KV only
-    wide_own = wide_nope.slice(col0, HALF_V, dim=1)
-    N: gl.constexpr = q_own.shape[0]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, N, 16]
-    )
-    o_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    zero_st = gl.zeros([TOKENS, N], gl.float32, layout=s_layout)
-    score_scale, draft_scale, v_scale = scales
-    _, b0, b1, base, _, _, _ = share
-    segment = _segment(share, gl.minimum(b0, b1), base)
-    if b0 <= b1:
-        _issue_q_half(q_own, q_rope, q_args, segment[5], out_args, BLOCK_H, DRAFT_LEN, LEFT)
-    t0 = 0  # ring tiles of the earlier segments
-    n = 0  # swaps of partial scores so far
-    for b in range(b0, b1 + 1):
-        kv_start, lo, hi, with_drafts, whole, request, base = segment
-        segment = _segment(share, gl.minimum(b + 1, b1), base)
-        _await_q()
-        m_i = gl.full([N], float("-inf"), gl.float32, layout=o_cols)
-        l_elem = gl.zeros([TOKENS, N], gl.float32, layout=s_layout)
-        acc = gl.zeros([HALF_V, N], gl.float32, layout=s_layout)
-        prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
-        for t in range(prefix_tiles):
-            tile = t0 + t
-            stage = tile % STAGES
-            mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
-            if KV_FP8:
-                # This warpgroup's last P V is done: its half is free.
-                _widen_columns(kv_nope_ring.index(stage).slice(col0, HALF_V, dim=1), wide_own)
-                if not LEFT:
-                    _widen_columns(kv_rope_ring.index(stage), wide_rope)
-                fence_async_shared()
-                _warps_barrier()
-                mbarrier.arrive(empty.index(stage), count=1)
-                kv_own = wide_own
-                kv_rope = wide_rope
-            else:
-                kv_own = kv_nope_ring.index(stage).slice(col0, HALF_V, dim=1)
-                kv_rope = kv_rope_ring.index(stage)
-                fence_async_shared()  # the gathers wrote through the generic proxy
-            st = _half_scores(q_own, q_rope, kv_own, kv_rope, zero_st, LEFT)
-            st = _swap_scores(st, xchg, xbar, n, LEFT)
-            n += 1
-            st = _mask_tail_narrow(st, lo + t * TOKENS, hi)
-            p, m_i, l_elem, acc = _softmax_narrow(st, score_scale, m_i, l_elem, acc)
-            acc = _half_pv(p, pt_own, kv_own, acc)
-            if not KV_FP8:
-                mbarrier.arrive(empty.index(stage), count=1)
-        t0 += prefix_tiles
-        # The KV cache's value scale applies to the prefix alone.
-        acc = acc * v_scale
-
-        if with_drafts:
-            if KV_FP8:
-                # The drafts (bf16) into this warpgroup's half of the tile.
-                _load_draft_pieces(
-                    wide_own, K_EXT, request, stride_ke_tok, col0, DRAFT_PIECE, WARPGROUP
-                )
-                if not LEFT:
-                    _load_draft_rows(wide_rope, K_EXT, request, stride_ke_tok, D_NOPE, WARPGROUP)
-                fence_async_shared()
-                _warps_barrier()
-                st = _half_scores(q_own, q_rope, wide_own, wide_rope, zero_st, LEFT)
-                if not V_EXT_FROM_K:
-                    # The scores have read K's rows: V's take their place.
-                    _warps_barrier()
-                    _load_draft_pieces(
-                        wide_own, V_EXT, request, stride_ve_tok, col0, DRAFT_PIECE, WARPGROUP
-                    )
-                v_own = wide_own
-            else:
-                stage = t0 % STAGES
-                mbarrier.wait(ready.index(stage), (t0 // STAGES) & 1)
-                fence_async_shared()
-                st = _half_scores(
-                    q_own,
-                    q_rope,
-                    kv_nope_ring.index(stage).slice(col0, HALF_V, dim=1),
-                    kv_rope_ring.index(stage),
-                    zero_st,
-                    LEFT,
-                )
-                v_tile = _draft_values(kv_nope_ring, kv_nope_ring, ready, t0, V_EXT_FROM_K)
-                v_own = v_tile.slice(col0, HALF_V, dim=1)
-            st = _swap_scores(st, xchg, xbar, n, LEFT)
-            n += 1
-            st = _mask_drafts_narrow(st, DRAFT_LEN)
-            p, m_i, l_elem, acc = _softmax_narrow(st, draft_scale, m_i, l_elem, acc)
-            # _half_pv fences and waits for every warp's stores first.
-            acc = _half_pv(p, pt_own, v_own, acc)
-            if not KV_FP8:
-                _release_drafts(empty, t0, V_EXT_FROM_K)
-                t0 = _after_drafts(t0, V_EXT_FROM_K)
-        if b < b1:
-            _issue_q_half(q_own, q_rope, q_args, segment[5], out_args, BLOCK_H, DRAFT_LEN, LEFT)
-
-        l_i = gl.sum(l_elem, 0)
-        dest = _dest(out_args, b, b0, whole, request)
-        out = acc / l_i[None, :]
-        _store_out(gl.permute(out, (1, 0)), col0, dest, BLOCK_H, DRAFT_LEN)
-        if LEFT:
-            _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
-
-
-@gluon.jit
-def _consume_narrow_left(
-    share,
-    q_args,
-    ext,
-    q_halves,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    wide,
-    pt_halves,
-    xchg,
-    bars,
-    scales,
-    out_args,
-    BLOCK_H: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    V_EXT_FROM_K: gl.constexpr,
-    KV_FP8: gl.constexpr,
-):
-    # The narrow schedule's left warpgroup (the default partition): a
-    # worker receives constexpr arguments as runtime values, so each
-    # side is a function of its own.
-    _consume_narrow(
-        share,
-        q_args,
-        ext,
-        q_halves,
-        q_rope,
-        kv_nope_ring,
-        kv_rope_ring,
-        wide,
-        pt_halves,
-        xchg,
-        bars,
-        scales,
-        out_args,
-        BLOCK_H,
-        DRAFT_LEN,
-        V_EXT_FROM_K,
-        KV_FP8,
-        True,
-    )
-
-
-@gluon.jit
-def _consume_narrow_right(
-    share,
-    q_args,
-    ext,
-    q_halves,
-    q_rope,
-    kv_nope_ring,
-    kv_rope_ring,
-    wide,
-    pt_halves,
-    xchg,
-    bars,
-    scales,
-    out_args,
-    BLOCK_H: gl.constexpr,
-    DRAFT_LEN: gl.constexpr,
-    V_EXT_FROM_K: gl.constexpr,
-    KV_FP8: gl.constexpr,
-):
-    _consume_narrow(
-        share,
-        q_args,
-        ext,
-        q_halves,
-        q_rope,
-        kv_nope_ring,
-        kv_rope_ring,
-        wide,
-        pt_halves,
-        xchg,
-        bars,
-        scales,
-        out_args,
-        BLOCK_H,
-        DRAFT_LEN,
-        V_EXT_FROM_K,
-        KV_FP8,
-        False,
-    )
 
 
 @gluon.jit
@@ -2088,15 +1725,7 @@ def _store_out(
     else:
         layout: gl.constexpr = out.type.layout
         offs_h, offs_i, mask_m, offs_d = _tile_coords(
-            head_block,
-            num_heads,
-            request[1],
-            col0,
-            out.shape[1],
-            BLOCK_H,
-            DRAFT_LEN,
-            layout,
-            out.shape[0],
+            head_block, num_heads, request[1], col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
         )
         rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
         part_row = _partial_rows(slot, offs_h, offs_i, num_heads, BLOCK_H, DRAFT_LEN, rows_layout)
@@ -2131,15 +1760,7 @@ def _store_output(out, col0, out_args, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.cons
     q_first, num_rows, _, _, _ = request
     layout: gl.constexpr = out.type.layout
     offs_h, offs_i, mask_m, offs_d = _tile_coords(
-        head_block,
-        num_heads,
-        num_rows,
-        col0,
-        out.shape[1],
-        BLOCK_H,
-        DRAFT_LEN,
-        layout,
-        out.shape[0],
+        head_block, num_heads, num_rows, col0, out.shape[1], BLOCK_H, DRAFT_LEN, layout
     )
     o_row = (q_first + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
     gl.store(O + o_row[:, None] + offs_d[None, :], out, mask=mask_m[:, None])
@@ -2153,7 +1774,7 @@ def _store_lse(m_i, l_i, dest, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     if not write_output:
         layout: gl.constexpr = m_i.type.layout
         offs_h, offs_i, mask_m = _row_coords(
-            head_block, num_heads, request[1], BLOCK_H, DRAFT_LEN, layout, m_i.shape[0]
+            head_block, num_heads, request[1], BLOCK_H, DRAFT_LEN, layout
         )
         row = _partial_rows(slot, offs_h, offs_i, num_heads, BLOCK_H, DRAFT_LEN, layout)
         gl.store(PART_LSE + row, m_i + gl.log2(l_i), mask=mask_m)
@@ -2200,7 +1821,6 @@ def _prefix_kernel_sm90(
     LAUNCH_DEPENDENTS: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
-    NARROW: gl.constexpr,
 ):
     if LAUNCH_DEPENDENTS:
         # Stage 2 may launch from the start (kernel.dependent_launch):
@@ -2212,13 +1832,9 @@ def _prefix_kernel_sm90(
     KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
     gl.static_assert(MLA or not (SCORE_VALUE and KV_FP8), "score/value with fp8 KV: MLA only")
     gl.static_assert(MLA or not PAGED, "paged caches: MLA only")
-    gl.static_assert(
-        not NARROW or (MLA and not (RAGGED or DRAFT_MASK or SCORE_VALUE)),
-        "narrow: MLA, no custom mask, not RAGGED",
-    )
-    # Warps of the default partition: the consumers (columns), the score
-    # warpgroup or the narrow schedule's left one.
-    MAIN_WARPS: gl.constexpr = WARPGROUP if (SCORE_VALUE or NARROW) else CONSUMER_WARPS
+    # Warps of the default partition: the consumers (columns) or the
+    # score warpgroup.
+    MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
@@ -2330,24 +1946,9 @@ def _prefix_kernel_sm90(
             [ROWS, RING_ROPE], gl.bfloat16
         )
         # Each segment's query rows are staged by the warps that read
-        # them (_issue_q): 64, or the narrow schedule's NARROW, its latent
-        # columns in a buffer for each warpgroup's half.
-        if NARROW:
-            half_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-                [NARROW, HALF_V], gl.bfloat16
-            )
-            q_halves = (
-                gl.allocate_shared_memory(gl.bfloat16, [NARROW, HALF_V], half_smem),
-                gl.allocate_shared_memory(gl.bfloat16, [NARROW, HALF_V], half_smem),
-            )
-            q_rope = gl.allocate_shared_memory(
-                gl.bfloat16,
-                [NARROW, RING_ROPE],
-                gl.NVMMASharedLayout.get_default_for([NARROW, RING_ROPE], gl.bfloat16),
-            )
-        else:
-            q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
-            q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, RING_ROPE], rope_smem)
+        # them (_issue_q).
+        q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, RING_ROPE], rope_smem)
         # The ring holds KV rows as stored; with fp8 KV (columns), one
         # bf16 tile besides (module docstring).
         kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
@@ -2374,7 +1975,7 @@ def _prefix_kernel_sm90(
         for stage in gl.static_range(STAGES):
             mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
             # Score/value: both warpgroups release each stage.
-            mbarrier.init(empty.index(stage), count=2 if (SCORE_VALUE or NARROW) else 1)
+            mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
         produce_args = (
             share,
             K_BUF,
@@ -2392,86 +1993,7 @@ def _prefix_kernel_sm90(
             V_EXT_FROM_K,
             KV_FP8,
         )
-        if NARROW:
-            # The bf16 tile the warpgroups read with fp8 KV, each its half
-            # (the right one the rope columns too); each one's P^T; the
-            # partial scores they swap (two slots each) and their
-            # mbarriers. q, the ring, this tile, P^T and the scores:
-            # 182-220 KB.
-            if KV_FP8:
-                wide = (
-                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem),
-                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, RING_ROPE], rope_smem),
-                    kv_rope_ring.index(0),  # unused: V is the latent columns
-                )
-            else:
-                wide = (kv_nope_ring.index(0), kv_rope_ring.index(0), kv_rope_ring.index(0))
-            pt_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-                [TOKENS, NARROW], gl.bfloat16
-            )
-            pt_halves = (
-                gl.allocate_shared_memory(gl.bfloat16, [TOKENS, NARROW], pt_smem),
-                gl.allocate_shared_memory(gl.bfloat16, [TOKENS, NARROW], pt_smem),
-            )
-            xchg = gl.allocate_shared_memory(
-                gl.float32, [4, TOKENS, NARROW], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            )
-            xbar = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-            for slot in gl.static_range(4):
-                mbarrier.init(xbar.index(slot), count=1)
-            fence_async_shared()
-            gl.warp_specialize(
-                [
-                    (
-                        _consume_narrow_left,
-                        (
-                            share,
-                            q_args,
-                            ext,
-                            q_halves,
-                            q_rope,
-                            kv_nope_ring,
-                            kv_rope_ring,
-                            wide,
-                            pt_halves,
-                            xchg,
-                            (ready, empty, xbar),
-                            scales,
-                            out_args,
-                            BLOCK_H,
-                            DRAFT_LEN,
-                            V_EXT_FROM_K,
-                            KV_FP8,
-                        ),
-                    ),
-                    (
-                        _consume_narrow_right,
-                        (
-                            share,
-                            q_args,
-                            ext,
-                            q_halves,
-                            q_rope,
-                            kv_nope_ring,
-                            kv_rope_ring,
-                            wide,
-                            pt_halves,
-                            xchg,
-                            (ready, empty, xbar),
-                            scales,
-                            out_args,
-                            BLOCK_H,
-                            DRAFT_LEN,
-                            V_EXT_FROM_K,
-                            KV_FP8,
-                        ),
-                    ),
-                    (_produce, produce_args),
-                ],
-                [WARPGROUP, PRODUCER_WARPS],
-                [VALUE_REGS, PRODUCER_REGS],
-            )
-        elif SCORE_VALUE:
+        if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
             # the final row sums.
             xchg = gl.allocate_shared_memory(
@@ -2638,7 +2160,6 @@ def launch_prefix(
     custom_mask=None,
     mask_indptr=None,
     prefix_mask: bool = False,
-    narrow_rows: int = 0,
 ) -> None:
     """Stage 1 on sm90 on ``ctas`` CTAs per head block (of ``block_h``
     heads at ``draft_len`` drafts; a ragged batch's head blocks take as
@@ -2653,8 +2174,6 @@ def launch_prefix(
     replaces the causal draft block, and its prefix bits are read too where
     ``prefix_mask``. ``score_value`` picks that schedule
     (``hopper.score_value_kv_dtypes``) over columns.
-    ``narrow_rows`` (16 or 32; 0: not) runs the narrow schedule
-    instead, its tile of that many query rows (``hopper.narrow_rows``).
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
     go out at this grid's start. ``v_buffer``: V's cache, read only by a
     module for other head dims than MLA's (MLA reads V from K's rows). The
@@ -2715,8 +2234,7 @@ def launch_prefix(
         LAUNCH_DEPENDENTS=launch_dependents,
         PREFIX_MASK=draft_mask and prefix_mask,
         DRAFT_MASK=draft_mask,
-        NARROW=narrow_rows,
-        **hopper.launch_options(score_value or narrow_rows > 0),
+        **hopper.launch_options(score_value),
     )
 
 

@@ -22,7 +22,7 @@ import torch
 import triton
 
 from . import hopper
-from .config import HOPPER_KERNELS, VerifyConfig, runs_narrow, runs_score_value
+from .config import HOPPER_KERNELS, VerifyConfig, runs_score_value
 from .device import has_dependent_launch, is_cuda_sm90, sm_count
 from .kernel import (
     INTERPRETED,
@@ -183,8 +183,6 @@ class Plan:
     share_ctas       the Hopper kernel's shares per head block (one wave of
                      CTAs); 0 where the Triton kernel runs
     score_value      the Hopper kernel runs its score/value schedule
-    narrow_rows      the Hopper kernel runs its narrow schedule, on tiles
-                     of this many query rows (16 or 32; 0: it does not)
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     ragged           some request may have fewer than draft_len drafts (q
@@ -216,7 +214,6 @@ class Plan:
     prefix_mask: bool = False
     draft_mask: bool = False
     paged: bool = False
-    narrow_rows: int = 0
 
     @property
     def hopper(self) -> bool:
@@ -280,14 +277,6 @@ def plan_call(
     share_ctas = 0
     if hopper_kernel:
         share_ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, config.BLOCK_H)
-    # With one head block every request has rows in it: packing would cut
-    # no tile and only add the plan of draft counts.
-    ragged = (
-        q.shape[0] < batch_size * draft_len and hopper.head_blocks(num_heads, config.BLOCK_H) > 1
-    )
-    narrow_rows = 0
-    if hopper_kernel and not ragged:
-        narrow_rows = runs_narrow(config.kernel, config.BLOCK_H, draft_len, head_dims, masked)
     return Plan(
         config=config,
         batch_size=batch_size,
@@ -296,7 +285,7 @@ def plan_call(
         v_from_k=v_from_k,
         v_extend_from_k=v_is_k_view(k_extend, v_extend),
         share_ctas=share_ctas,
-        score_value=runs_score_value(config.kernel, kv_dtype, head_dims) and not narrow_rows,
+        score_value=runs_score_value(config.kernel, kv_dtype, head_dims),
         dependent=dependent_launch(q.device),
         merge_blocks=(
             merge_column_blocks(batch_size, num_heads, draft_len, share_ctas, head_dims[1])
@@ -304,13 +293,17 @@ def plan_call(
             else 1
         ),
         head_dims=head_dims,
-        ragged=ragged,
+        # With one head block every request has rows in it: packing would
+        # cut no tile and only add the plan of draft counts.
+        ragged=(
+            q.shape[0] < batch_size * draft_len
+            and hopper.head_blocks(num_heads, config.BLOCK_H) > 1
+        ),
         prefix_mask=masked and not skip_prefix_mask,
         draft_mask=masked,
         paged=(
             hopper_kernel and head_dims == MLA_HEAD_DIMS and hopper.loads_pages(page_size, k_buffer)
         ),
-        narrow_rows=narrow_rows,
     )
 
 

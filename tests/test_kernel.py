@@ -14,7 +14,7 @@ import torch
 
 from mla_verify import VerifyConfig, hopper, kernel, plan, verify_mla_fwd
 from mla_verify import device as device_facts
-from mla_verify.config import HOPPER_KERNELS, NARROW, hopper_config, runs_score_value
+from mla_verify.config import HOPPER_KERNELS, hopper_config, runs_score_value
 from mla_verify.problem import kv_dtype_name
 from mla_verify.search_space import tile_candidates
 from mla_verify.testing import check_close, make_batch
@@ -844,47 +844,6 @@ def test_gpu_hopper_kernel_draft_variants(
     ref = batch.reference()
     for sms, min_share in SHARE_PLANS:
         _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch)
-
-
-# The narrow schedule's tiles: 16 rows (H8 L2, H5 L3: 15 rows, H4 L1: 4)
-# and 32 (H16 L2, H32 L1), short and empty prefixes, a request split over
-# several shares.
-NARROW_SHAPES = [
-    (8, 2, [3000, 1, 0, 700]),
-    (5, 3, [0, 2000, 65, 64]),
-    (4, 1, [129, 16384]),
-    (16, 2, [5000, 64, 130]),
-    (32, 1, [100, 20000]),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
-@pytest.mark.parametrize("variant", list(DRAFT_VARIANTS))
-@pytest.mark.parametrize(
-    "heads,draft_len,prefix_lens",
-    NARROW_SHAPES,
-    ids=[f"H{h}_L{l}" for h, l, _ in NARROW_SHAPES],
-)
-def test_gpu_hopper_narrow_schedule(heads, draft_len, prefix_lens, variant, monkeypatch):
-    batch = make_batch(heads, draft_len, prefix_lens, device="cuda", **DRAFT_VARIANTS[variant])
-    config = hopper_config(heads, draft_len, batch.batch_size, NARROW)
-    launch = plan.plan_call(
-        batch.q,
-        batch.k_extend,
-        batch.v_extend,
-        batch.k_buffer,
-        batch.v_buffer,
-        batch_size=batch.batch_size,
-        draft_len=draft_len,
-        config=config,
-    )
-    # The call runs the narrow schedule itself, not score/value.
-    assert launch.narrow_rows == (16 if heads * draft_len <= 16 else 32)
-    assert not launch.score_value
-    ref = batch.reference()
-    for sms, min_share in SHARE_PLANS:
-        _check_share_plan(batch, ref, NARROW, sms, min_share, monkeypatch)
 
 
 if hopper.available():
