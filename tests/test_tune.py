@@ -974,3 +974,30 @@ def test_other_head_dims_default_to_shared_kv_heads():
     assert tune.parse_args([]).heads == list(tune.DEFAULT_HEADS)
     assert tune.parse_args(["--head-dims", "576x512,256"]).heads == list(tune.DEFAULT_HEADS)
     assert tune.parse_args(["--head-dims", "256", "--heads", "32"]).heads == [32]
+
+
+def test_check_runs_each_config_with_a_progress_bar(device, monkeypatch, capsys):
+    """--check's run of a table: every bucket's config against the
+    reference (here a small Triton config, under the interpreter without a
+    GPU), a progress bar on stderr, and each failure named."""
+    from mla_verify import tune_report
+
+    config = {"BLOCK_H": 4, "BLOCK_N": 16, "NUM_KV_SPLITS": 2, "num_warps": 4, "num_stages": 1}
+    entry = {"num_heads": 4, "draft_len": 2, "kv_dtype": "bf16"}
+    table = {
+        "entries": {
+            "H4_L2_bf16": {**entry, "buckets": {"1": {"config": config}, "2": {"config": config}}}
+        }
+    }
+    assert tune_report.run_configs(table, "t.json", device) == (2, 0)
+    err = capsys.readouterr().err
+    assert "checking t.json" in err and "2/2" in err
+
+    def wrong(out, ref, *, what):
+        raise AssertionError(f"{what}: off")
+
+    monkeypatch.setattr("mla_verify.testing.check_close", wrong)
+    assert tune_report.run_configs(table, "t.json", device) == (2, 2)
+    out = capsys.readouterr().out
+    assert "FAILED H4_L2_bf16 bucket 1: H4_L2_bf16 bucket 1: off" in out
+    assert "FAILED H4_L2_bf16 bucket 2" in out
