@@ -182,7 +182,7 @@ class Plan:
     v_extend_from_k  likewise for the drafts
     share_ctas       the Hopper kernel's shares per head block (one wave of
                      CTAs); 0 where the Triton kernel runs
-    score_value      the Hopper kernel runs its score/value schedule
+    score_value      the Hopper kernel runs, on its score/value schedule
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     ragged           some request may have fewer than draft_len drafts (q
@@ -262,13 +262,14 @@ def plan_call(
     head_dims = (q.shape[-1], v_buffer.shape[-1])
     v_from_k = v_is_k_view(k_buffer, v_buffer)
     kv_dtype = KV_DTYPE_NAMES[k_buffer.dtype]
+    score_value = runs_score_value(config.kernel, kv_dtype, head_dims)
     hopper_kernel = config.kernel in HOPPER_KERNELS and uses_gluon_sm90(
         q,
         k_buffer,
         draft_len,
         v_from_k,
         head_dims[1],
-        runs_score_value(config.kernel, kv_dtype, head_dims),
+        score_value,
         (v_buffer, k_extend, v_extend),
     )
     if not (v_from_k or hopper_kernel):
@@ -285,7 +286,7 @@ def plan_call(
         v_from_k=v_from_k,
         v_extend_from_k=v_is_k_view(k_extend, v_extend),
         share_ctas=share_ctas,
-        score_value=runs_score_value(config.kernel, kv_dtype, head_dims),
+        score_value=hopper_kernel and score_value,
         dependent=dependent_launch(q.device),
         merge_blocks=(
             merge_column_blocks(batch_size, num_heads, draft_len, share_ctas, head_dims[1])
