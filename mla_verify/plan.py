@@ -182,7 +182,8 @@ class Plan:
     v_extend_from_k  likewise for the drafts
     share_ctas       the Hopper kernel's shares per head block (one wave of
                      CTAs); 0 where the Triton kernel runs
-    score_value      the Hopper kernel runs, on its score/value schedule
+    score_value      the Hopper kernel runs the call on its score/value
+                     schedule (False where the Triton kernel runs it)
     dependent        stage 2 is a programmatic dependent launch
     merge_blocks     column blocks of stage 2 after the shares
     ragged           some request may have fewer than draft_len drafts (q
