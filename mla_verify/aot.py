@@ -187,7 +187,6 @@ def compile_stage1(
         V_FROM_K=v_from_k,
         PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
-        ROWS_AS_N=config.ROWS_AS_N,
     )
     fn = kernel._prefix_kernel
     src = _signature(

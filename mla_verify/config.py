@@ -73,10 +73,6 @@ class VerifyConfig:
                    other KV dtypes run "gluon_sm90"); calls the Hopper
                    kernel cannot compute run the Triton kernel with the same
                    tile
-    ROWS_AS_N      Triton kernel only: compute the score and output tiles
-                   transposed, the BLOCK_H x L rows as the products' N
-                   dimension, so a tile of 16-32 rows runs Hopper's wgmma
-                   (whose M is at least 64) where it would run mma.sync
     MIN_SHARE      Hopper kernel only: positions (prefix tiles, and one
                    per request for its drafts) each CTA's share of the
                    batch holds at least; on a small batch a higher floor
@@ -94,7 +90,6 @@ class VerifyConfig:
     kpack: int | None = None
     kernel: str = "triton"
     MIN_SHARE: int | None = None
-    ROWS_AS_N: bool = False
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, expected: str) -> None:
@@ -127,11 +122,6 @@ class VerifyConfig:
             ),
             f"None, or an int in 1..1024 with kernel in {HOPPER_KERNELS}",
         )
-        check(
-            "ROWS_AS_N",
-            self.ROWS_AS_N is False or (self.ROWS_AS_N is True and self.kernel == "triton"),
-            "False, or True with kernel='triton'",
-        )
         if self.kernel in HOPPER_KERNELS:
             # The Hopper kernel's tile is fixed; the fields say so, and they
             # are the Triton fallback's tile too.
@@ -149,15 +139,12 @@ class VerifyConfig:
         return opts
 
     def to_dict(self) -> dict[str, int | str]:
-        # Unset AMD options, the default kernel and untransposed tiles are
-        # left out, so tables written before the fields existed read back
-        # the same.
+        # Unset AMD options and the default kernel are left out, so tables
+        # written before the field existed read back the same.
         return {
             k: v
             for k, v in dataclasses.asdict(self).items()
-            if v is not None
-            and not (k == "kernel" and v == "triton")
-            and not (k == "ROWS_AS_N" and not v)
+            if v is not None and not (k == "kernel" and v == "triton")
         }
 
     @classmethod

@@ -316,25 +316,15 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
 
 
 @triton.jit
-def _softmax_step(qk, m_i, KEY_AXIS: tl.constexpr):
-    # One online-softmax step over scores qk (log2 domain, -inf where a key
-    # is hidden; the keys along KEY_AXIS): the rows' new maxima, the
-    # rescale factor of what they hold and the new weights. A row that has
-    # seen no key yet keeps m = -inf: shifted by 0 there, alpha and p are
-    # 0, not exp2(-inf - -inf) = NaN.
-    m_new = tl.maximum(m_i, tl.max(qk, KEY_AXIS))
+def _softmax_step(qk, m_i):
+    # One online-softmax step over scores qk [R, N] (log2 domain, -inf where
+    # a key is hidden): the rows' new maxima, the rescale factor of what they
+    # hold and the new weights. A row that has seen no key yet keeps
+    # m = -inf: shifted by 0 there, alpha and p are 0, not
+    # exp2(-inf - -inf) = NaN.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return m_new, tl.exp2(m_i - shift), tl.exp2(qk - tl.expand_dims(shift, KEY_AXIS))
-
-
-@triton.jit
-def _row_key_dot(rows, keys, ROWS_AS_N: tl.constexpr):
-    # rows [M, D] against keys [N, D]: the scores [M, N], or with ROWS_AS_N
-    # their transpose [N, M], the tile's rows as the product's N dimension.
-    if ROWS_AS_N:
-        return tl.dot(keys, tl.trans(rows))
-    else:
-        return tl.dot(rows, tl.trans(keys))
+    return m_new, tl.exp2(m_i - shift), tl.exp2(qk - shift[:, None])
 
 
 @triton.jit(do_not_specialize=["batch_size", "num_kv_splits"])
@@ -368,14 +358,7 @@ def _prefix_kernel(
     V_FROM_K: tl.constexpr,
     PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    ROWS_AS_N: tl.constexpr,
 ):
-    # The score and output tiles are [rows, keys] and [rows, Dv], or with
-    # ROWS_AS_N their transposes: the tile's rows are then the products' N
-    # dimension, so 16-32 rows still run Hopper's wgmma (M >= 64: the
-    # BLOCK_N keys, the Dv columns), not mma.sync.
-    KEY_AXIS: tl.constexpr = 0 if ROWS_AS_N else 1  # the keys' axis of a score tile
-    ROW_AXIS: tl.constexpr = 1 - KEY_AXIS
     # Head blocks of one unit are neighbours in launch order: the later
     # ones find the unit's KV tiles in L2.
     head_block = tl.program_id(0)
@@ -430,34 +413,30 @@ def _prefix_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if ROWS_AS_N:
-            acc = tl.zeros([D_V, BLOCK_M], dtype=tl.float32)  # O^T
-        else:
-            acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
 
         for start in tl.range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < hi
-            keys_seen = tl.expand_dims(mask_n, ROW_AXIS)
             slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             ptr_k = K_BUF + slot[:, None] * stride_k_slot
             kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
             kv_c = kv_c.to(q_nope.dtype)
-            qk = _row_key_dot(q_nope, kv_c, ROWS_AS_N)
+            qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
             if D_ROPE > 0:
                 k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                qk += _row_key_dot(q_pe, k_pe.to(q_nope.dtype), ROWS_AS_N)
-            qk = tl.where(keys_seen, qk * score_scale, float("-inf"))
+                qk += tl.dot(q_pe, tl.trans(k_pe.to(q_nope.dtype)))
+            qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
             if PREFIX_MASK:
                 bits = tl.load(
-                    MASK + tl.expand_dims(mask_row, KEY_AXIS) + tl.expand_dims(offs_n, ROW_AXIS),
-                    mask=tl.expand_dims(mask_m, KEY_AXIS) & keys_seen,
+                    MASK + mask_row[:, None] + offs_n[None, :],
+                    mask=mask_m[:, None] & mask_n[None, :],
                     other=0,
-                )  # E_b bytes a token
+                )  # [M, N], E_b bytes a token
                 qk = tl.where(bits != 0, qk, float("-inf"))
 
-            m_new, alpha, p = _softmax_step(qk, m_i, KEY_AXIS)
-            l_i = l_i * alpha + tl.sum(p, KEY_AXIS)
+            m_new, alpha, p = _softmax_step(qk, m_i)
+            l_i = l_i * alpha + tl.sum(p, 1)
             if V_FROM_K:
                 v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
             else:
@@ -466,10 +445,7 @@ def _prefix_kernel(
                     mask=mask_n[:, None],
                     other=0.0,
                 ).to(q_nope.dtype)
-            if ROWS_AS_N:
-                acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(v.dtype))  # [Dv, M]
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
             m_i = m_new
 
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
@@ -478,11 +454,10 @@ def _prefix_kernel(
         # 0: merged as nothing, never as NaN * 0).
         seen = l_i > 0
         l_i = tl.where(seen, l_i, 1.0)
-        row_scale = tl.expand_dims(tl.where(seen, v_scale / l_i, 0.0), KEY_AXIS)
         tl.store(
-            PART_O + tl.expand_dims(part_row * D_V, KEY_AXIS) + tl.expand_dims(offs_d, ROW_AXIS),
-            acc * row_scale,
-            mask=tl.expand_dims(mask_m, KEY_AXIS),
+            PART_O + part_row[:, None] * D_V + offs_d[None, :],
+            tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
+            mask=mask_m[:, None],
         )
         tl.store(
             PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m
@@ -863,7 +838,7 @@ def _add_drafts(
         seen = (offs_i[None, :] <= offs_i[:, None]) & mask_i[None, :]
     qk = tl.where(seen, qk * ext_scale, float("-inf"))
 
-    m_new, alpha, p = _softmax_step(qk, m_i, 1)
+    m_new, alpha, p = _softmax_step(qk, m_i)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext)
     return acc, l_i
@@ -983,7 +958,6 @@ def launch(
         V_FROM_K=plan.v_from_k,
         PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,
-        ROWS_AS_N=config.ROWS_AS_N,
         **config.launch_options(),
     )
     launch_merge(
