@@ -187,6 +187,7 @@ def compile_stage1(
         V_FROM_K=v_from_k,
         PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
+        WIDEN_BY_PTX=target.backend == "cuda",
     )
     fn = kernel._prefix_kernel
     src = _signature(

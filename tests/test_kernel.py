@@ -11,8 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from mla_verify import VerifyConfig, hopper, kernel, plan, verify_mla_fwd
+from mla_verify import VerifyConfig, block_config, hopper, kernel, plan, verify_mla_fwd
 from mla_verify import device as device_facts
 from mla_verify.config import HOPPER_KERNELS, hopper_config, runs_score_value
 from mla_verify.problem import kv_dtype_name
@@ -859,22 +861,40 @@ if hopper.available():
         gl.store(OUT + offs, _fp8_to_bf16(gl.load(CODES + offs)))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
-def test_gpu_fp8_to_bf16_is_exact_on_every_finite_code():
-    """The Hopper kernel's e4m3 -> bf16 widening, bit for bit against
-    torch's conversion over all 256 codes but the two NaNs (subnormals and
-    -0 included)."""
+@triton.jit
+def _widen_codes_triton(CODES, OUT):
+    offs = tl.arange(0, 256)
+    tl.store(OUT + offs, kernel._widen(tl.load(CODES + offs), tl.bfloat16, True))
+
+
+def _check_widened_codes(widen) -> None:
+    # widen(codes, out) writes the 256 e4m3 codes widened to bf16: bit for
+    # bit torch's conversion but for the two NaNs (subnormals and -0 too).
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
     codes = codes.cuda()
     out = torch.full((256,), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _widen_codes[(1,)](codes, out, num_warps=2)
+    widen(codes, out)
     expected = codes.to(torch.bfloat16)
     finite = ~torch.isnan(expected)
     assert int(finite.sum()) == 254
     got, want = out[finite].view(torch.int16), expected[finite].view(torch.int16)
     wrong = (got != want).nonzero().flatten().tolist()
     assert not wrong, f"codes {[hex(int(finite.nonzero()[i])) for i in wrong[:8]]} differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU and Gluon")
+def test_gpu_fp8_to_bf16_is_exact_on_every_finite_code():
+    """The Hopper kernel's e4m3 -> bf16 widening, against torch's."""
+    _check_widened_codes(lambda codes, out: _widen_codes[(1,)](codes, out, num_warps=2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.version.hip is not None, reason="PTX: NVIDIA only")
+def test_gpu_triton_kernel_widens_fp8_exactly_on_every_finite_code():
+    """The Triton kernel's e4m3 -> bf16 widening by PTX (NVIDIA), against
+    torch's."""
+    _check_widened_codes(lambda codes, out: _widen_codes_triton[(1,)](codes, out))
 
 
 @pytest.mark.gpu
@@ -1000,6 +1020,24 @@ GPU_VERIFY_CASES = [
 @gpu_kv_dtypes
 def test_gpu_verify_cases_match_reference(heads, draft_len, prefix_lens, kwargs, kv_dtype):
     _run_and_check(_gpu_batch(heads, draft_len, prefix_lens, kv_dtype, **kwargs), None, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "heads,draft_len,prefix_lens,kwargs",
+    [c[1:] for c in GPU_VERIFY_CASES] + [(16, 4, [3000, 0, 129], {"dtype": torch.float16})],
+    ids=[c[0] for c in GPU_VERIFY_CASES] + ["fp16_q_H16_L4"],
+)
+def test_gpu_triton_kernel_fp8_matches_reference(heads, draft_len, prefix_lens, kwargs):
+    """fp8 KV on the Triton kernel, with its portable config (on NVIDIA
+    its tiles widened by PTX; bf16 and fp16 queries)."""
+    batch = _gpu_batch(heads, draft_len, prefix_lens, torch.float8_e4m3fn, **kwargs)
+    head_dims = (batch.q.shape[-1], batch.v_buffer.shape[-1])
+    config = block_config(
+        heads, draft_len, batch.batch_size, "fp8_e4m3", kernel="triton", head_dims=head_dims
+    )
+    assert config.kernel == "triton"
+    _run_and_check(batch, config, "cuda")
 
 
 @pytest.mark.gpu
