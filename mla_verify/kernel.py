@@ -481,13 +481,9 @@ def _prefix_kernel(
 
             m_new, alpha, p = _softmax_step(qk, m_i)
             l_i = l_i * alpha + tl.sum(p, 1)
-            if V_FROM_K and not (WIDEN_BY_PTX and K_BUF.dtype.element_ty == tl.float8e4nv):
+            if V_FROM_K:
                 v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
             else:
-                # fp8 on NVIDIA: V's bytes loaded again through V_BUF (K's
-                # view where V_FROM_K), since a tile both dots read stays a
-                # plain load (the scores want it transposed, and there is no
-                # transposed 8-bit shared load); each of two is pipelined.
                 v = tl.load(
                     V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
                     mask=mask_n[:, None],
