@@ -130,7 +130,7 @@ def block_heads(num_heads: int, draft_len: int) -> int:
 
 def score_value_kv_dtypes(head_dims: tuple[int, int] = MLA_HEAD_DIMS) -> tuple[str, ...]:
     """The KV dtypes the score/value schedule takes: MLA's bf16 and fp8
-    (widened by its producer into a bf16 ring), the other head
+    (widened by its two warpgroups into one bf16 tile), the other head
     dims' bf16 (their fp8 runs the columns schedule: kernel_sm90's
     docstring)."""
     return KV_DTYPES if tuple(head_dims) == MLA_HEAD_DIMS else ("bf16",)

@@ -324,7 +324,7 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
 # sign, exponent and mantissa in bf16's fields; a multiply by 2^(127 - 7)
 # rebiases the exponent (subnormals included). Triton's own conversion runs
 # on the slow conversion pipe (F2F). The NaN codes (0x7f, 0xff) read as
-# +-480. The Hopper kernel runs it too (kernel_sm90.fp8_to_bf16).
+# +-480. The Hopper kernel widens its tiles the same way (kernel_sm90).
 E4M3_TO_BF16_PTX = tl.constexpr("""
 {
 .reg .b32 lo, hi, scale;

@@ -47,13 +47,14 @@ the first read (1.05-1.12x on the ragged rows of RESULTS.md).
 Calls whose requests all have L drafts compile to code that knows L.
 
 fp8 KV: wgmma takes fp8 only as K-major operands, and V is not K-major in
-P V, so each tile is widened to bf16 in shared memory. Columns widens a tile
-with all 8 warps before its scores (the consumers' cost) and loads the
-drafts' rows (bf16) itself. Score/value (MLA) keeps a bf16 ring: each tile
-lands as fp8 in its stage's upper half (its rope columns in a buffer of
-their own), and the producer widens it in place (_widen_stage) before it
-marks the tile ready, so the consumers run as they do on bf16 KV, drafts
-included, and the next tile is widened while they read this one.
+P V, so each tile is widened to bf16 in shared memory (the consumers' cost).
+Columns widens a tile with all 8 warps before its scores. Score/value (MLA)
+keeps one bf16 tile beside the fp8 ring and P in a buffer of its own (the
+fp8 ring's rope rows cannot hold it): each warpgroup widens its half of the
+latent columns (the value warpgroup the rope columns too) once its last
+P V is done, and frees its half of the fp8 stage; the scores start on the
+score warpgroup's half and finish once the value warpgroup signals its
+own (wide_bar). Both load the drafts' rows (bf16) into the tile themselves.
 
 Paged caches (a module of its own, PAGED; verify_mla_paged with pages of 64
 or 128 tokens): the pool's slots run page by page, so a full prefix tile
@@ -90,18 +91,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
 
 from . import hopper, problem
-from .kernel import E4M3_TO_BF16_PTX
 
 # Triton 3.6 names (the H200's) and their later renames (CI's Triton): a
 # barrier among the calling partition's warps, and a cp.async gather.
 _warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# A shared buffer seen with another dtype, shape and layout.
-_reinterpret = (
-    getattr(gl.shared_memory_descriptor, "reinterpret", None)
-    or gl.shared_memory_descriptor._reinterpret
-)
 
 # The kernels read module constants as constexpr objects (Triton's rule for
 # globals); their values and meaning live in hopper.py.
@@ -771,31 +766,6 @@ def _produce_drafts(
 
 
 @gluon.jit
-def _widen_stage(fp8_nope, fp8_rope, nope, rope):
-    # Score/value, fp8 KV (MLA): the producer widens a landed fp8 tile into
-    # its bf16 ring stage. fp8_nope is the upper half of `nope`'s bytes,
-    # and both are laid out in column blocks (the fp8 tile's of 128
-    # columns, the bf16 stage's of 64, 8 KB each): bf16 columns 0-255 fill
-    # the lower half, which holds no fp8 bytes; 256-383 overwrite fp8
-    # columns 0-255, read by then; 384-511 overwrite fp8 columns 256-511,
-    # so all of those are read first. A piece is 128 columns: 16 registers
-    # a thread, 32 once widened, beside the producer's slot indices.
-    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PRODUCER_WARPS, 1], [1, 0])
-    PIECE: gl.constexpr = 128
-    rope.store(fp8_to_bf16(fp8_rope.load(layout)))
-    for piece in gl.static_range(2):
-        src = fp8_nope.slice(piece * PIECE, PIECE, dim=1)
-        nope.slice(piece * PIECE, PIECE, dim=1).store(fp8_to_bf16(src.load(layout)))
-    _warps_barrier()  # fp8 columns 0-255 read by every thread
-    src = fp8_nope.slice(2 * PIECE, PIECE, dim=1)
-    nope.slice(2 * PIECE, PIECE, dim=1).store(fp8_to_bf16(src.load(layout)))
-    last = fp8_nope.slice(3 * PIECE, PIECE, dim=1).load(layout)
-    _warps_barrier()  # fp8 columns 256-511 read by every thread
-    nope.slice(3 * PIECE, PIECE, dim=1).store(fp8_to_bf16(last))
-    fence_async_shared()  # for wgmma (the async proxy)
-
-
-@gluon.jit
 def _produce(
     share,
     K_BUF,
@@ -807,28 +777,20 @@ def _produce(
     kv_nope_ring,
     kv_rope_ring,
     v_ring,
-    landing,
     ready,
     empty,
     pages,
     V_EXT_FROM_K: gl.constexpr,
+    KV_FP8: gl.constexpr,
 ):
     # The ring runs on across the share's segments: while the consumers
     # finish one request, the next one's first tiles arrive. Without rope
     # columns (not MLA) the rope rows are the K rows' slots (never used)
     # and V's rows are gathered into the V ring at the same slots.
-    # A bf16 ring with fp8 KV (score/value): each tile lands as fp8 in
-    # `landing` (its stage's upper half, and a rope buffer), the producer
-    # waits for it (`landed`) and widens it (_widen_stage), then the tile
-    # is ready. A ring of fp8 rows (columns) is widened by its consumers,
-    # who load the drafts too.
-    WIDEN: gl.constexpr = kv_nope_ring.dtype != K_BUF.dtype.element_ty
-    RING_DRAFTS: gl.constexpr = kv_nope_ring.dtype != gl.float8e4nv
     nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
     _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
-    fills = 0  # prefix tiles landed (WIDEN)
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         end = kv_start + hi
@@ -845,15 +807,6 @@ def _produce(
             tile = t0 + t
             stage = tile % STAGES
             first = kv_start + lo + t * TOKENS
-            if WIDEN:
-                landing_nope, landing_rope, landed = landing
-                dst_nope = landing_nope.index(2 * stage + 1)
-                dst_rope = landing_rope.index(stage)
-                arrival = landed
-            else:
-                dst_nope = kv_nope_ring.index(stage)
-                dst_rope = kv_rope_ring.index(stage)
-                arrival = ready.index(stage)
             # The next tile's slots, loaded before the wait: their latency
             # hides behind it and this tile's copies. Loaded after the wait,
             # they kept the ring from refilling in time (3-14% slower).
@@ -870,11 +823,17 @@ def _produce(
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
             if PAGED:
                 if first + TOKENS <= end:
-                    _load_page_tile(dst_nope, dst_rope, pages, page_slot, arrival)
+                    _load_page_tile(
+                        kv_nope_ring.index(stage),
+                        kv_rope_ring.index(stage),
+                        pages,
+                        page_slot,
+                        ready.index(stage),
+                    )
                 else:
                     _gather_tile(
-                        dst_nope,
-                        dst_rope,
+                        kv_nope_ring.index(stage),
+                        kv_rope_ring.index(stage),
                         K_BUF,
                         _slots(KV_INDICES, first, end, nope_layout),
                         _slots(KV_INDICES, first, end, rope_layout),
@@ -883,12 +842,12 @@ def _produce(
                         stride_k_slot,
                         True,
                     )
-                    async_copy.mbarrier_arrive(arrival, increment_count=False)
+                    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
                 page_slot = next_page_slot
             else:
                 _gather_tile(
-                    dst_nope,
-                    dst_rope,
+                    kv_nope_ring.index(stage),
+                    kv_rope_ring.index(stage),
                     K_BUF,
                     nope_rows,
                     rope_rows,
@@ -902,22 +861,13 @@ def _produce(
                 nope_rows = next_nope_rows
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
-                async_copy.mbarrier_arrive(arrival, increment_count=False)
-            if WIDEN:
-                mbarrier.wait(landed, fills & 1)
-                fills += 1
-                _widen_stage(
-                    dst_nope, dst_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage)
-                )
-                # Every thread's rows, then one arrive for all of them (an
-                # arrive is one thread's).
-                _warps_barrier()
-                mbarrier.arrive(ready.index(stage), count=PRODUCER_WARPS * 32)
+                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
         t0 += prefix_tiles
 
-        # The drafts are bf16: a ring of fp8 rows does not take them (its
-        # consumers load them: _consume_loaded_drafts).
-        if RING_DRAFTS:  # noqa: SIM102 (constexpr: not compiled for an fp8 ring)
+        # The drafts are bf16: with fp8 KV the consumers load them
+        # (_consume_loaded_drafts), and this code is not compiled for the
+        # fp8 ring.
+        if not KV_FP8:  # noqa: SIM102 (constexpr: not compiled for fp8)
             if with_drafts:
                 _produce_drafts(
                     ext,
@@ -1066,10 +1016,27 @@ def _add_pv(p, p_smem, v, acc):
 
 @gluon.jit
 def fp8_to_bf16(x):
-    # e4m3 -> bf16 by integer ops, four values a step (kernel.py's
-    # E4M3_TO_BF16_PTX): the cvt route runs on the slow conversion pipe.
+    # e4m3 -> bf16 with integer ops, four values a step: PRMT spreads the
+    # bytes into 16-bit lanes, sign-extended, so one shift and one mask
+    # put sign, exponent and mantissa in bf16's fields; a multiply by
+    # 2^(127 - 7) rebiases the exponent (subnormals included). The cvt
+    # route (e4m3 -> f16 -> bf16) runs on the slow conversion pipe. The
+    # NaN codes (0x7f, 0xff) read as +-480.
     return gl.inline_asm_elementwise(
-        E4M3_TO_BF16_PTX,
+        """
+        {
+        .reg .b32 lo, hi, scale;
+        mov.b32 scale, 0x7B807B80;
+        prmt.b32 lo, $2, 0, 0x9180;
+        prmt.b32 hi, $2, 0, 0xB3A2;
+        shl.b32 lo, lo, 4;
+        shl.b32 hi, hi, 4;
+        and.b32 lo, lo, 0x87F087F0;
+        and.b32 hi, hi, 0x87F087F0;
+        mul.rn.bf16x2 $0, lo, scale;
+        mul.rn.bf16x2 $1, hi, scale;
+        }
+        """,
         "=r,=r,r",
         [x.to(gl.uint8, bitcast=True)],
         dtype=gl.bfloat16,
@@ -1093,6 +1060,44 @@ def _widen(fp8_nope, fp8_second, nope, second):
     # Both warpgroups' rows, visible to wgmma (the async proxy).
     fence_async_shared()
     _warps_barrier()
+
+
+# Score/value with fp8 KV loads a request's draft rows (bf16) into the
+# widened tile DRAFT_PIECE columns at a time: a warpgroup's whole half at
+# once would hold 64 registers a thread, more than the value warpgroup
+# has beside its half of the output.
+DRAFT_PIECE = gl.constexpr(64)
+
+
+@gluon.jit
+def _widen_columns(src, dst):
+    # Score/value, fp8 KV: one warpgroup widens its columns of an fp8
+    # ring stage (src) into the bf16 tile (dst), all of them in one load,
+    # so that every shared-memory read is in flight at once: in pieces
+    # of 64 columns, with a barrier between pieces, the read latency
+    # showed four times a tile (score/value took 0.90x the columns
+    # schedule's time on fp8 rows that way, 0.82x this way). The caller
+    # fences and waits for its warps before the tile is read.
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPGROUP, 1], [1, 0])
+    dst.store(fp8_to_bf16(src.load(layout)))
+
+
+@gluon.jit
+def _widened_scores(q_nope, q_rope, wide, wide_bar, fill, zero_s):
+    # Score/value, fp8 KV: S = Q K^T over the bf16 tile, first its latent
+    # columns 0 .. HALF_V - 1 (the score warpgroup widened them), then,
+    # once the value warpgroup has widened the rest (wide_bar, fill-th
+    # completion), the others and the rope columns.
+    wide_nope, wide_rope, _ = wide
+    left = wide_nope.slice(0, HALF_V, dim=1).permute((1, 0))
+    right = wide_nope.slice(HALF_V, HALF_V, dim=1).permute((1, 0))
+    q_left = q_nope.slice(0, HALF_V, dim=1)
+    q_right = q_nope.slice(HALF_V, HALF_V, dim=1)
+    qk = warpgroup_mma(q_left, left, zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(wide_bar, fill & 1)
+    qk = warpgroup_mma(q_right, right, qk, is_async=True)
+    qk = warpgroup_mma(q_rope, wide_rope.permute((1, 0)), qk, is_async=True)
+    return warpgroup_mma_wait(0, deps=[qk])
 
 
 @gluon.jit
@@ -1377,11 +1382,13 @@ def _hand_over(qk, scale, m_i, l_i, p_dst, stage, xchg, p_bar, MASKED: gl.conste
 def _consume_scores(
     share,
     q_args,
+    ext,
     q_nope,
     q_rope,
     kv_nope_ring,
     kv_rope_ring,
     v_ring,
+    wide,
     xchg,
     bars,
     scales,
@@ -1390,13 +1397,14 @@ def _consume_scores(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
+    KV_FP8: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
-    # the online softmax, and the first half of the output columns. The
-    # ring holds bf16 tiles whatever the KV dtype (fp8 is widened by the
-    # producer).
+    # the online softmax, and the first half of the output columns. With
+    # fp8 KV (MLA) it widens that half's latent columns of each tile into
+    # the bf16 tile (`wide`) and hands P over in a buffer of its own.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, 64, 16]
     )
@@ -1406,8 +1414,11 @@ def _consume_scores(
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    ready, empty, p_bar, sums_bar, sums_free = bars
+    ready, empty, p_bar, sums_bar, sums_free, wide_bar = bars
     score_scale, draft_scale, v_scale = scales
+    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    wide_nope, _, p_smem = wide
+    wide_left = wide_nope.slice(0, HALF_V, dim=1)
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
     segment = _segment(share, gl.minimum(b0, b1), base)
@@ -1415,6 +1426,10 @@ def _consume_scores(
         segment, b0 - 1, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
     )
     t0 = 0  # ring tiles of the earlier segments
+    # P handed over in the earlier segments: with bf16 KV one a ring tile
+    # (t0), with fp8 one a prefix tile and one for the drafts, which the
+    # ring does not hold.
+    h0 = 0
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = segment
         # The next request's segment, read a request ahead (b1's own
@@ -1435,14 +1450,28 @@ def _consume_scores(
                 bits = _mask_bits(
                     masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
                 )
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
-            p_dst = kv_rope_ring.index(stage)
-            v_half = v_ring.index(stage).slice(0, HALF_V, dim=1)
+            if KV_FP8:
+                handed = h0 + t
+                mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
+                # This warpgroup's last P V is done (synchronous): the
+                # tile's left half is free.
+                _widen_columns(kv_nope_ring.index(stage).slice(0, HALF_V, dim=1), wide_left)
+                fence_async_shared()
+                _warps_barrier()
+                mbarrier.arrive(empty.index(stage), count=1)
+                qk = _widened_scores(q_nope, q_rope, wide, wide_bar, handed, zero_s)
+                p_dst = p_smem
+                v_half = wide_left
+            else:
+                handed = tile
+                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
+                p_dst = kv_rope_ring.index(stage)
+                v_half = v_ring.index(stage).slice(0, HALF_V, dim=1)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
             if PREFIX_MASK:
                 qk = gl.where(bits != 0, qk, float("-inf"))
             alpha, m_i, l_i = _hand_over(
-                qk, score_scale, m_i, l_i, p_dst, stage, xchg, p_bar, PREFIX_MASK
+                qk, score_scale, m_i, l_i, p_dst, handed % STAGES, xchg, p_bar, PREFIX_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             # This tile's P V, and its stage freed, before waiting for the
@@ -1450,35 +1479,61 @@ def _consume_scores(
             # stage was freed only once that tile had landed, and the ring
             # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(p_dst, v_half, acc)
-            mbarrier.arrive(empty.index(stage), count=1)
+            if not KV_FP8:
+                mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
+        h0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
         acc = acc * v_scale
 
         if with_drafts:
-            # The drafts' K (and V unless it is a view of K): ring tile t0
-            # (and t0 + 1). Row (h, i) sees drafts 0..i (or as its mask
-            # says), scored without k_scale.
-            qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
-            p_dst = kv_rope_ring.index(t0 % STAGES)
+            # The drafts' K (and V unless it is a view of K): with bf16 KV
+            # ring tile t0 (and t0 + 1); with fp8 KV loaded into the bf16
+            # tile by both warpgroups. Row (h, i) sees drafts 0..i (or as
+            # its mask says), scored without k_scale.
+            if KV_FP8:
+                handed = h0
+                _load_draft_pieces(
+                    wide_left, K_EXT, request, stride_ke_tok, 0, DRAFT_PIECE, WARPGROUP
+                )
+                fence_async_shared()
+                _warps_barrier()
+                qk = _widened_scores(q_nope, q_rope, wide, wide_bar, handed, zero_s)
+                p_dst = p_smem
+            else:
+                handed = t0
+                qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t0, zero_s)
+                p_dst = kv_rope_ring.index(t0 % STAGES)
             _stage_next(
                 segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
             )
             qk = _mask_drafts(qk, masks, request, DRAFT_LEN, DRAFT_MASK)
             alpha, m_i, l_i = _hand_over(
-                qk, draft_scale, m_i, l_i, p_dst, t0 % STAGES, xchg, p_bar, DRAFT_MASK
+                qk, draft_scale, m_i, l_i, p_dst, handed % STAGES, xchg, p_bar, DRAFT_MASK
             )
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
-            acc = warpgroup_mma(p_dst, v_tile.slice(0, HALF_V, dim=1), acc)
-            mbarrier.arrive(empty.index(t0 % STAGES), count=1)
-            if not V_EXT_FROM_K:
-                # V's tile carries no P; an arrive keeps that stage's
-                # p_bar phases in step with the ring (nobody waits on it).
-                stage = (t0 + 1) % STAGES
-                mbarrier.arrive(p_bar.index(stage), count=1)
-                mbarrier.arrive(empty.index(stage), count=1)
-            t0 = _after_drafts(t0, V_EXT_FROM_K)
+            if KV_FP8:
+                if not V_EXT_FROM_K:
+                    # The scores have read K's rows: V's take their place.
+                    _load_draft_pieces(
+                        wide_left, V_EXT, request, stride_ve_tok, 0, DRAFT_PIECE, WARPGROUP
+                    )
+                    fence_async_shared()
+                    _warps_barrier()
+                acc = warpgroup_mma(p_dst, wide_left, acc)
+                h0 += 1
+            else:
+                v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
+                acc = warpgroup_mma(p_dst, v_tile.slice(0, HALF_V, dim=1), acc)
+                mbarrier.arrive(empty.index(t0 % STAGES), count=1)
+                if not V_EXT_FROM_K:
+                    # V's tile carries no P; an arrive keeps that stage's
+                    # p_bar phases in step with the ring (nobody waits on it).
+                    stage = (t0 + 1) % STAGES
+                    mbarrier.arrive(p_bar.index(stage), count=1)
+                    mbarrier.arrive(empty.index(stage), count=1)
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
+                h0 = t0
         else:
             _stage_next(
                 segment, b, b1, q_nope, q_rope, q_args, out_args, BLOCK_H, DRAFT_LEN, WARPGROUP
@@ -1513,11 +1568,33 @@ def _draft_values(kv_nope_ring, v_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
 
 
 @gluon.jit
+def _widen_right(kv_nope_ring, kv_rope_ring, ready, empty, tile, wide, wide_bar):
+    # Score/value, fp8 KV: the value warpgroup widens ring tile `tile`'s
+    # latent columns HALF_V onwards and its rope columns into the bf16
+    # tile (its last P V is done, and the score warpgroup's last scores,
+    # which it waited for), frees the stage and signals wide_bar.
+    wide_nope, wide_rope, _ = wide
+    stage = tile % STAGES
+    mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
+    _widen_columns(
+        kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
+        wide_nope.slice(HALF_V, HALF_V, dim=1),
+    )
+    _widen_columns(kv_rope_ring.index(stage), wide_rope)
+    fence_async_shared()
+    _warps_barrier()
+    mbarrier.arrive(empty.index(stage), count=1)
+    mbarrier.arrive(wide_bar, count=1)
+
+
+@gluon.jit
 def _consume_values(
     share,
+    ext,
     kv_nope_ring,
     kv_rope_ring,
     v_ring,
+    wide,
     xchg,
     bars,
     v_scale,
@@ -1525,39 +1602,78 @@ def _consume_values(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
+    KV_FP8: gl.constexpr,
 ):
     # The value warpgroup: the second half of the output columns, one P V
-    # for each P the score warpgroup hands over.
+    # for each P the score warpgroup hands over. With fp8 KV (MLA) it
+    # widens that half's latent columns and the rope columns of each tile.
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPGROUP, 1], instr_shape=[16, HALF_V, 16]
     )
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    ready, empty, p_bar, sums_bar, sums_free = bars
+    ready, empty, p_bar, sums_bar, sums_free, wide_bar = bars
+    K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
+    wide_nope, wide_rope, p_smem = wide
+    wide_right = wide_nope.slice(HALF_V, HALF_V, dim=1)
     _, b0, b1, base, _, _, _ = share
     t0 = 0  # ring tiles of the earlier segments
+    h0 = 0  # P handed over in the earlier segments (_consume_scores)
     for b in range(b0, b1 + 1):
         kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
         acc = gl.zeros([ROWS, HALF_V], gl.float32, layout=o_layout)
         prefix_tiles = (hi - lo + TOKENS - 1) // TOKENS
         for t in range(prefix_tiles):
             tile = t0 + t
-            stage = tile % STAGES
-            mbarrier.wait(p_bar.index(stage), (tile // STAGES) & 1)
+            if KV_FP8:
+                handed = h0 + t
+                _widen_right(kv_nope_ring, kv_rope_ring, ready, empty, tile, wide, wide_bar)
+                p_src = p_smem
+                v_half = wide_right
+            else:
+                handed = tile
+                p_src = kv_rope_ring.index(tile % STAGES)
+                v_half = v_ring.index(tile % STAGES).slice(HALF_V, HALF_V, dim=1)
+            stage = handed % STAGES
+            mbarrier.wait(p_bar.index(stage), (handed // STAGES) & 1)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
-            acc = warpgroup_mma(
-                kv_rope_ring.index(stage), v_ring.index(stage).slice(HALF_V, HALF_V, dim=1), acc
-            )
-            mbarrier.arrive(empty.index(stage), count=1)
+            acc = warpgroup_mma(p_src, v_half, acc)
+            if not KV_FP8:
+                mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
+        h0 += prefix_tiles
         acc = acc * v_scale
         if with_drafts:
-            stage = t0 % STAGES
-            mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
-            acc = acc * xchg.index(stage).load(o_rows)[:, None]
-            v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
-            acc = warpgroup_mma(kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc)
-            _release_drafts(empty, t0, V_EXT_FROM_K)
-            t0 = _after_drafts(t0, V_EXT_FROM_K)
+            if KV_FP8:
+                stage = h0 % STAGES
+                _load_draft_pieces(
+                    wide_right, K_EXT, request, stride_ke_tok, HALF_V, DRAFT_PIECE, WARPGROUP
+                )
+                _load_draft_rows(wide_rope, K_EXT, request, stride_ke_tok, D_NOPE, WARPGROUP)
+                fence_async_shared()
+                _warps_barrier()
+                mbarrier.arrive(wide_bar, count=1)
+                mbarrier.wait(p_bar.index(stage), (h0 // STAGES) & 1)
+                acc = acc * xchg.index(stage).load(o_rows)[:, None]
+                if not V_EXT_FROM_K:
+                    # The scores have read K's rows: V's take their place.
+                    _load_draft_pieces(
+                        wide_right, V_EXT, request, stride_ve_tok, HALF_V, DRAFT_PIECE, WARPGROUP
+                    )
+                    fence_async_shared()
+                    _warps_barrier()
+                acc = warpgroup_mma(p_smem, wide_right, acc)
+                h0 += 1
+            else:
+                stage = t0 % STAGES
+                mbarrier.wait(p_bar.index(stage), (t0 // STAGES) & 1)
+                acc = acc * xchg.index(stage).load(o_rows)[:, None]
+                v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
+                acc = warpgroup_mma(
+                    kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc
+                )
+                _release_drafts(empty, t0, V_EXT_FROM_K)
+                t0 = _after_drafts(t0, V_EXT_FROM_K)
+                h0 = t0
         mbarrier.wait(sums_bar, (b - b0) & 1)
         l_i = xchg.index(STAGES).load(o_rows)
         _warps_barrier()  # every warp has read the sums
@@ -1833,42 +1949,19 @@ def _prefix_kernel_sm90(
         # them (_issue_q).
         q_nope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_NOPE], nope_smem)
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, RING_ROPE], rope_smem)
-        # The ring holds KV rows as stored (columns: with fp8 KV, one bf16
-        # tile besides), except score/value's with fp8 KV: bf16 rows, each
-        # tile landing as fp8 in its stage's upper half (and a rope buffer
-        # of its own, in the 8 KB left) for the producer to widen (module
-        # docstring).
+        # The ring holds KV rows as stored; with fp8 KV (columns), one
+        # bf16 tile besides (module docstring).
         kv_dtype: gl.constexpr = K_BUF.dtype.element_ty
-        ring_dtype: gl.constexpr = gl.bfloat16 if SCORE_VALUE and KV_FP8 else kv_dtype
         kv_nope_ring = gl.allocate_shared_memory(
-            ring_dtype,
+            kv_dtype,
             [STAGES, TOKENS, D_NOPE],
-            gl.NVMMASharedLayout.get_default_for([TOKENS, D_NOPE], ring_dtype),
+            gl.NVMMASharedLayout.get_default_for([TOKENS, D_NOPE], kv_dtype),
         )
         kv_rope_ring = gl.allocate_shared_memory(
-            ring_dtype,
+            kv_dtype,
             [STAGES, TOKENS, RING_ROPE],
-            gl.NVMMASharedLayout.get_default_for([TOKENS, RING_ROPE], ring_dtype),
+            gl.NVMMASharedLayout.get_default_for([TOKENS, RING_ROPE], kv_dtype),
         )
-        if SCORE_VALUE and KV_FP8:
-            landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            mbarrier.init(landed, count=PRODUCER_WARPS * 32)
-            landing = (
-                _reinterpret(
-                    kv_nope_ring,
-                    kv_dtype,
-                    [2 * STAGES, TOKENS, D_NOPE],
-                    gl.NVMMASharedLayout.get_default_for([TOKENS, D_NOPE], kv_dtype),
-                ),
-                gl.allocate_shared_memory(
-                    kv_dtype,
-                    [STAGES, TOKENS, RING_ROPE],
-                    gl.NVMMASharedLayout.get_default_for([TOKENS, RING_ROPE], kv_dtype),
-                ),
-                landed,
-            )
-        else:
-            landing = ()
         if MLA:
             v_ring = kv_nope_ring  # V is the latent columns of K's rows
         else:
@@ -1894,11 +1987,11 @@ def _prefix_kernel_sm90(
             kv_nope_ring,
             kv_rope_ring,
             v_ring,
-            landing,
             ready,
             empty,
             (PAGE_NOPE, PAGE_ROPE),
             V_EXT_FROM_K,
+            KV_FP8,
         )
         if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
@@ -1913,8 +2006,24 @@ def _prefix_kernel_sm90(
                 mbarrier.init(p_bar.index(stage), count=1)
             mbarrier.init(sums_bar, count=1)
             mbarrier.init(sums_free, count=1)
+            if KV_FP8:
+                # One bf16 tile, widened from the fp8 ring by both
+                # warpgroups (each its half of the latent columns; the
+                # value warpgroup the rope ones, and signals wide_bar),
+                # and P's buffer: the fp8 ring's rope rows cannot hold it.
+                # q, two fp8 stages, this tile and P: 224 of 227 KB.
+                wide_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+                mbarrier.init(wide_bar, count=1)
+                wide = (
+                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, D_NOPE], nope_smem),
+                    gl.allocate_shared_memory(gl.bfloat16, [TOKENS, RING_ROPE], rope_smem),
+                    gl.allocate_shared_memory(gl.bfloat16, [ROWS, TOKENS], rope_smem),
+                )
+            else:
+                wide_bar = sums_bar  # never waited on
+                wide = (kv_nope_ring.index(0), kv_rope_ring.index(0), kv_rope_ring.index(0))
             fence_async_shared()
-            bars = (ready, empty, p_bar, sums_bar, sums_free)
+            bars = (ready, empty, p_bar, sums_bar, sums_free, wide_bar)
             gl.warp_specialize(
                 [
                     (
@@ -1922,11 +2031,13 @@ def _prefix_kernel_sm90(
                         (
                             share,
                             q_args,
+                            ext,
                             q_nope,
                             q_rope,
                             kv_nope_ring,
                             kv_rope_ring,
                             v_ring,
+                            wide,
                             xchg,
                             bars,
                             scales,
@@ -1935,6 +2046,7 @@ def _prefix_kernel_sm90(
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
+                            KV_FP8,
                             PREFIX_MASK,
                             DRAFT_MASK,
                         ),
@@ -1943,9 +2055,11 @@ def _prefix_kernel_sm90(
                         _consume_values,
                         (
                             share,
+                            ext,
                             kv_nope_ring,
                             kv_rope_ring,
                             v_ring,
+                            wide,
                             xchg,
                             bars,
                             v_scale,
@@ -1953,6 +2067,7 @@ def _prefix_kernel_sm90(
                             BLOCK_H,
                             DRAFT_LEN,
                             V_EXT_FROM_K,
+                            KV_FP8,
                         ),
                     ),
                     (_produce, produce_args),
