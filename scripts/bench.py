@@ -1675,6 +1675,10 @@ def _with_config(row: dict[str, Any], contender: Contender) -> None:
 PAGED_CONTENDERS = ("paged", "tuned", "flashmla")
 
 
+# The contenders timed on bf16 KV alone (their builds or their gates).
+BF16_ONLY = {"flashinfer": "FlashInfer", "flashmla": "FlashMLA", "sglang": "SGLang's kernel"}
+
+
 def not_applicable(name: str, spec: ShapeSpec) -> str | None:
     """Why contender ``name`` does not run on ``spec``'s kind of call, or
     None. FlashInfer and FlashMLA compute plain shapes only (MLA 576/512,
@@ -1694,6 +1698,8 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
         )
         if on
     )
+    if spec.kv_dtype != "bf16" and name in BF16_ONLY:
+        return f"this benchmark times {BF16_ONLY[name]} on bf16 KV only"
     if spec.page_size:
         if name not in PAGED_CONTENDERS:
             return f"-page rows time {', '.join(PAGED_CONTENDERS)}"
@@ -1729,8 +1735,6 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
     if name == "flashinfer":
         if not ctx.flashinfer.available:
             return ctx.flashinfer.reason
-        if batch.spec.kv_dtype != "bf16":
-            return "this benchmark times FlashInfer on bf16 KV only"
         try:
             return ctx.flashinfer.contender(batch)
         except Exception as exc:
@@ -1741,14 +1745,10 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
     if name == "flashmla":
         if not ctx.flashmla.available:
             return ctx.flashmla.reason
-        if batch.spec.kv_dtype != "bf16":
-            return "this benchmark times FlashMLA on bf16 KV only"
         return ctx.flashmla.contender(batch, ctx.seed + 3)
     if name == "sglang":
         if not ctx.sglang.available:
             return ctx.sglang.reason
-        if batch.spec.kv_dtype != "bf16":
-            return "this benchmark times SGLang's kernel on bf16 KV only"
         elements = max(batch.k_buffer.numel(), batch.sets[0].v_buffer.numel())
         if elements >= SGLANG_MAX_POOL:
             # On the H200 such a pool's first call broke the CUDA context.

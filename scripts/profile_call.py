@@ -149,8 +149,6 @@ def _launch(name: str, batch: bench.Batch, device: torch.device, seed: int):
     flashmla = bench.FlashMLA(enabled=True)
     if not flashmla.available:
         return flashmla.reason
-    if batch.spec.kv_dtype != "bf16":
-        return "FlashMLA's dense decode is built for bf16 KV only"
     return flashmla.contender(batch, seed).launches[0]
 
 

@@ -615,7 +615,9 @@ def test_contenders_run_only_where_they_compute_the_call():
 
     package = {"tuned", "default", "triton", "torch_ref"}
     assert runs("H16L4B32C16K") == set(bench.CONTENDERS) - {"paged"}
-    assert runs("H16L4B32C16K-fp8") == set(bench.CONTENDERS) - {"paged"}  # skipped later, for KV
+    bf16_only = {"flashinfer", "flashmla", "sglang"}
+    assert runs("H16L4B32C16K-fp8") == set(bench.CONTENDERS) - {"paged"} - bf16_only
+    assert runs("H16L4B32C16K-d256-fp8") == package
     for kind in ("-tree", "-treefull", "-ragged"):
         assert runs(f"H16L4B32C16K{kind}") == package, kind
     for kind in ("-d256", "-d128"):  # SGLang's kernel takes shared-KV head dims

@@ -29,6 +29,7 @@ def test_draft_counts_repeat_and_list():
         (["H8L2B2C100", "--contender", "paged"], "expected a -page<N> shape, got H8L2B2C100"),
         (["H8L2B2C100-ragged", "--contender", "flashmla"], "H8L2B2C100-ragged: not this call"),
         (["H8L2B2C100-page16", "--contender", "flashmla"], "FlashMLA's dense decode reads 64"),
+        (["H8L2B2C100-fp8", "--contender", "flashmla"], "times FlashMLA on bf16 KV only"),
         (
             ["H8L2B2C100-page16", "--contender", "paged", "--draft-counts", "2,2"],
             "--draft-counts: expected --contender tuned, got paged",
