@@ -83,8 +83,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--draft-counts: expected {spec.batch_size} counts, got {len(counts)}")
         if not all(1 <= e <= spec.draft_len for e in counts):
             parser.error(f"--draft-counts: expected counts in 1..{spec.draft_len}, got {counts}")
-    if who == "paged" and not spec.page_size:
-        parser.error(f"--contender paged: expected a -page<N> shape, got {spec.name}")
     reason = bench.not_applicable(who, spec)
     if reason is not None:
         parser.error(f"--contender {who}: {spec.name}: {reason}")

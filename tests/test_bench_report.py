@@ -73,7 +73,7 @@ def results(tmp_path):
 def test_picks_the_runs_rows_and_classes_them(results):
     rows = bench_report.load_rows(results, "abc1234", [RUN])
     assert len(rows) == 11
-    table = bench_report.by_shape(rows)
+    table = bench._by_shape(rows)
     assert table["H64L4B32C16384"]["flashmla"]["median_us"] == "80.0"
     classes = {s: bench_report.bound_class(per["tuned"]) for s, per in table.items()}
     assert classes == {
