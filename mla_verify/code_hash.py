@@ -207,6 +207,8 @@ def _families() -> dict[str, tuple[list, dict[str, object]]]:
         "MERGE_REQUEST_PROGRAMS": kernel.MERGE_REQUEST_PROGRAMS,
         "MERGE_MAX_PROGRAMS": kernel.MERGE_MAX_PROGRAMS,
         "MERGE_MAX_BLOCKS": kernel.MERGE_MAX_BLOCKS,
+        "MERGE_WIDE_PIECES": kernel.MERGE_WIDE_PIECES,
+        "MERGE_SHARES_WIDE_TILE": kernel.MERGE_SHARES_WIDE_TILE,
         "hopper.SHAPE": hopper.SHAPE,
     }
     both = {"PLAN_BLOCK": kernel.PLAN_BLOCK, "MERGE_WARPS": kernel.MERGE_WARPS}

@@ -100,6 +100,15 @@ MERGE_PROGRAM_ELEMENTS = 8192
 MERGE_REQUEST_PROGRAMS = 64
 MERGE_MAX_PROGRAMS = 4096
 MERGE_MAX_BLOCKS = 16  # 32 columns a block
+# A request of at most MERGE_WIDE_PIECES pieces is merged in tiles of
+# MERGE_SHARES_WIDE_TILE elements (all its pieces and drafts, as many
+# columns as fit), by as few programs as that takes; the grid's other
+# column blocks end at once. On the H200 a batch of 64 requests of 2-3
+# pieces each merged by 4096 programs of 64 columns took 22 us (Nsight
+# Compute), by 512 of 512 columns 18 us less a call (RESULTS.md, "Stage
+# 2's programs").
+MERGE_WIDE_PIECES = 4
+MERGE_SHARES_WIDE_TILE = 4096
 
 
 @triton.jit
@@ -702,13 +711,21 @@ def _merge_shares_kernel(
     DRAFT_POSITIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
     RAGGED: tl.constexpr,
+    WIDE_PIECES: tl.constexpr,
+    WIDE_BLOCKS: tl.constexpr,
+    WIDE_ROWS: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
     # After the Hopper kernel's shares: the partials of a request that
     # several shares hold (drafts included), columns of block program_id(2).
+    # A request of at most WIDE_PIECES pieces is merged by the first
+    # WIDE_BLOCKS blocks alone, each D_V // WIDE_BLOCKS columns wide, and
+    # the other blocks end before the wait (WIDE_BLOCKS 0: every request
+    # by all blocks): most requests of a large batch hold a few pieces,
+    # and the grid is sized for the long request that holds many.
     req = tl.program_id(0)
     head = tl.program_id(1)
-    col0 = tl.program_id(2) * D_BLOCK
+    block = tl.program_id(2)
     q_first = tl.load(QO_INDPTR + req)
     num_rows = (tl.load(QO_INDPTR + req + 1) - q_first).to(tl.int32)  # the request's drafts
     last_rows = _min_rows(head_blocks - 1, num_heads, TILE_ROWS)
@@ -730,6 +747,8 @@ def _merge_shares_kernel(
     row0 = head * DRAFT_LEN
     first_slot = 0
     share_len = 0  # the aligned plan's (_head_block_shares); 0: equal cuts
+    straddle_from = L_PAD  # drafts from this one on are the next tile's (none)
+    straddle_step = 0
     if RAGGED:
         # Rows (slot, tile row), the slots the grid's CTAs': the head's
         # head block and first row there (kernel_sm90._row_coords: E
@@ -767,9 +786,8 @@ def _merge_shares_kernel(
         # on are the next head block's first rows, in the slots of the CTA
         # as many CTAs on (2 block_ctas slots; the same cuts and the same
         # requests before it there, so the same pieces).
-        offs_r = tl.arange(0, ROWS)
-        straddled = (offs_r % L_PAD) >= TILE_ROWS - row0
-        row0 = row0 + tl.where(straddled, (2 * block_ctas - 1) * TILE_ROWS, 0)
+        straddle_from = TILE_ROWS - row0
+        straddle_step = (2 * block_ctas - 1) * TILE_ROWS
     # Positions base .. base + n - 1 of the head block are the request's,
     # its drafts' from base + n - drafts; c0 holds the first position, c1
     # the drafts' first, and c0's range begins at start0. Aligned shares:
@@ -789,38 +807,77 @@ def _merge_shares_kernel(
         start0 = c0 * total // ctas
     c0 = c0.to(tl.int32)
     c1 = c1.to(tl.int32)
-    if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
-        gdc_wait()
-    if c0 != c1:  # else one CTA held the whole request and wrote its output
-        # CTA c0's part is its first segment when no earlier request has
-        # work in its range (the previous drafts' first position is before
-        # it), else its last (slot 2 c0 + 1); the later CTAs' is their
-        # first (slot 2 c).
-        earlier = start0 <= base - drafts
-        slot0 = first_slot + 2 * c0
-        _, l_i, acc = _merge_pieces(
-            PART_O,
-            PART_LSE,
-            row_stride,
-            row0,
-            slot0 + earlier.to(tl.int32),
-            slot0,
-            2,
-            c1 - c0 + 1,
-            num_rows,
-            col0,
-            L_PAD,
-            ROWS,
-            D_BLOCK,
-            D_V,
+    pieces = c1 - c0 + 1
+    # CTA c0's part is its first segment when no earlier request has work
+    # in its range (the previous drafts' first position is before it),
+    # else its last (slot 2 c0 + 1); the later CTAs' is their first (slot
+    # 2 c). c0 == c1: one CTA held the whole request and wrote its output.
+    slot0 = first_slot + 2 * c0
+    first = slot0 + (start0 <= base - drafts).to(tl.int32)
+    request = (O, stride_o_tok, stride_o_head, head, q_first, num_rows)
+    partials = (PART_O, PART_LSE, row_stride, row0, straddle_from, straddle_step)
+    pieces_at = (first, slot0, pieces)
+    if WIDE_BLOCKS > 0 and pieces <= WIDE_PIECES:
+        if pieces > 1 and block < WIDE_BLOCKS:
+            if WAIT_PRIOR:  # the partials are stage 1's (dependent launch, see launch)
+                gdc_wait()
+            D_WIDE: tl.constexpr = D_V // WIDE_BLOCKS
+            _merge_request_columns(
+                request, partials, pieces_at, block * D_WIDE, L_PAD, WIDE_ROWS, D_WIDE, D_V
+            )
+    elif pieces > 1:
+        if WAIT_PRIOR:
+            gdc_wait()
+        _merge_request_columns(
+            request, partials, pieces_at, block * D_BLOCK, L_PAD, ROWS, D_BLOCK, D_V
         )
-        offs_i = tl.arange(0, L_PAD)
-        q_row = (q_first + offs_i).to(tl.int64)
-        offs_d = col0 + tl.arange(0, D_BLOCK)
-        ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
-        # A row a mask hid every key from has sum 0 and output 0.
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < num_rows)[:, None])
+
+
+@triton.jit
+def _merge_request_columns(
+    request,
+    partials,
+    pieces_at,
+    col0,
+    L_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    D_BLOCK: tl.constexpr,
+    D_V: tl.constexpr,
+):
+    # Stage 2 after the shares: one request's head, columns col0 ..
+    # col0 + D_BLOCK - 1, merged into its output rows (`request`). Its
+    # pieces (`pieces_at`) are at slot `first`, then slot0 + 2 j; a slot's
+    # draft i is at row slot * row_stride + row0 + i, and drafts
+    # straddle_from onwards straddle_step rows further (the next head
+    # block's tile) (`partials`).
+    O, stride_o_tok, stride_o_head, head, q_first, num_rows = request
+    PART_O, PART_LSE, row_stride, row0, straddle_from, straddle_step = partials
+    first, slot0, pieces = pieces_at
+    offs_r = tl.arange(0, ROWS)
+    rows0 = row0 + tl.where((offs_r % L_PAD) >= straddle_from, straddle_step, 0)
+    _, l_i, acc = _merge_pieces(
+        PART_O,
+        PART_LSE,
+        row_stride,
+        rows0,
+        first,
+        slot0,
+        2,
+        pieces,
+        num_rows,
+        col0,
+        L_PAD,
+        ROWS,
+        D_BLOCK,
+        D_V,
+    )
+    offs_i = tl.arange(0, L_PAD)
+    q_row = (q_first + offs_i).to(tl.int64)
+    offs_d = col0 + tl.arange(0, D_BLOCK)
+    ptr_o = O + q_row[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
+    # A row a mask hid every key from has sum 0 and output 0.
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_i < num_rows)[:, None])
 
 
 @triton.jit
@@ -1117,6 +1174,8 @@ def launch_merge_shares(
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
     head_blocks = hopper.head_blocks(num_heads, block_h)
+    wide_rows = MERGE_WIDE_PIECES * l_pad
+    wide_blocks = d_v // min(d_v, MERGE_SHARES_WIDE_TILE // wide_rows)
     _merge_shares_kernel[(batch_size, num_heads, blocks)](
         o,
         qo_indptr,
@@ -1141,6 +1200,10 @@ def launch_merge_shares(
         DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
         BLOCK_B=hopper.plan_requests(head_blocks, PLAN_BLOCK),
         RAGGED=ragged,
+        # Wide merges only where they need fewer blocks than the grid has.
+        WIDE_PIECES=MERGE_WIDE_PIECES,
+        WIDE_BLOCKS=wide_blocks if wide_blocks < blocks else 0,
+        WIDE_ROWS=wide_rows,
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,

@@ -424,6 +424,10 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, block
         (2, 14, 1, [256] * 4, [4, 3, 4, 3]),
         # Not every request holds as many positions: no alignment.
         (2, 17, 1, [576, 513, 540, 577], [3, 4, 4, 4]),
+        # A long request of many pieces beside short ones of a few, at 4
+        # and 8 drafts (wide tiles of 256 and 128 columns).
+        (4, 20, 1, [3000, 100, 200], [15, 2, 2]),
+        (8, 20, 1, [3000, 100, 200], [15, 2, 2]),
     ],
 )
 def test_merge_after_shares(
@@ -432,7 +436,9 @@ def test_merge_after_shares(
     """Stage 2 after the Hopper kernel's balanced shares: it merges the
     partials of each request that several shares hold (drafts included, so
     it adds none) and leaves the others, which stage 1 writes, untouched;
-    the same in every column blocking."""
+    the same in every column blocking, where a request of at most
+    MERGE_WIDE_PIECES pieces takes the wide tiles of fewer programs (with
+    16 blocks here; with 1 and 4 the narrow ones where no fewer do)."""
     pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
     assert [len(p) for p in pieces] == expected_pieces
     _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device)
