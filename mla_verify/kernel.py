@@ -73,7 +73,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from . import hopper
+from . import fp8, hopper
 from .config import rows_per_program
 
 LOG2E = 1.4426950408889634
@@ -328,26 +328,9 @@ def _share_count(grid_ctas, total, uniform, batch_size, min_share):
     return ctas
 
 
-# e4m3 -> bf16 with integer ops, four values a step (NVIDIA): PRMT spreads
-# the bytes into 16-bit lanes, sign-extended, so one shift and one mask put
-# sign, exponent and mantissa in bf16's fields; a multiply by 2^(127 - 7)
-# rebiases the exponent (subnormals included). Triton's own conversion runs
-# on the slow conversion pipe (F2F). The NaN codes (0x7f, 0xff) read as
-# +-480. The Hopper kernel widens its tiles the same way (kernel_sm90).
-E4M3_TO_BF16_PTX = tl.constexpr("""
-{
-.reg .b32 lo, hi, scale;
-mov.b32 scale, 0x7B807B80;
-prmt.b32 lo, $2, 0, 0x9180;
-prmt.b32 hi, $2, 0, 0xB3A2;
-shl.b32 lo, lo, 4;
-shl.b32 hi, hi, 4;
-and.b32 lo, lo, 0x87F087F0;
-and.b32 hi, hi, 0x87F087F0;
-mul.rn.bf16x2 $0, lo, scale;
-mul.rn.bf16x2 $1, hi, scale;
-}
-""")
+# e4m3 -> bf16 by integer PTX on NVIDIA (fp8.py says how, and why not
+# Triton's conversion).
+E4M3_TO_BF16_PTX = tl.constexpr(fp8.E4M3_TO_BF16_PTX)
 
 
 @triton.jit

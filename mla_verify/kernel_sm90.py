@@ -90,7 +90,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
 
-from . import hopper, problem
+from . import fp8, hopper, problem
 
 # Triton 3.6 names (the H200's) and their later renames (CI's Triton): a
 # barrier among the calling partition's warps, and a cp.async gather.
@@ -109,6 +109,7 @@ PRODUCER_WARPS = gl.constexpr(hopper.PRODUCER_WARPS)
 DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
+E4M3_TO_BF16_PTX = gl.constexpr(fp8.E4M3_TO_BF16_PTX)
 
 # The head dims this module's kernel computes: absorbed MLA as imported;
 # hopper.gluon_kernel(head_dims) runs this source again as a module of its
@@ -1016,27 +1017,10 @@ def _add_pv(p, p_smem, v, acc):
 
 @gluon.jit
 def fp8_to_bf16(x):
-    # e4m3 -> bf16 with integer ops, four values a step: PRMT spreads the
-    # bytes into 16-bit lanes, sign-extended, so one shift and one mask
-    # put sign, exponent and mantissa in bf16's fields; a multiply by
-    # 2^(127 - 7) rebiases the exponent (subnormals included). The cvt
-    # route (e4m3 -> f16 -> bf16) runs on the slow conversion pipe. The
-    # NaN codes (0x7f, 0xff) read as +-480.
+    # e4m3 -> bf16 with integer ops, four values a step (fp8.py); the cvt
+    # route (e4m3 -> f16 -> bf16) runs on the slow conversion pipe.
     return gl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 lo, hi, scale;
-        mov.b32 scale, 0x7B807B80;
-        prmt.b32 lo, $2, 0, 0x9180;
-        prmt.b32 hi, $2, 0, 0xB3A2;
-        shl.b32 lo, lo, 4;
-        shl.b32 hi, hi, 4;
-        and.b32 lo, lo, 0x87F087F0;
-        and.b32 hi, hi, 0x87F087F0;
-        mul.rn.bf16x2 $0, lo, scale;
-        mul.rn.bf16x2 $1, hi, scale;
-        }
-        """,
+        E4M3_TO_BF16_PTX,
         "=r,=r,r",
         [x.to(gl.uint8, bitcast=True)],
         dtype=gl.bfloat16,
