@@ -542,10 +542,27 @@ def test_merge_after_shares_over_head_blocks(
     for every (request, head); with prefixes of equal length too, where
     only aligned shares weigh the drafts as a ragged batch's."""
     prefix_lens = [600 if equal_prefixes else (b * 431) % 1500 for b in range(len(counts))]
+    _check_over_head_blocks(heads, block_h, draft_len, ctas, min_share, counts, prefix_lens, device)
+
+
+def test_merge_after_shares_aligned_many_pieces(device):
+    """Aligned shares (one length over all head blocks) cut the 600-token
+    request into 5 pieces, more than the 4 that equal cuts of 9 CTAs
+    could: a bound on a request's pieces that stage 2 takes from the
+    batch's lengths must allow for the aligned plan (wide merges: at L2
+    a request of at most 4 pieces is merged by its first column block)."""
+    model = plan.head_block_plan([1500, 600], [1, 1], 4, 2, 2, 9, 1)
+    assert len(model.shares[0].pieces()[1]) == 5
+    _check_over_head_blocks(4, 2, 2, 9, 1, [1, 1], [1500, 600], device)
+
+
+def _check_over_head_blocks(
+    heads, block_h, draft_len, ctas, min_share, counts, prefix_lens, device
+):
     batch = make_batch(heads, draft_len, prefix_lens, draft_counts=counts, device=device)
     model = plan.head_block_plan(prefix_lens, counts, heads, block_h, draft_len, ctas, min_share)
     blocks = hopper.head_blocks(heads, block_h)
-    if len(set(counts)) == 1:
+    if min(counts) == draft_len:
         assert model.first_ctas == [k * ctas for k in range(blocks)]
     else:
         shares = [plan.shares if plan else 0 for plan in model.shares]
