@@ -83,6 +83,7 @@ CONSTANT_FAMILIES = {
     "merge_shares_tile": ("kernel", "MERGE_SHARES_TILE", 4096, {"gluon_sm90"}),
     "merge_max_blocks": ("kernel", "MERGE_MAX_BLOCKS", 8, {"gluon_sm90"}),
     "merge_wide_pieces": ("kernel", "MERGE_WIDE_PIECES", 8, {"gluon_sm90"}),
+    "merge_shares_wide_tile": ("kernel", "MERGE_SHARES_WIDE_TILE", 8192, {"gluon_sm90"}),
     "hopper_shape": ("hopper", "SHAPE", (), {"gluon_sm90"}),
 }
 
