@@ -668,6 +668,19 @@ def _merge_extend_kernel(
     tl.store(ptr_o, out.to(O.dtype.element_ty), mask=mask_i[:, None])
 
 
+@triton.jit
+def _pieces_at_most(KV_INDPTR, req, batch_size, cuts, TOKENS: tl.constexpr):
+    # At least as many pieces as request req's (_merge_shares_kernel's
+    # c0 .. c1), from four loads instead of the plan: at most `cuts` cuts
+    # of at least the batch's prefix tokens / TOKENS positions plus one a
+    # request, and t positions meet at most t cuts // total + 2 of them.
+    first = tl.load(KV_INDPTR).to(tl.int64)
+    tokens = tl.load(KV_INDPTR + batch_size).to(tl.int64) - first
+    own = tl.load(KV_INDPTR + req + 1).to(tl.int64) - tl.load(KV_INDPTR + req).to(tl.int64)
+    least_total = tokens // TOKENS + batch_size
+    return tl.cdiv(own, TOKENS) * cuts // least_total + 2
+
+
 @triton.jit(do_not_specialize=["batch_size", "share_ctas", "min_share"])
 def _merge_shares_kernel(
     O,
@@ -708,6 +721,19 @@ def _merge_shares_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     block = tl.program_id(2)
+    if WIDE_BLOCKS > 0:
+        # A block past the wide ones merges only a request of more than
+        # WIDE_PIECES pieces; where a bound from four loads rules that
+        # out, it ends before the plan.
+        cuts = share_ctas
+        if RAGGED:
+            # Or the aligned plan's (_head_block_shares): one share length
+            # for all head blocks, at least all their positions over
+            # head_blocks * share_ctas - head_blocks.
+            cuts = tl.maximum(cuts, tl.maximum(head_blocks * share_ctas - head_blocks, 1))
+        few = _pieces_at_most(KV_INDPTR, req, batch_size, cuts, TOKENS) <= WIDE_PIECES
+        if few & (block >= WIDE_BLOCKS):
+            return
     q_first = tl.load(QO_INDPTR + req)
     num_rows = (tl.load(QO_INDPTR + req + 1) - q_first).to(tl.int32)  # the request's drafts
     last_rows = _min_rows(head_blocks - 1, num_heads, TILE_ROWS)
