@@ -106,7 +106,7 @@ MERGE_MAX_BLOCKS = 16  # 32 columns a block
 # column blocks end at once. On the H200 a batch of 64 requests of 2-3
 # pieces each merged by 4096 programs of 64 columns took 22 us (Nsight
 # Compute), merged wide 11 (RESULTS.md, "Stage 2's programs").
-MERGE_WIDE_PIECES = 8
+MERGE_WIDE_PIECES = 4
 MERGE_SHARES_WIDE_TILE = 4096
 
 
