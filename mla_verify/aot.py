@@ -344,9 +344,7 @@ def _compile_hopper_kernel(
         PLAN_REQUESTS=hopper.plan_requests(head_blocks, kernel.PLAN_BLOCK),
         V_EXT_FROM_K=False,
         SCORE_VALUE=score_value,
-        # As on a CUDA device (plan.dependent_launch).
-        LAUNCH_DEPENDENTS=True,
-        WAIT_PRIOR=True,
+        LAUNCH_DEPENDENTS=True,  # as on a CUDA device (kernel.dependent_launch)
         PREFIX_MASK=prefix_mask,
         DRAFT_MASK=draft_mask,
     )
@@ -370,5 +368,4 @@ def _compile_hopper_kernel(
         _launch_aligned(fn, pointers),
     )
     with assembler.scope():  # the ptxas a launch assembles it with
-        options = hopper.launch_options(score_value) | {"launch_pdl": True}
-        return triton.compile(src, target=target, options=options)
+        return triton.compile(src, target=target, options=hopper.launch_options(score_value))

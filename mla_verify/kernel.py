@@ -1011,7 +1011,6 @@ def launch(
             plan_block=PLAN_BLOCK,
             score_value=plan.score_value,
             launch_dependents=plan.dependent,
-            dependent=plan.dependent,
             custom_mask=custom_mask if plan.draft_mask else None,
             mask_indptr=mask_indptr if plan.draft_mask else None,
             prefix_mask=plan.prefix_mask,

@@ -166,21 +166,6 @@ def _launch_dependents():
 
 
 @gluon.jit
-def _wait_for_prior_grid():
-    # PTX griddepcontrol.wait: until the grid this one was launched
-    # behind has ended and its writes are visible (at once where the
-    # launch was not a programmatic dependent one).
-    gl.inline_asm_elementwise(
-        "griddepcontrol.wait; // $0",
-        "=r",
-        [],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@gluon.jit
 def _min_rows(head_block, num_heads, tile_rows):
     # The fewest drafts of a request with rows in head_block (a scalar or
     # a vector of them): a request of E <= L drafts packs its H E rows
@@ -1818,15 +1803,9 @@ def _prefix_kernel_sm90(
     V_EXT_FROM_K: gl.constexpr,
     SCORE_VALUE: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
-    WAIT_PRIOR: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
 ):
-    if WAIT_PRIOR:
-        # A programmatic dependent launch: the CTA starts while the grid
-        # before it drains, and reads nothing of global memory until that
-        # grid has ended (any of the inputs may be its output).
-        _wait_for_prior_grid()
     if LAUNCH_DEPENDENTS:
         # Stage 2 may launch from the start (kernel.dependent_launch):
         # with one CTA per SM its programs find room only as this
@@ -2162,7 +2141,6 @@ def launch_prefix(
     plan_block: int,
     score_value: bool,
     launch_dependents: bool,
-    dependent: bool = False,
     custom_mask=None,
     mask_indptr=None,
     prefix_mask: bool = False,
@@ -2181,9 +2159,7 @@ def launch_prefix(
     ``prefix_mask``. ``score_value`` picks that schedule
     (``hopper.score_value_kv_dtypes``) over columns.
     ``launch_dependents``: stage 2 is a programmatic dependent launch and may
-    go out at this grid's start. ``dependent``: this grid is itself a
-    programmatic dependent launch of the kernel before it, and waits for
-    it before its first read. ``v_buffer``: V's cache, read only by a
+    go out at this grid's start. ``v_buffer``: V's cache, read only by a
     module for other head dims than MLA's (MLA reads V from K's rows). The
     module's RAGGED: some request may have fewer than ``draft_len`` drafts
     (its rows packed, its head blocks' shares aligned; each CTA orders the
@@ -2240,11 +2216,9 @@ def launch_prefix(
         V_EXT_FROM_K=v_extend_from_k or not _mla,
         SCORE_VALUE=score_value,
         LAUNCH_DEPENDENTS=launch_dependents,
-        WAIT_PRIOR=dependent,
         PREFIX_MASK=draft_mask and prefix_mask,
         DRAFT_MASK=draft_mask,
         **hopper.launch_options(score_value),
-        **({"launch_pdl": True} if dependent else {}),
     )
 
 
