@@ -18,7 +18,12 @@ row of the commit), and prints in markdown:
 - the geometric mean of t_contender / t_tuned for FlashMLA and
   FlashInfer, the lowest row, and how many rows fall below issue 23's
   bounds (0.85 and 0.9);
-- the same ratios by batch and context.
+- the same ratios by batch and context;
+- the other kinds of call (shapes with a ``-kind`` suffix: tree masks,
+  ragged drafts, 256/256, paged calls): each one's time and share of the
+  roofline, FlashMLA's and the token-indexed call's times beside it, and
+  its efficiency against the plain shape's at one ceiling (``--copy``,
+  ``--matmul``), since a run's shards measure ceilings of their own.
 
 Only rows of status ok count. Nothing here runs a GPU.
 """
@@ -41,6 +46,9 @@ BASELINE = "tuned"
 RIVALS = ("flashmla", "flashinfer")
 BELOW = {"flashmla": 0.85, "flashinfer": 0.9}  # issue 23: no row below these
 CONTEXTS = {"uniform": "{ctx}", "lognormal": "lognormal", "long": "one long among short"}
+# Kinds that compute the plain shape's problem another way (a mask, fewer
+# drafts, pages): their efficiency is set against the plain shape's.
+SAME_PROBLEM = ("tree", "treefull", "ragged", "ragged-tree")
 
 
 def load_rows(path: Path, commit: str, runs: Sequence[str]) -> list[dict]:
@@ -198,13 +206,50 @@ def _context_order(key: tuple[int, str]) -> tuple[int, float]:
     return (0, float(label[:-1])) if label.endswith("K") else (1, len(label))
 
 
-def report(rows: Sequence[dict], matmul: float) -> str:
+def efficiency(row: dict, copy: float, matmul: float) -> float:
+    """The row's share of the roofline at these ceilings (bytes/s, FLOP/s)."""
+    floor = max(float(row["bytes"]) / copy, float(row["flops"]) / matmul)
+    return floor / (float(row["median_us"]) * 1e-6)
+
+
+def every_kind(table: dict[str, dict[str, dict]], copy: float, matmul: float) -> list[str]:
+    """One line per shape of another kind of call: the paged call on
+    ``-page`` shapes, else the baseline."""
+    lines = [
+        "| shape | call | us | % roofline | FlashMLA us | token-indexed us "
+        "| efficiency / plain's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for shape in sorted(s for s in table if not is_plain(s)):
+        per = table[shape]
+        plain_shape, kind = shape.split("-", 1)
+        name = "paged" if kind.startswith("page") and "paged" in per else BASELINE
+        if name not in per:
+            continue
+        row = per[name]
+        cols = [shape, name, f"{float(row['median_us']):.1f}"]
+        cols.append(f"{100 * float(row['frac_roofline']):.1f}")
+        cols.append(f"{float(per['flashmla']['median_us']):.1f}" if "flashmla" in per else "")
+        token = per.get(BASELINE) if name != BASELINE else None
+        cols.append(f"{float(token['median_us']):.1f}" if token else "")
+        plain = table.get(plain_shape, {}).get(BASELINE)
+        if plain and (kind in SAME_PROBLEM or kind.startswith("page")):
+            ratio = efficiency(row, copy, matmul) / efficiency(plain, copy, matmul)
+            cols.append(f"{ratio:.3f}")
+        else:
+            cols.append("")
+        lines.append("| " + " | ".join(cols) + " |")
+    return lines if len(lines) > 2 else []
+
+
+def report(rows: Sequence[dict], matmul: float, copy: float) -> str:
     table = bench._by_shape(rows)  # shape -> contender -> row
     parts = [
         rates(table, matmul),
         fastest(table),
         geomeans(table),
         by_batch_and_context(table),
+        every_kind(table, copy, matmul),
     ]
     return "\n\n".join("\n".join(part) for part in parts if part) + "\n"
 
@@ -227,11 +272,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="TFLOPS",
         help="the typical matmul rate compute-bound medians are shared of (default 789)",
     )
+    parser.add_argument(
+        "--copy",
+        type=float,
+        default=4.27,
+        metavar="TBPS",
+        help="the copy rate (read + write) the other kinds' efficiencies are taken at "
+        "(default 4.27)",
+    )
     args = parser.parse_args(argv)
     if not args.csv.is_file():
         parser.error(f"--csv: expected a CSV file, got {str(args.csv)!r}")
     if args.matmul <= 0:
         parser.error(f"--matmul: expected a positive rate, got {args.matmul}")
+    if args.copy <= 0:
+        parser.error(f"--copy: expected a positive rate, got {args.copy}")
     return args
 
 
@@ -245,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    sys.stdout.write(report(rows, args.matmul * 1e12))
+    sys.stdout.write(report(rows, args.matmul * 1e12, args.copy * 1e12))
     return 0
 
 

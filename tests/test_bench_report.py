@@ -32,9 +32,12 @@ def _row(shape, contender, us, *, commit="abc1234", run=RUN, status="ok"):
         "ctx_kind": "uniform" if "R" not in shape.split("B")[1] else "lognormal",
         "ctx": 16384,
         "median_us": us,
+        "bytes": 4.0e12 * 100e-6,
+        "flops": flops,
         "flop_per_s": flops / (us * 1e-6),
         "bytes_per_s": 4.0e12 * 100 / us,
         "frac_copy_bw": 0.9 * 100 / us,
+        "frac_roofline": 0.5,
     }
 
 
@@ -55,8 +58,13 @@ def results(tmp_path):
         # a ragged batch: plain, but not a grid row of a class
         _row("H64L4B32Rlognormal16384", "tuned", 100.0),
         _row("H64L4B32Rlognormal16384", "flashmla", 50.0),
-        # another kind of call: not plain, not fastest-on
+        # other kinds of call: not plain, not fastest-on; set against the
+        # plain shape's efficiency where it is there
         _row("H16L4B32C16384-tree", "tuned", 100.0),
+        _row("H64L4B32C16384-ragged", "tuned", 125.0),
+        _row("H64L4B32C16384-page64", "paged", 90.0),
+        _row("H64L4B32C16384-page64", "flashmla", 72.0),
+        _row("H64L4B32C16384-page64", "tuned", 95.0),
         # left out: another commit, another run, a failed row
         _row("H64L4B32C16384", "flashmla", 1.0, commit="other"),
         _row("H64L4B32C16384", "flashmla", 1.0, run="2026-12-04T13:00:00+00:00"),
@@ -72,7 +80,7 @@ def results(tmp_path):
 
 def test_picks_the_runs_rows_and_classes_them(results):
     rows = bench_report.load_rows(results, "abc1234", [RUN])
-    assert len(rows) == 11
+    assert len(rows) == 15
     table = bench._by_shape(rows)
     assert table["H64L4B32C16384"]["flashmla"]["median_us"] == "80.0"
     classes = {s: bench_report.bound_class(per["tuned"]) for s, per in table.items()}
@@ -82,6 +90,8 @@ def test_picks_the_runs_rows_and_classes_them(results):
         "H8L2B1C16384": None,  # batch 1
         "H64L4B32Rlognormal16384": None,  # ragged lengths
         "H16L4B32C16384-tree": None,  # not plain
+        "H64L4B32C16384-ragged": None,
+        "H64L4B32C16384-page64": None,
     }
 
 
@@ -95,14 +105,22 @@ def test_report_prints_rates_winners_and_ratios(results, capsys):
     assert "| flashinfer |" in text and "| tuned |" in text
     # Fastest: FlashMLA on the grid rows and the ragged one, tuned at batch 1.
     assert "Fastest on (of 4 plain shapes): flashmla 3, tuned 1" in text
-    ratios = [0.8, 0.9, 2.0, 0.5]
-    geomean = math.exp(sum(map(math.log, ratios)) / 4)
+    # The ratios take the -page row too (FlashMLA against the token-indexed call).
+    ratios = [0.8, 0.9, 2.0, 0.5, 72 / 95]
+    geomean = math.exp(sum(map(math.log, ratios)) / 5)
     assert (
-        f"t_flashmla / t_tuned: geomean {geomean:.3f} over 4 shapes, lowest 0.50 "
-        "(H64L4B32Rlognormal16384), 2 below 0.85"
+        f"t_flashmla / t_tuned: geomean {geomean:.3f} over 5 shapes, lowest 0.50 "
+        "(H64L4B32Rlognormal16384), 3 below 0.85"
     ) in text
     assert "t_flashinfer / t_tuned: geomean 1.049 over 2 shapes, lowest 1.00" in text
     assert "| 32 | 0.80 (0.80) / 1.10 (1.10) | 0.50 (0.50) |" in text
+    # The other kinds: the paged call on the -page row, with FlashMLA and the
+    # token-indexed call beside it; efficiencies against the plain row's
+    # (the same work in 100 us): 100 / 125 and 100 / 90. The tree row's
+    # plain shape is not in the run.
+    assert "| H64L4B32C16384-page64 | paged | 90.0 | 50.0 | 72.0 | 95.0 | 1.111 |" in text
+    assert "| H64L4B32C16384-ragged | tuned | 125.0 | 50.0 |  |  | 0.800 |" in text
+    assert "| H16L4B32C16384-tree | tuned | 100.0 | 50.0 |  |  |  |" in text
 
 
 def test_no_rows_says_so(results, capsys):
@@ -117,4 +135,7 @@ def test_bad_input_names_the_argument(cli_error, tmp_path):
     )
     assert "--matmul: expected a positive rate, got -1.0" in cli_error(
         bench_report.main, ["--commit", "x", "--matmul", "-1"]
+    )
+    assert "--copy: expected a positive rate, got 0.0" in cli_error(
+        bench_report.main, ["--commit", "x", "--copy", "0"]
     )
