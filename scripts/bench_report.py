@@ -207,9 +207,11 @@ def _context_order(key: tuple[int, str]) -> tuple[int, float]:
 
 
 def efficiency(row: dict, copy: float, matmul: float) -> float:
-    """The row's share of the roofline at these ceilings (bytes/s, FLOP/s)."""
-    floor = max(float(row["bytes"]) / copy, float(row["flops"]) / matmul)
-    return floor / (float(row["median_us"]) * 1e-6)
+    """The row's share of the roofline at these ceilings (bytes/s, FLOP/s),
+    as the bench takes it at its own."""
+    work = bench.Work(int(float(row["bytes"])), int(float(row["flops"])))
+    shares = bench.metrics(float(row["median_us"]), work, bench.Ceilings(copy, matmul))
+    return shares["frac_roofline"]
 
 
 def every_kind(table: dict[str, dict[str, dict]], copy: float, matmul: float) -> list[str]:
