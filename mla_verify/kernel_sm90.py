@@ -110,6 +110,7 @@ DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
 E4M3_TO_BF16_PTX = gl.constexpr(fp8.E4M3_TO_BF16_PTX)
+PREFETCH_TILES = gl.constexpr(hopper.PREFETCH_TILES)
 
 # The head dims this module's kernel computes: absorbed MLA as imported;
 # hopper.gluon_kernel(head_dims) runs this source again as a module of its
@@ -327,6 +328,42 @@ def _load_page_tile(nope, rope, pages, slot, bar):
     _tma_load(nope_desc, [slot, 0], bar, nope)
     _tma_load(rope_desc, [slot, 0], bar, rope)
     mbarrier.arrive(bar, count=PRODUCER_WARPS * 32 - 1)
+
+
+# An L2 hint for one span of bytes (PTX 8.0, sm90), where the flag is
+# non-zero; the result is a dummy (inline asm must return one).
+_L2_PREFETCH_PTX = gl.constexpr(
+    "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+    "@p cp.async.bulk.prefetch.L2.global [$1], $3; mov.b32 $0, 0; }"
+)
+
+
+@gluon.jit
+def _prefetch_slots(KV_INDICES, first, end):
+    # Slots of the prefix tile at `first` for _prefetch_rows, one half
+    # row a producer thread (0 past end).
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
+    tokens = first + gl.arange(0, 2 * TOKENS, layout=layout) // 2
+    return gl.load(KV_INDICES + tokens, mask=tokens < end, other=-1).to(gl.int32)
+
+
+@gluon.jit
+def _prefetch_rows(BASE, slots, stride_row):
+    # Asks the L2 for the K rows at `slots` (_prefetch_slots), a half row
+    # a thread, so that the tile's cp.async copies find them there.
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
+    half: gl.constexpr = (D_NOPE + D_ROPE) // 2
+    nbytes: gl.constexpr = half * BASE.dtype.element_ty.primitive_bitwidth // 8
+    side = gl.arange(0, 2 * TOKENS, layout=layout) % 2
+    ptrs = BASE + slots.to(gl.int64) * stride_row + side * half
+    gl.inline_asm_elementwise(
+        _L2_PREFETCH_PTX,
+        "=r,l,r,r",
+        [ptrs.to(gl.int64, bitcast=True), (slots >= 0).to(gl.int32), gl.full_like(slots, nbytes)],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @gluon.jit
@@ -819,6 +856,9 @@ def _produce(
                     next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
                 else:
                     next_rope_rows = next_nope_rows
+            # The rows of the tile PREFETCH_TILES on, asked of the L2 once
+            # this tile's copies are out.
+            ahead = _prefetch_slots(KV_INDICES, first + PREFETCH_TILES * TOKENS, end)
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
@@ -863,6 +903,7 @@ def _produce(
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
                 async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+            _prefetch_rows(K_BUF, ahead, stride_k_slot)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
