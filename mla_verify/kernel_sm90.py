@@ -339,27 +339,21 @@ _L2_PREFETCH_PTX = gl.constexpr(
 
 
 @gluon.jit
-def _prefetch_slots(KV_INDICES, first, end):
-    # Slots of the prefix tile at `first` for _prefetch_rows, one half
-    # row a producer thread (0 past end).
+def _prefetch_page_tile(BASE, slot, stride_row, first, end):
+    # PAGED: asks the L2 for the full tile at `first` (its page's rows
+    # from `slot` on, one span where rows are contiguous), one bulk
+    # prefetch from one producer thread, so that its TMA copy meets the
+    # L2's latency, not DRAM's.
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
-    tokens = first + gl.arange(0, 2 * TOKENS, layout=layout) // 2
-    return gl.load(KV_INDICES + tokens, mask=tokens < end, other=-1).to(gl.int32)
-
-
-@gluon.jit
-def _prefetch_rows(BASE, slots, stride_row):
-    # Asks the L2 for the K rows at `slots` (_prefetch_slots), a half row
-    # a thread, so that the tile's cp.async copies find them there.
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
-    half: gl.constexpr = (D_NOPE + D_ROPE) // 2
-    nbytes: gl.constexpr = half * BASE.dtype.element_ty.primitive_bitwidth // 8
-    side = gl.arange(0, 2 * TOKENS, layout=layout) % 2
-    ptrs = BASE + slots.to(gl.int64) * stride_row + side * half
+    row: gl.constexpr = D_NOPE + D_ROPE
+    nbytes: gl.constexpr = TOKENS * row * BASE.dtype.element_ty.primitive_bitwidth // 8
+    lane = gl.arange(0, 32 * PRODUCER_WARPS, layout=layout)
+    wanted = (lane == 0) & (first + TOKENS <= end) & (stride_row == row)
+    ptrs = BASE + slot.to(gl.int64) * stride_row + lane * 0
     gl.inline_asm_elementwise(
         _L2_PREFETCH_PTX,
         "=r,l,r,r",
-        [ptrs.to(gl.int64, bitcast=True), (slots >= 0).to(gl.int32), gl.full_like(slots, nbytes)],
+        [ptrs.to(gl.int64, bitcast=True), wanted.to(gl.int32), gl.full_like(lane, nbytes)],
         dtype=gl.int32,
         is_pure=False,
         pack=1,
@@ -856,9 +850,11 @@ def _produce(
                     next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
                 else:
                     next_rope_rows = next_nope_rows
-            # The rows of the tile PREFETCH_TILES on, asked of the L2 once
-            # this tile's copies are out.
-            ahead = _prefetch_slots(KV_INDICES, first + PREFETCH_TILES * TOKENS, end)
+            if PAGED:
+                # The page slot of the tile PREFETCH_TILES on, asked of the
+                # L2 once this tile's copy is out.
+                ahead_first = first + PREFETCH_TILES * TOKENS
+                ahead = _page_slot(KV_INDICES, ahead_first, end)
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
@@ -903,7 +899,8 @@ def _produce(
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
                 async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-            _prefetch_rows(K_BUF, ahead, stride_k_slot)
+            if PAGED:
+                _prefetch_page_tile(K_BUF, ahead, stride_k_slot, ahead_first, end)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
