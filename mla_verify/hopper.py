@@ -23,10 +23,6 @@ HALF_V = D_NOPE // 2  # output columns per consumer warpgroup
 # argument: the tuner searches it). One wave of shares of a tile or two each
 # left a small batch a merge of over 100 partials a request.
 DEFAULT_MIN_SHARE = 4
-# On paged calls the producer asks the L2 for the full tile this many tiles
-# ahead of the one it copies (one bulk prefetch), so that its TMA copy meets
-# the L2's latency, not DRAM's: the ring holds one tile in flight.
-PREFETCH_TILES = 2
 # Positions a request's drafts weigh in the shares of a ragged batch: their
 # tile plus a segment's fixed cost (query staging, first tile, output store:
 # about 9 us, against 2.4 us a prefix tile), so a CTA that packs many short

@@ -110,7 +110,6 @@ DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 PRODUCER_REGS = gl.constexpr(hopper.PRODUCER_REGS)
 VALUE_REGS = gl.constexpr(hopper.VALUE_REGS)
 E4M3_TO_BF16_PTX = gl.constexpr(fp8.E4M3_TO_BF16_PTX)
-PREFETCH_TILES = gl.constexpr(hopper.PREFETCH_TILES)
 
 # The head dims this module's kernel computes: absorbed MLA as imported;
 # hopper.gluon_kernel(head_dims) runs this source again as a module of its
@@ -328,36 +327,6 @@ def _load_page_tile(nope, rope, pages, slot, bar):
     _tma_load(nope_desc, [slot, 0], bar, nope)
     _tma_load(rope_desc, [slot, 0], bar, rope)
     mbarrier.arrive(bar, count=PRODUCER_WARPS * 32 - 1)
-
-
-# An L2 hint for one span of bytes (PTX 8.0, sm90), where the flag is
-# non-zero; the result is a dummy (inline asm must return one).
-_L2_PREFETCH_PTX = gl.constexpr(
-    "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-    "@p cp.async.bulk.prefetch.L2.global [$1], $3; mov.b32 $0, 0; }"
-)
-
-
-@gluon.jit
-def _prefetch_page_tile(BASE, slot, stride_row, first, end):
-    # PAGED: asks the L2 for the full tile at `first` (its page's rows
-    # from `slot` on, one span where rows are contiguous), one bulk
-    # prefetch from one producer thread, so that its TMA copy meets the
-    # L2's latency, not DRAM's.
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
-    row: gl.constexpr = D_NOPE + D_ROPE
-    nbytes: gl.constexpr = TOKENS * row * BASE.dtype.element_ty.primitive_bitwidth // 8
-    lane = gl.arange(0, 32 * PRODUCER_WARPS, layout=layout)
-    wanted = (lane == 0) & (first + TOKENS <= end) & (stride_row == row)
-    ptrs = BASE + slot.to(gl.int64) * stride_row + lane * 0
-    gl.inline_asm_elementwise(
-        _L2_PREFETCH_PTX,
-        "=r,l,r,r",
-        [ptrs.to(gl.int64, bitcast=True), wanted.to(gl.int32), gl.full_like(lane, nbytes)],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 @gluon.jit
@@ -850,11 +819,6 @@ def _produce(
                     next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
                 else:
                     next_rope_rows = next_nope_rows
-            if PAGED:
-                # The page slot of the tile PREFETCH_TILES on, asked of the
-                # L2 once this tile's copy is out.
-                ahead_first = first + PREFETCH_TILES * TOKENS
-                ahead = _page_slot(KV_INDICES, ahead_first, end)
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
@@ -899,8 +863,6 @@ def _produce(
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
                 async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-            if PAGED:
-                _prefetch_page_tile(K_BUF, ahead, stride_k_slot, ahead_first, end)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
