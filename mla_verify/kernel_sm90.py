@@ -318,57 +318,15 @@ def _page_slot(KV_INDICES, first, end):
 
 
 @gluon.jit
-def _load_page_tile(nope, rope, pages, slot, ready, empty, stage, phase):
+def _load_page_tile(nope, rope, pages, slot, bar):
     # PAGED: a full tile, TOKENS rows of one page from `slot` on, in bulk
-    # (TMA), in two halves, each copied once the consumers have freed it
-    # (_free_stage: latent columns 0 .. HALF_V - 1 once the score
-    # warpgroup is done with them, then the rest and the rope columns)
-    # and counted by a ready barrier of its own (_tile_scores). Each
-    # expect is one of its barrier's PRODUCER_WARPS * 32 arrivals and sets
-    # the bytes to wait for; one arrive makes the rest.
+    # (TMA). The expect is one of the ready barrier's PRODUCER_WARPS * 32
+    # arrivals and sets the bytes to wait for; one arrive makes the rest.
     nope_desc, rope_desc = pages
-    elem: gl.constexpr = nope.dtype.primitive_bitwidth // 8
-    first = ready.index(stage)
-    second = ready.index(STAGES + stage)
-    mbarrier.wait(empty.index(STAGES + stage), phase)
-    mbarrier.expect(first, TOKENS * HALF_V * elem)
-    _tma_load(nope_desc, [slot, 0], first, nope.slice(0, HALF_V, dim=1))
-    mbarrier.arrive(first, count=PRODUCER_WARPS * 32 - 1)
-    mbarrier.wait(empty.index(stage), phase)
-    mbarrier.expect(second, TOKENS * (D_NOPE - HALF_V + D_ROPE) * elem)
-    _tma_load(nope_desc, [slot, HALF_V], second, nope.slice(HALF_V, D_NOPE - HALF_V, dim=1))
-    _tma_load(rope_desc, [slot, 0], second, rope)
-    mbarrier.arrive(second, count=PRODUCER_WARPS * 32 - 1)
-
-
-@gluon.jit
-def _free_stage(empty, stage, FIRST_HALF: gl.constexpr):
-    # The calling partition is done with ring stage `stage`. In a PAGED
-    # module the partition that reads latent columns 0 .. HALF_V - 1 last
-    # (the score warpgroup, or the columns partition: FIRST_HALF) frees
-    # that half on a barrier of its own as well, so that the producer
-    # refills it while the value warpgroup still reads the rest. Every
-    # use of a stage arrives once on each, so their phases stay in step.
-    mbarrier.arrive(empty.index(stage), count=1)
-    if PAGED and FIRST_HALF:
-        mbarrier.arrive(empty.index(STAGES + stage), count=1)
-
-
-@gluon.jit
-def _arrive_gathered(ready, stage):
-    # Each producer thread arrives once its own copies of the stage have
-    # landed (on both halves' barriers in a PAGED module).
-    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-    if PAGED:
-        async_copy.mbarrier_arrive(ready.index(STAGES + stage), increment_count=False)
-
-
-@gluon.jit
-def _await_tile(ready, t):
-    # Tile t of the ring has landed (both halves in a PAGED module).
-    mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
-    if PAGED:
-        mbarrier.wait(ready.index(STAGES + t % STAGES), (t // STAGES) & 1)
+    mbarrier.expect(bar, TOKENS * (D_NOPE + D_ROPE) * nope.dtype.primitive_bitwidth // 8)
+    _tma_load(nope_desc, [slot, 0], bar, nope)
+    _tma_load(rope_desc, [slot, 0], bar, rope)
+    mbarrier.arrive(bar, count=PRODUCER_WARPS * 32 - 1)
 
 
 @gluon.jit
@@ -755,11 +713,11 @@ def _after_drafts(t, V_EXT_FROM_K: gl.constexpr):
 
 
 @gluon.jit
-def _release_drafts(empty, t, V_EXT_FROM_K: gl.constexpr, FIRST_HALF: gl.constexpr):
-    # The drafts' ring tiles (from tile t) are free (_free_stage).
-    _free_stage(empty, t % STAGES, FIRST_HALF)
+def _release_drafts(empty, t, V_EXT_FROM_K: gl.constexpr):
+    # The drafts' ring tiles (from tile t) are free.
+    mbarrier.arrive(empty.index(t % STAGES), count=1)
     if not V_EXT_FROM_K:
-        _free_stage(empty, (t + 1) % STAGES, FIRST_HALF)
+        mbarrier.arrive(empty.index((t + 1) % STAGES), count=1)
 
 
 @gluon.jit
@@ -793,7 +751,7 @@ def _produce_drafts(
         v_layout: gl.constexpr = _copy_layout(V_EXT.dtype.element_ty, D_V, PRODUCER_WARPS)
         rows = _tokens(q_first, v_layout)
         _gather_values(v_ring.index(stage), V_EXT, rows, q_first, q_first + num_rows, stride_ve_tok)
-    _arrive_gathered(ready, stage)
+    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
     if not V_EXT_FROM_K:
         stage = (t + 1) % STAGES
         mbarrier.wait(empty.index(stage), (((t + 1) // STAGES) & 1) ^ 1)
@@ -805,7 +763,7 @@ def _produce_drafts(
             stride_ve_tok,
             False,
         )
-        _arrive_gathered(ready, stage)
+        async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
 
 @gluon.jit
@@ -863,7 +821,7 @@ def _produce(
                     next_rope_rows = next_nope_rows
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
-            phase = ((tile // STAGES) & 1) ^ 1
+            mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
             if PAGED:
                 if first + TOKENS <= end:
                     _load_page_tile(
@@ -871,13 +829,9 @@ def _produce(
                         kv_rope_ring.index(stage),
                         pages,
                         page_slot,
-                        ready,
-                        empty,
-                        stage,
-                        phase,
+                        ready.index(stage),
                     )
                 else:
-                    mbarrier.wait(empty.index(stage), phase)
                     _gather_tile(
                         kv_nope_ring.index(stage),
                         kv_rope_ring.index(stage),
@@ -889,10 +843,9 @@ def _produce(
                         stride_k_slot,
                         True,
                     )
-                    _arrive_gathered(ready, stage)
+                    async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
                 page_slot = next_page_slot
             else:
-                mbarrier.wait(empty.index(stage), phase)
                 _gather_tile(
                     kv_nope_ring.index(stage),
                     kv_rope_ring.index(stage),
@@ -909,7 +862,7 @@ def _produce(
                 nope_rows = next_nope_rows
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
-                _arrive_gathered(ready, stage)
+                async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
@@ -948,26 +901,6 @@ def _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, t, zero_s):
     stage = t % STAGES
     mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
     fence_async_shared()  # the gathers wrote through the generic proxy
-    if PAGED:
-        # The first half's scores while the second half lands.
-        kv_nope = kv_nope_ring.index(stage)
-        qk = warpgroup_mma(
-            q_nope.slice(0, HALF_V, dim=1),
-            kv_nope.slice(0, HALF_V, dim=1).permute((1, 0)),
-            zero_s,
-            use_acc=False,
-            is_async=True,
-        )
-        mbarrier.wait(ready.index(STAGES + stage), (t // STAGES) & 1)
-        fence_async_shared()
-        qk = warpgroup_mma(
-            q_nope.slice(HALF_V, D_NOPE - HALF_V, dim=1),
-            kv_nope.slice(HALF_V, D_NOPE - HALF_V, dim=1).permute((1, 0)),
-            qk,
-            is_async=True,
-        )
-        qk = warpgroup_mma(q_rope, kv_rope_ring.index(stage).permute((1, 0)), qk, is_async=True)
-        return warpgroup_mma_wait(0, deps=[qk])
     return _scores(q_nope, q_rope, kv_nope_ring.index(stage), kv_rope_ring.index(stage), zero_s)
 
 
@@ -1182,7 +1115,7 @@ def _consume_drafts(
     p, m_i, l_elem, acc = _softmax_step(qk, draft_scale, m_i, l_elem, acc, o_rows, DRAFT_MASK)
     v_tile = _draft_values(kv_nope_ring, v_ring, ready, t, V_EXT_FROM_K)
     acc = _add_pv(p, p_smem, v_tile, acc)
-    _release_drafts(empty, t, V_EXT_FROM_K, True)
+    _release_drafts(empty, t, V_EXT_FROM_K)
     return m_i, l_elem, acc
 
 
@@ -1331,7 +1264,7 @@ def _consume(
                 bits = _mask_bits(
                     masks, mask_rows, request, lo + t * TOKENS, hi, DRAFT_LEN, s_layout
                 )
-            _await_tile(ready, tile)
+            mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
             if KV_FP8:
                 # The previous tile's P V is done (_add_pv's last barrier):
                 # the bf16 tile is free, and the fp8 stage is free once read.
@@ -1342,7 +1275,7 @@ def _consume(
                     _widen(kv_nope_ring.index(stage), kv_rope_ring.index(stage), kv_nope, kv_rope)
                 else:
                     _widen(kv_nope_ring.index(stage), v_ring.index(stage), kv_nope, v_tile)
-                _free_stage(empty, stage, True)
+                mbarrier.arrive(empty.index(stage), count=1)
             else:
                 kv_nope = kv_nope_ring.index(stage)
                 kv_rope = kv_rope_ring.index(stage)
@@ -1357,7 +1290,7 @@ def _consume(
             )
             acc = _add_pv(p, p_smem, v_tile, acc)
             if not KV_FP8:
-                _free_stage(empty, stage, True)
+                mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
         acc = acc * v_scale
@@ -1509,7 +1442,7 @@ def _consume_scores(
                 _widen_columns(kv_nope_ring.index(stage).slice(0, HALF_V, dim=1), wide_left)
                 fence_async_shared()
                 _warps_barrier()
-                _free_stage(empty, stage, True)
+                mbarrier.arrive(empty.index(stage), count=1)
                 qk = _widened_scores(q_nope, q_rope, wide, wide_bar, handed, zero_s)
                 p_dst = p_smem
                 v_half = wide_left
@@ -1531,7 +1464,7 @@ def _consume_scores(
             # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(p_dst, v_half, acc)
             if not KV_FP8:
-                _free_stage(empty, stage, True)
+                mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
         # The KV cache's value scale applies to the prefix alone.
@@ -1576,13 +1509,13 @@ def _consume_scores(
             else:
                 v_tile = _draft_values(kv_nope_ring, v_ring, ready, t0, V_EXT_FROM_K)
                 acc = warpgroup_mma(p_dst, v_tile.slice(0, HALF_V, dim=1), acc)
-                _free_stage(empty, t0 % STAGES, True)
+                mbarrier.arrive(empty.index(t0 % STAGES), count=1)
                 if not V_EXT_FROM_K:
                     # V's tile carries no P; an arrive keeps that stage's
                     # p_bar phases in step with the ring (nobody waits on it).
                     stage = (t0 + 1) % STAGES
                     mbarrier.arrive(p_bar.index(stage), count=1)
-                    _free_stage(empty, stage, True)
+                    mbarrier.arrive(empty.index(stage), count=1)
                 t0 = _after_drafts(t0, V_EXT_FROM_K)
                 h0 = t0
         else:
@@ -1612,7 +1545,7 @@ def _draft_values(kv_nope_ring, v_ring, ready, n, V_EXT_FROM_K: gl.constexpr):
     elif V_EXT_FROM_K:
         v_tile = kv_nope_ring.index(n % STAGES)
     else:
-        _await_tile(ready, n + 1)
+        mbarrier.wait(ready.index((n + 1) % STAGES), ((n + 1) // STAGES) & 1)
         fence_async_shared()
         v_tile = kv_nope_ring.index((n + 1) % STAGES)
     return v_tile
@@ -1626,7 +1559,7 @@ def _widen_right(kv_nope_ring, kv_rope_ring, ready, empty, tile, wide, wide_bar)
     # which it waited for), frees the stage and signals wide_bar.
     wide_nope, wide_rope, _ = wide
     stage = tile % STAGES
-    _await_tile(ready, tile)
+    mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
     _widen_columns(
         kv_nope_ring.index(stage).slice(HALF_V, HALF_V, dim=1),
         wide_nope.slice(HALF_V, HALF_V, dim=1),
@@ -1634,7 +1567,7 @@ def _widen_right(kv_nope_ring, kv_rope_ring, ready, empty, tile, wide, wide_bar)
     _widen_columns(kv_rope_ring.index(stage), wide_rope)
     fence_async_shared()
     _warps_barrier()
-    _free_stage(empty, stage, False)
+    mbarrier.arrive(empty.index(stage), count=1)
     mbarrier.arrive(wide_bar, count=1)
 
 
@@ -1689,7 +1622,7 @@ def _consume_values(
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
             acc = warpgroup_mma(p_src, v_half, acc)
             if not KV_FP8:
-                _free_stage(empty, stage, False)
+                mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
         acc = acc * v_scale
@@ -1722,7 +1655,7 @@ def _consume_values(
                 acc = warpgroup_mma(
                     kv_rope_ring.index(stage), v_tile.slice(HALF_V, HALF_V, dim=1), acc
                 )
-                _release_drafts(empty, t0, V_EXT_FROM_K, False)
+                _release_drafts(empty, t0, V_EXT_FROM_K)
                 t0 = _after_drafts(t0, V_EXT_FROM_K)
                 h0 = t0
         mbarrier.wait(sums_bar, (b - b0) & 1)
@@ -2021,20 +1954,12 @@ def _prefix_kernel_sm90(
                 [STAGES, TOKENS, D_V],
                 gl.NVMMASharedLayout.get_default_for([TOKENS, D_V], kv_dtype),
             )
-        # A PAGED module's stages land in halves (_load_page_tile): stage
-        # s's second half has barrier STAGES + s.
-        halves: gl.constexpr = 2 if PAGED else 1
-        ready = gl.allocate_shared_memory(gl.int64, [halves * STAGES, 1], mbarrier.MBarrierLayout())
-        # ... and are freed in halves (_free_stage): stage s's first half
-        # has barrier STAGES + s.
-        empty = gl.allocate_shared_memory(gl.int64, [halves * STAGES, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for stage in gl.static_range(STAGES):
             mbarrier.init(ready.index(stage), count=PRODUCER_WARPS * 32)
             # Score/value: both warpgroups release each stage.
             mbarrier.init(empty.index(stage), count=2 if SCORE_VALUE else 1)
-            if PAGED:
-                mbarrier.init(ready.index(STAGES + stage), count=PRODUCER_WARPS * 32)
-                mbarrier.init(empty.index(STAGES + stage), count=1)
         produce_args = (
             share,
             K_BUF,
