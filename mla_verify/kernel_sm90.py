@@ -147,26 +147,6 @@ RING_ROPE = gl.constexpr(problem.D_ROPE)
 
 
 @gluon.jit
-def _clock(x):
-    # PROBE: the SM's cycle counter (x only orders the read).
-    return gl.inline_asm_elementwise(
-        "mov.u64 $0, %clock64;", "=l,r", [x], dtype=gl.int64, is_pure=False, pack=1
-    )
-
-
-PROBE_TIMES = [None]  # PROBE: the stamps' buffer, set by scripts/stamp_probe.py
-STAMPS = gl.constexpr(128)  # PROBE: stamps a CTA
-FIRST_STAMPED = gl.constexpr(8)  # PROBE: prefix tiles 8 .. 15 of a CTA's first segment
-
-
-@gluon.jit
-def _stamp(probe, t, k):
-    # PROBE: stamp k of prefix tile t (FIRST_STAMPED ..) of the first segment.
-    TIMES, base = probe
-    gl.store(TIMES + base + (t - FIRST_STAMPED) * 12 + k, _clock(t))
-
-
-@gluon.jit
 def _add(a, b):
     return a + b
 
@@ -803,7 +783,6 @@ def _produce(
     pages,
     V_EXT_FROM_K: gl.constexpr,
     KV_FP8: gl.constexpr,
-    probe,
 ):
     # The ring runs on across the share's segments: while the consumers
     # finish one request, the next one's first tiles arrive. Without rope
@@ -840,14 +819,9 @@ def _produce(
                     next_rope_rows = _slots(KV_INDICES, first + TOKENS, end, rope_layout)
                 else:
                     next_rope_rows = next_nope_rows
-            stamped = (b == b0) & (t >= FIRST_STAMPED) & (t < FIRST_STAMPED + 8)
-            if stamped:
-                _stamp(probe, t, 8)
             # A fresh mbarrier counts as having completed phase 1: the first
             # pass over the ring does not wait.
             mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
-            if stamped:
-                _stamp(probe, t, 9)
             if PAGED:
                 if first + TOKENS <= end:
                     _load_page_tile(
@@ -889,8 +863,6 @@ def _produce(
                 rope_rows = next_rope_rows
                 # Each producer thread arrives once its own copies have landed.
                 async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-            if stamped:
-                _stamp(probe, t, 10)
         t0 += prefix_tiles
 
         # The drafts are bf16: with fp8 KV the consumers load them
@@ -1412,7 +1384,6 @@ def _consume_scores(
     KV_FP8: gl.constexpr,
     PREFIX_MASK: gl.constexpr,
     DRAFT_MASK: gl.constexpr,
-    probe,
 ):
     # The score warpgroup: S = Q K^T for all 64 rows and keys of a tile,
     # the online softmax, and the first half of the output columns. With
@@ -1477,15 +1448,7 @@ def _consume_scores(
                 v_half = wide_left
             else:
                 handed = tile
-                stamped = (b == b0) & (t >= FIRST_STAMPED) & (t < FIRST_STAMPED + 8)
-                if stamped:
-                    _stamp(probe, t, 0)
-                mbarrier.wait(ready.index(stage), (tile // STAGES) & 1)
-                if stamped:
-                    _stamp(probe, t, 1)
                 qk = _tile_scores(q_nope, q_rope, kv_nope_ring, kv_rope_ring, ready, tile, zero_s)
-                if stamped:
-                    _stamp(probe, t, 2)
                 p_dst = kv_rope_ring.index(stage)
                 v_half = v_ring.index(stage).slice(0, HALF_V, dim=1)
             qk = _mask_tail(qk, lo + t * TOKENS, hi)
@@ -1494,9 +1457,6 @@ def _consume_scores(
             alpha, m_i, l_i = _hand_over(
                 qk, score_scale, m_i, l_i, p_dst, handed % STAGES, xchg, p_bar, PREFIX_MASK
             )
-            if not KV_FP8:  # noqa: SIM102 (PROBE)
-                if stamped:
-                    _stamp(probe, t, 3)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             # This tile's P V, and its stage freed, before waiting for the
             # next tile: issued behind the next tile's scores instead, the
@@ -1504,8 +1464,6 @@ def _consume_scores(
             # ran one tile deep (1.5-10% slower).
             acc = warpgroup_mma(p_dst, v_half, acc)
             if not KV_FP8:
-                if stamped:
-                    _stamp(probe, t, 4)
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
@@ -1629,7 +1587,6 @@ def _consume_values(
     DRAFT_LEN: gl.constexpr,
     V_EXT_FROM_K: gl.constexpr,
     KV_FP8: gl.constexpr,
-    probe,
 ):
     # The value warpgroup: the second half of the output columns, one P V
     # for each P the score warpgroup hands over. With fp8 KV (MLA) it
@@ -1661,17 +1618,10 @@ def _consume_values(
                 p_src = kv_rope_ring.index(tile % STAGES)
                 v_half = v_ring.index(tile % STAGES).slice(HALF_V, HALF_V, dim=1)
             stage = handed % STAGES
-            stamped = (b == b0) & (t >= FIRST_STAMPED) & (t < FIRST_STAMPED + 8)
-            if stamped:
-                _stamp(probe, t, 5)
             mbarrier.wait(p_bar.index(stage), (handed // STAGES) & 1)
-            if stamped:
-                _stamp(probe, t, 6)
             acc = acc * xchg.index(stage).load(o_rows)[:, None]
             acc = warpgroup_mma(p_src, v_half, acc)
             if not KV_FP8:
-                if stamped:
-                    _stamp(probe, t, 7)
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
@@ -1829,7 +1779,6 @@ def _prefix_kernel_sm90(
     MASK_INDPTR,
     PART_O,
     PART_LSE,
-    TIMES,
     stride_q_tok,
     stride_q_head,
     stride_k_slot,
@@ -1872,7 +1821,6 @@ def _prefix_kernel_sm90(
     MAIN_WARPS: gl.constexpr = WARPGROUP if SCORE_VALUE else CONSUMER_WARPS
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    probe = (TIMES, (head_block * gl.num_programs(1) + cta) * STAMPS)
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [MAIN_WARPS], [0])
     # The share (module docstring): the head block's positions, cut into
     # equal ranges, one per CTA, of min_share positions at least.
@@ -2028,7 +1976,6 @@ def _prefix_kernel_sm90(
             (PAGE_NOPE, PAGE_ROPE),
             V_EXT_FROM_K,
             KV_FP8,
-            probe,
         )
         if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
@@ -2086,7 +2033,6 @@ def _prefix_kernel_sm90(
                             KV_FP8,
                             PREFIX_MASK,
                             DRAFT_MASK,
-                            probe,
                         ),
                     ),
                     (
@@ -2106,7 +2052,6 @@ def _prefix_kernel_sm90(
                             DRAFT_LEN,
                             V_EXT_FROM_K,
                             KV_FP8,
-                            probe,
                         ),
                     ),
                     (_produce, produce_args),
@@ -2247,7 +2192,6 @@ def launch_prefix(
         mask_indptr if draft_mask else kv_indptr,
         part_o,
         part_lse,
-        PROBE_TIMES[0],
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
