@@ -275,43 +275,14 @@ def _tokens(first, layout: gl.constexpr):
     return first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
 
 
-@constexpr_function
-def _lane_rows(layout):
-    # Where `layout` (a _copy_layout) puts each row in one lane of the
-    # warp that copies it, row r of warp r % warps to lane r // warps
-    # (the other lanes repeat them): a layout that loads a tile's slots
-    # with one load a lane, from which a shuffle within each warp gives
-    # every lane its rows. None where a warp's lanes split rows.
-    # EXPERIMENT: MLA bf16 only (the conversion takes 256 bytes of shared
-    # memory, which the fp8 modules lack).
-    if not _mla or layout.size_per_thread[1] != 8:
-        return None
-    if layout.threads_per_warp[0] != 1 or layout.order != [1, 0]:
-        return None
-    warps = layout.warps_per_cta[0]
-    warp_bits = warps.bit_length() - 1
-    row_bits = (int(hopper.TOKENS).bit_length() - 1) - warp_bits
-    lane_bases = [[1 << (warp_bits + i)] for i in range(row_bits)]
-    lane_bases += [[0]] * (5 - row_bits)
-    warp_bases = [[1 << i] for i in range(warp_bits)]
-    return gl.DistributedLinearLayout([], lane_bases, warp_bases, [], [int(hopper.TOKENS)])
-
-
 @gluon.jit
 def _slots(KV_INDICES, first, end, layout: gl.constexpr):
     # The pool slots of prefix tokens first .. first + 63 (0 past end),
     # in int32 whatever the index dtype: the producer holds two tiles'
     # slots in its 88 registers, and int64 ones spilled (20-25% slower).
-    # A pool has fewer than 2^31 rows (the gate checks). One load a lane
-    # where the layout allows (_lane_rows), not one a row a thread: the
-    # producer's loads queue with its cp.async copies.
-    lanes: gl.constexpr = _lane_rows(layout)
-    if lanes is None:
-        offs = _tokens(first, layout)
-        return gl.load(KV_INDICES + offs, mask=offs < end, other=0).to(gl.int32)
-    offs = first + gl.arange(0, TOKENS, layout=lanes)
-    slots = gl.load(KV_INDICES + offs, mask=offs < end, other=0).to(gl.int32)
-    return gl.convert_layout(slots, gl.SliceLayout(1, layout))
+    # A pool has fewer than 2^31 rows (the gate checks).
+    offs = _tokens(first, layout)
+    return gl.load(KV_INDICES + offs, mask=offs < end, other=0).to(gl.int32)
 
 
 @gluon.jit
