@@ -1,0 +1,442 @@
+"""Probe (experiment, not the package's kernel): the seesaw schedule on
+whole 64-token pages, with no producer warps.
+
+What it tests. Score/value's compute-bound period is set by its chain and
+its two-stage ring together ("Where a compute-bound tile's time goes",
+RESULTS.md): the score warpgroup's softmax runs with the tensor cores idle,
+and each 72 KB stage is held from its arrival through both P V. The seesaw
+(FlashMLA's published schedule) overlaps one warpgroup's softmax with the
+other's products; this version also frees each stage in three groups of
+columns (latent 0-255, latent 256-511, rope), each reloaded by TMA by the
+warpgroup whose product last read it, as soon as that product is done.
+Both warpgroups keep 240 registers: no producer partition holds any.
+
+Tiles come in pairs, A (stage 0) and B (stage 1). The left warpgroup holds
+output columns 0-255, the right 256-511; m is the running row max:
+
+    left   S_A = Q A^T; m_A = max(m, max S_A); P_A = exp(S_A - m_A);
+           O_L = O_L e^(m - m_A) + P_A A_L                  -> frees A_L
+    right  S_B = Q B^T; takes m_A; m_B = max(m_A, max S_B);
+           P_B = exp(S_B - m_B) (into B's rope rows);
+           O_R = O_R e^(m - m_B) + P_B B_R                  -> frees B_R
+    left   P_A' = P_A e^(m_A - m_B) (into A's rope rows);
+           O_L = O_L e^(m_A - m_B) + P_B B_L                -> frees B_L, B's rope
+    right  O_R += P_A' A_R                                  -> frees A_R, A's rope
+
+Q K^T waits for each column group's copy in turn, so the scores of the
+next pair start on the groups freed first.
+
+Synthetic steady state: CTA (head block, c) streams pages c * n .. c * n +
+n - 1 of a block table (n even), every key visible, and writes its 64 rows'
+normalised output and log2-sum-exp, which the script checks against a float
+reference for a few CTAs. Then it times the probe beside the package's
+``verify_mla_paged`` on the same pages and a bf16 matmul.
+
+    python scripts/probe_seesaw_pages.py [--heads 64 --drafts 4 --batch 32 --context 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+ROWS = gl.constexpr(64)
+TOKENS = gl.constexpr(64)
+D_NOPE = gl.constexpr(512)
+D_ROPE = gl.constexpr(64)
+HALF = gl.constexpr(256)
+GROUPS = gl.constexpr(3)  # column groups a stage: latent left, latent right, rope
+REGS = gl.constexpr(240)
+# Barriers of the hand-overs between the warpgroups, one phase a pair.
+SCALE_A = gl.constexpr(0)  # m_A, e^(m - m_A) and P_A (at m_A), from the left
+SCALE_B = gl.constexpr(1)  # m_B, e^(m_A - m_B), from the right
+P_B = gl.constexpr(2)  # P_B, from the right
+SUMS = gl.constexpr(3)
+
+
+@gluon.jit
+def _issue(TABLE, page0, tile, group: gl.constexpr, ring, ready, descs):
+    # One column group of `tile` into its stage (tile % 2), by TMA.
+    nope_ring, rope_ring = ring
+    nope_desc, rope_desc = descs
+    stage = tile % 2
+    slot = gl.load(TABLE + page0 + tile) * TOKENS
+    bar = ready.index(stage * GROUPS + group)
+    if group == 2:
+        mbarrier.expect(bar, TOKENS * D_ROPE * 2)
+        _tma_load(rope_desc, [slot, 0], bar, rope_ring.index(stage))
+    else:
+        mbarrier.expect(bar, TOKENS * HALF * 2)
+        dst = nope_ring.index(stage).slice(group * HALF, HALF, dim=1)
+        _tma_load(nope_desc, [slot, group * HALF], bar, dst)
+
+
+@gluon.jit
+def _scores(q, ring, ready, stage, z, phase, zero_s):
+    # S = Q K^T over the stage's column groups, each waited for in turn;
+    # z is 0 (see _left).
+    q_nope = q[0].index(z)
+    q_rope = q[1].index(z)
+    nope_ring, rope_ring = ring
+    kv = nope_ring.index(stage)
+    mbarrier.wait(ready.index(stage * GROUPS), phase)
+    s = warpgroup_mma(
+        q_nope.slice(0, HALF, dim=1),
+        kv.slice(0, HALF, dim=1).permute((1, 0)),
+        zero_s,
+        use_acc=False,
+        is_async=True,
+    )
+    mbarrier.wait(ready.index(stage * GROUPS + 1), phase)
+    s = warpgroup_mma(
+        q_nope.slice(HALF, HALF, dim=1),
+        kv.slice(HALF, HALF, dim=1).permute((1, 0)),
+        s,
+        is_async=True,
+    )
+    mbarrier.wait(ready.index(stage * GROUPS + 2), phase)
+    s = warpgroup_mma(q_rope, rope_ring.index(stage).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=[s])
+
+
+@gluon.jit
+def _left(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero, O, LSE, out_row0):
+    # Output columns 0-255; scores tile A of each pair.
+    nope_ring, rope_ring = ring
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+    acc = gl.zeros([ROWS, HALF], gl.float32, layout=o_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+    l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+    for t in gl.static_range(2):
+        for group in gl.static_range(GROUPS):
+            _issue(TABLE, page0, t, group, ring, ready, descs)
+    for pair in range(n_tiles // 2):
+        phase = pair & 1
+        a = 2 * pair
+        more = a + 2 < n_tiles
+        # z = 0, but a value of the loop to ptxas: the wgmma descriptors
+        # of q and of this warpgroup's stage, hoisted out of the loop
+        # where their stage is a constant, spilled 30-40 registers a pair.
+        z = pair & zero
+        sa = z
+        sb = z + 1
+        s = _scores(q, ring, ready, sa, z, phase, zero_s)
+        m_a = gl.maximum(m_i, gl.max(s, 1) * scale)
+        alpha = gl.exp2(m_i - m_a)
+        p = gl.exp2(s * scale - m_a[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        p_bf16 = p.to(gl.bfloat16)
+        # P_A at A's max into A's spent rope rows; the right rescales it.
+        rope_ring.index(sa).store(p_bf16)
+        xchg.index(0).store(m_a)
+        xchg.index(1).store(alpha)
+        _warps_barrier()
+        mbarrier.arrive(hand.index(SCALE_A), count=1)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        p_reg = gl.convert_layout(p_bf16, p_layout)
+        acc = warpgroup_mma(p_reg, nope_ring.index(sa).slice(0, HALF, dim=1), acc)
+        if more:  # A_L is free
+            _issue(TABLE, page0, a + 2, 0, ring, ready, descs)
+        mbarrier.wait(hand.index(SCALE_B), phase)
+        m_i = xchg.index(2).load(s_rows)
+        beta = xchg.index(3).load(s_rows)
+        l_i = l_i * beta
+        acc = acc * gl.convert_layout(beta, o_rows)[:, None]
+        mbarrier.wait(hand.index(P_B), phase)
+        acc = warpgroup_mma(rope_ring.index(sb), nope_ring.index(sb).slice(0, HALF, dim=1), acc)
+        if more:  # B_L and B's rope rows (P_B) are free
+            _issue(TABLE, page0, a + 3, 0, ring, ready, descs)
+            _issue(TABLE, page0, a + 3, 2, ring, ready, descs)
+    # The right warpgroup's row sums are at the same max: add them.
+    mbarrier.wait(hand.index(SUMS), 0)
+    l_i = l_i + xchg.index(4).load(s_rows)
+    xchg.index(5).store(l_i)
+    _warps_barrier()
+    mbarrier.arrive(hand.index(SUMS), count=1)
+    gl.store(LSE + out_row0 + gl.arange(0, ROWS, layout=s_rows), m_i + gl.log2(l_i))
+    _store(acc / gl.convert_layout(l_i, o_rows)[:, None], O, out_row0, 0)
+
+
+@gluon.jit
+def _right(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero, O, out_row0):
+    # Output columns 256-511; scores tile B of each pair.
+    nope_ring, rope_ring = ring
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
+    acc = gl.zeros([ROWS, HALF], gl.float32, layout=o_layout)
+    l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+    for pair in range(n_tiles // 2):
+        phase = pair & 1
+        a = 2 * pair
+        more = a + 2 < n_tiles
+        z = pair & zero  # 0 (_left)
+        sa = z
+        sb = z + 1
+        s = _scores(q, ring, ready, sb, z, phase, zero_s)
+        mbarrier.wait(hand.index(SCALE_A), phase)
+        m_a = xchg.index(0).load(s_rows)
+        alpha = xchg.index(1).load(s_rows)
+        m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
+        beta = gl.exp2(m_a - m_b)
+        p = gl.exp2(s * scale - m_b[:, None])
+        xchg.index(2).store(m_b)
+        xchg.index(3).store(beta)
+        _warps_barrier()
+        mbarrier.arrive(hand.index(SCALE_B), count=1)
+        l_i = l_i * (alpha * beta) + gl.sum(p, 1)
+        p_bf16 = p.to(gl.bfloat16)
+        rope_ring.index(sb).store(p_bf16)  # B's rope rows are spent
+        fence_async_shared()
+        _warps_barrier()
+        mbarrier.arrive(hand.index(P_B), count=1)
+        acc = acc * gl.convert_layout(alpha * beta, o_rows)[:, None]
+        p_reg = gl.convert_layout(p_bf16, p_layout)
+        acc = warpgroup_mma(p_reg, nope_ring.index(sb).slice(HALF, HALF, dim=1), acc)
+        if more:  # B_R is free
+            _issue(TABLE, page0, a + 3, 1, ring, ready, descs)
+        # P_A (left at A's max: SCALE_A) at B's max, as the A operand.
+        p_a = rope_ring.index(sa).load(p_layout).to(gl.float32)
+        p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, p_layout))[:, None]).to(gl.bfloat16)
+        acc = warpgroup_mma(p_a, nope_ring.index(sa).slice(HALF, HALF, dim=1), acc)
+        if more:  # A_R and A's rope rows (P_A) are free
+            _issue(TABLE, page0, a + 2, 1, ring, ready, descs)
+            _issue(TABLE, page0, a + 2, 2, ring, ready, descs)
+    xchg.index(4).store(l_i)
+    _warps_barrier()
+    mbarrier.arrive(hand.index(SUMS), count=1)
+    mbarrier.wait(hand.index(SUMS), 1)
+    l_i = xchg.index(5).load(s_rows)
+    _store(acc / gl.convert_layout(l_i, o_rows)[:, None], O, out_row0, HALF)
+
+
+@gluon.jit
+def _store(out, O, out_row0, col0):
+    layout: gl.constexpr = out.type.layout
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    gl.store(O + (out_row0 + rows)[:, None] * D_NOPE + cols[None, :], out.to(gl.bfloat16))
+
+
+@gluon.jit
+def _probe_kernel(Q, TABLE, O, LSE, nope_desc, rope_desc, n_tiles, scale, zero):
+    head_block = gl.program_id(0)
+    c = gl.program_id(1)
+    page0 = c * n_tiles
+    out_row0 = (c * gl.num_programs(0) + head_block) * ROWS
+    nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
+    rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
+    q_nope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_NOPE], nope_layout)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_ROPE], rope_layout)
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, blocked))
+    q_rows = Q + (head_block * ROWS + rows).to(gl.int64)[:, None] * (D_NOPE + D_ROPE)
+    for piece in gl.static_range(D_NOPE // 64):
+        cols = piece * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, blocked))
+        q_nope.index(0).slice(piece * 64, 64, dim=1).store(gl.load(q_rows + cols[None, :]))
+    cols = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, blocked))
+    q_rope.index(0).store(gl.load(q_rows + D_NOPE + cols[None, :]))
+    nope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_NOPE], nope_layout)
+    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_ROPE], rope_layout)
+    # Row vectors the warpgroups hand over: m_A, e^(m - m_A), m_B,
+    # e^(m_A - m_B), the right's row sums, their total.
+    xchg = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
+    hand = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * GROUPS):
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(4):
+        mbarrier.init(hand.index(i), count=1)
+    fence_async_shared()
+    _warps_barrier()
+    q = (q_nope, q_rope)
+    ring = (nope_ring, rope_ring)
+    descs = (nope_desc, rope_desc)
+    gl.warp_specialize(
+        [
+            (
+                _left,
+                (
+                    q,
+                    ring,
+                    ready,
+                    xchg,
+                    hand,
+                    TABLE,
+                    page0,
+                    descs,
+                    n_tiles,
+                    scale,
+                    zero,
+                    O,
+                    LSE,
+                    out_row0,
+                ),
+            ),
+            (
+                _right,
+                (
+                    q,
+                    ring,
+                    ready,
+                    xchg,
+                    hand,
+                    TABLE,
+                    page0,
+                    descs,
+                    n_tiles,
+                    scale,
+                    zero,
+                    O,
+                    out_row0,
+                ),
+            ),
+        ],
+        [4],
+        [REGS],
+    )
+
+
+def descriptors(pool):
+    """TMA descriptors of the pool's rows [tokens, 576]: a 64-token tile of
+    half the latent columns, and of the rope columns."""
+    out = []
+    for first, width, block in ((0, 512, 256), (512, 64, 64)):
+        layout = gl.NVMMASharedLayout.get_default_for([64, block], gl.bfloat16)
+        out.append(
+            TensorDescriptor.from_tensor(pool[:, first : first + width], [64, block], layout)
+        )
+    return out
+
+
+def launch(q, pool, table, n_tiles, scale, head_blocks, ctas):
+    out = torch.empty(ctas * head_blocks * 64, 512, device=q.device, dtype=torch.bfloat16)
+    lse = torch.empty(ctas * head_blocks * 64, device=q.device, dtype=torch.float32)
+    nope_desc, rope_desc = descriptors(pool)
+    _probe_kernel[(head_blocks, ctas)](
+        q,
+        table,
+        out,
+        lse,
+        nope_desc,
+        rope_desc,
+        n_tiles,
+        scale * math.log2(math.e),
+        0,
+        num_warps=4,
+        maxnreg=REGS.value,
+    )
+    return out, lse
+
+
+def timed(fn, reps=20):
+    """Median microseconds a call over five runs of ``reps`` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--drafts", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--context", type=int, default=16384)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    dev = "cuda"
+    rows = args.heads * args.drafts
+    head_blocks = rows // 64
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count // head_blocks
+    pages = args.batch * args.context // 64
+    n_tiles = pages // ctas // 2 * 2
+    pool = torch.randn(pages * 64, 576, device=dev, dtype=torch.bfloat16)
+    table = torch.randperm(pages, device=dev, dtype=torch.int32)
+    q = torch.randn(rows, 576, device=dev, dtype=torch.bfloat16)
+    scale = 1 / math.sqrt(192)
+    out, lse = launch(q, pool, table, n_tiles, scale, head_blocks, ctas)
+    torch.cuda.synchronize()
+    worst = 0.0
+    for c in (0, ctas // 2, ctas - 1):
+        slots = table[c * n_tiles : (c + 1) * n_tiles].long()[:, None] * 64
+        kv = pool[(slots + torch.arange(64, device=dev)).reshape(-1)].float()
+        for hb in range(head_blocks):
+            s = q[hb * 64 : (hb + 1) * 64].float() @ kv.T * scale
+            ref = torch.softmax(s, 1) @ kv[:, :512]
+            ref_lse = torch.logsumexp(s, 1) / math.log(2)
+            r0 = (c * head_blocks + hb) * 64
+            err = ((out[r0 : r0 + 64].float() - ref).abs().max() / ref.abs().max()).item()
+            worst = max(worst, err, (lse[r0 : r0 + 64] - ref_lse).abs().max().item())
+    print(f"check: worst error {worst:.2e}", "ok" if worst < 2e-2 else "FAILED")
+
+    t_probe = timed(lambda: launch(q, pool, table, n_tiles, scale, head_blocks, ctas))
+    # The package on the same pages: each request's pages in table order,
+    # its last L positions its drafts.
+    import mla_verify
+
+    per_request = pages // args.batch
+    block_table = table.view(args.batch, per_request)
+    kv_cache = pool.view(pages, 64, 1, 576)
+    q_paged = torch.randn(
+        args.batch, args.drafts, args.heads, 576, device=dev, dtype=torch.bfloat16
+    )
+    seqlens = torch.full((args.batch,), per_request * 64, device=dev, dtype=torch.int32)
+    t_package = timed(lambda: mla_verify.verify_mla_paged(q_paged, kv_cache, block_table, seqlens))
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    matmul = 2 * 8192**3 / timed(lambda: a @ a, reps=5) * 1e6
+    flops = head_blocks * ctas * n_tiles * 2 * 64 * 64 * (576 + 512)
+    rate = flops / t_probe * 1e6
+    package_rate = 2 * rows * args.batch * per_request * 64 * (576 + 512) / t_package * 1e6
+    print(f"matmul {matmul / 1e12:.0f} TFLOP/s")
+    print(
+        f"probe: {t_probe:.1f} us, {rate / 1e12:.0f} TFLOP/s, {rate / matmul:.1%} of matmul; "
+        f"{t_probe * 1e3 / n_tiles:.0f} ns a tile a CTA ({ctas * n_tiles} of {pages} pages)"
+    )
+    print(
+        f"verify_mla_paged: {t_package:.1f} us, {package_rate / 1e12:.0f} TFLOP/s, "
+        f"{package_rate / matmul:.1%} of matmul (all {pages} pages, stage 2 and plan included)"
+    )
+
+
+if __name__ == "__main__":
+    main()
