@@ -44,6 +44,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
     fence_async_shared,
     mbarrier,
     tma,
@@ -53,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 ROWS = gl.constexpr(64)
@@ -61,7 +63,10 @@ D_NOPE = gl.constexpr(512)
 D_ROPE = gl.constexpr(64)
 HALF = gl.constexpr(256)
 GROUPS = gl.constexpr(3)  # column groups a stage: latent left, latent right, rope
-REGS = gl.constexpr(240)
+REGS = gl.constexpr(240)  # each warpgroup's, with TMA
+# With gathers (page size 1) a producer partition of 4 warps issues the
+# cp.async copies: 12 warps of 168 registers, shared out as below.
+GATHER_REGS = (216, 224, 64)  # left, right, producer
 # Barriers of the hand-overs between the warpgroups, one phase a pair.
 SCALE_A = gl.constexpr(0)  # m_A, e^(m - m_A) and P_A (at m_A), from the left
 SCALE_B = gl.constexpr(1)  # m_B, e^(m_A - m_B), from the right
@@ -84,6 +89,60 @@ def _issue(TABLE, page0, tile, group: gl.constexpr, ring, ready, descs):
         mbarrier.expect(bar, TOKENS * HALF * 2)
         dst = nope_ring.index(stage).slice(group * HALF, HALF, dim=1)
         _tma_load(nope_desc, [slot, group * HALF], bar, dst)
+
+
+@gluon.jit
+def _free(src, tile, group: gl.constexpr, ring, ready, GATHER: gl.constexpr):
+    # A column group of a stage has had its last reader: reload it with
+    # `tile`'s rows by TMA, or tell the producer so (GATHER).
+    TABLE, page0, descs, empty = src
+    if GATHER:
+        mbarrier.arrive(empty.index((tile % 2) * GROUPS + group), count=1)
+    else:
+        _issue(TABLE, page0, tile, group, ring, ready, descs)
+
+
+@gluon.jit
+def _gather_group(
+    POOL, rows, stage, group: gl.constexpr, ring, ready, empty, phase, layout: gl.constexpr
+):
+    # GATHER: one column group of a tile's 64 rows (pool rows `rows`) by
+    # cp.async, once its last reader has freed it.
+    nope_ring, rope_ring = ring
+    bar = stage * GROUPS + group
+    mbarrier.wait(empty.index(bar), phase)
+    if group == 2:
+        cols = D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, layout))
+        dst = rope_ring.index(stage)
+    else:
+        cols = group * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+        dst = nope_ring.index(stage).slice(group * HALF, HALF, dim=1)
+    _cp_async(dst, POOL + rows.to(gl.int64)[:, None] * (D_NOPE + D_ROPE) + cols[None, :])
+    async_copy.mbarrier_arrive(ready.index(bar), increment_count=False)
+
+
+@gluon.jit
+def _gatherer(TABLE, POOL, page0, n_tiles, ring, ready, empty):
+    # GATHER: the producer. Tile t's rows are pool rows TABLE[(page0 + t)
+    # * 64 ..]; each stage's groups in the order their readers free them
+    # (A: the left's latent half first; B: the right's).
+    half_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    for t in range(n_tiles):
+        stage = t % 2
+        phase = ((t // 2) & 1) ^ 1
+        first = (page0 + t) * TOKENS
+        offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, half_layout))
+        rows = gl.load(TABLE + offs)
+        if stage == 0:
+            _gather_group(POOL, rows, stage, 0, ring, ready, empty, phase, half_layout)
+            _gather_group(POOL, rows, stage, 1, ring, ready, empty, phase, half_layout)
+        else:
+            _gather_group(POOL, rows, stage, 1, ring, ready, empty, phase, half_layout)
+            _gather_group(POOL, rows, stage, 0, ring, ready, empty, phase, half_layout)
+        offs = first + gl.arange(0, TOKENS, layout=gl.SliceLayout(1, rope_layout))
+        rows = gl.load(TABLE + offs)
+        _gather_group(POOL, rows, stage, 2, ring, ready, empty, phase, rope_layout)
 
 
 @gluon.jit
@@ -115,7 +174,9 @@ def _scores(q, ring, ready, stage, z, phase, zero_s):
 
 
 @gluon.jit
-def _left(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero, O, LSE, out_row0):
+def _left(
+    q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, LSE, out_row0, GATHER: gl.constexpr
+):
     # Output columns 0-255; scores tile A of each pair.
     nope_ring, rope_ring = ring
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -131,9 +192,11 @@ def _left(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero,
     acc = gl.zeros([ROWS, HALF], gl.float32, layout=o_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-    for t in gl.static_range(2):
-        for group in gl.static_range(GROUPS):
-            _issue(TABLE, page0, t, group, ring, ready, descs)
+    if not GATHER:  # the first pair's tiles
+        TABLE, page0, descs, _ = src
+        for t in gl.static_range(2):
+            for group in gl.static_range(GROUPS):
+                _issue(TABLE, page0, t, group, ring, ready, descs)
     for pair in range(n_tiles // 2):
         phase = pair & 1
         a = 2 * pair
@@ -160,7 +223,7 @@ def _left(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero,
         p_reg = gl.convert_layout(p_bf16, p_layout)
         acc = warpgroup_mma(p_reg, nope_ring.index(sa).slice(0, HALF, dim=1), acc)
         if more:  # A_L is free
-            _issue(TABLE, page0, a + 2, 0, ring, ready, descs)
+            _free(src, a + 2, 0, ring, ready, GATHER)
         mbarrier.wait(hand.index(SCALE_B), phase)
         m_i = xchg.index(2).load(s_rows)
         beta = xchg.index(3).load(s_rows)
@@ -169,8 +232,8 @@ def _left(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero,
         mbarrier.wait(hand.index(P_B), phase)
         acc = warpgroup_mma(rope_ring.index(sb), nope_ring.index(sb).slice(0, HALF, dim=1), acc)
         if more:  # B_L and B's rope rows (P_B) are free
-            _issue(TABLE, page0, a + 3, 0, ring, ready, descs)
-            _issue(TABLE, page0, a + 3, 2, ring, ready, descs)
+            _free(src, a + 3, 0, ring, ready, GATHER)
+            _free(src, a + 3, 2, ring, ready, GATHER)
     # The right warpgroup's row sums are at the same max: add them.
     mbarrier.wait(hand.index(SUMS), 0)
     l_i = l_i + xchg.index(4).load(s_rows)
@@ -182,7 +245,9 @@ def _left(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero,
 
 
 @gluon.jit
-def _right(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero, O, out_row0):
+def _right(
+    q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, GATHER: gl.constexpr
+):
     # Output columns 256-511; scores tile B of each pair.
     nope_ring, rope_ring = ring
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -225,14 +290,14 @@ def _right(q, ring, ready, xchg, hand, TABLE, page0, descs, n_tiles, scale, zero
         p_reg = gl.convert_layout(p_bf16, p_layout)
         acc = warpgroup_mma(p_reg, nope_ring.index(sb).slice(HALF, HALF, dim=1), acc)
         if more:  # B_R is free
-            _issue(TABLE, page0, a + 3, 1, ring, ready, descs)
+            _free(src, a + 3, 1, ring, ready, GATHER)
         # P_A (left at A's max: SCALE_A) at B's max, as the A operand.
         p_a = rope_ring.index(sa).load(p_layout).to(gl.float32)
         p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, p_layout))[:, None]).to(gl.bfloat16)
         acc = warpgroup_mma(p_a, nope_ring.index(sa).slice(HALF, HALF, dim=1), acc)
         if more:  # A_R and A's rope rows (P_A) are free
-            _issue(TABLE, page0, a + 2, 1, ring, ready, descs)
-            _issue(TABLE, page0, a + 2, 2, ring, ready, descs)
+            _free(src, a + 2, 1, ring, ready, GATHER)
+            _free(src, a + 2, 2, ring, ready, GATHER)
     xchg.index(4).store(l_i)
     _warps_barrier()
     mbarrier.arrive(hand.index(SUMS), count=1)
@@ -250,7 +315,23 @@ def _store(out, O, out_row0, col0):
 
 
 @gluon.jit
-def _probe_kernel(Q, TABLE, O, LSE, nope_desc, rope_desc, n_tiles, scale, zero):
+def _probe_kernel(
+    Q,
+    TABLE,
+    POOL,
+    O,
+    LSE,
+    nope_desc,
+    rope_desc,
+    n_tiles,
+    scale,
+    zero,
+    GATHER: gl.constexpr,
+    RIGHT_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    # TABLE: a page a tile (TMA), or with GATHER the pool row of each
+    # token, 64 a tile.
     head_block = gl.program_id(0)
     c = gl.program_id(1)
     page0 = c * n_tiles
@@ -273,59 +354,33 @@ def _probe_kernel(Q, TABLE, O, LSE, nope_desc, rope_desc, n_tiles, scale, zero):
     # e^(m_A - m_B), the right's row sums, their total.
     xchg = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
     hand = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2 * GROUPS):
-        mbarrier.init(ready.index(i), count=1)
+        # A TMA copy's expect, or each producer thread's cp.async.
+        mbarrier.init(ready.index(i), count=128 if GATHER else 1)
+        mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(4):
         mbarrier.init(hand.index(i), count=1)
     fence_async_shared()
     _warps_barrier()
     q = (q_nope, q_rope)
     ring = (nope_ring, rope_ring)
-    descs = (nope_desc, rope_desc)
-    gl.warp_specialize(
-        [
-            (
-                _left,
-                (
-                    q,
-                    ring,
-                    ready,
-                    xchg,
-                    hand,
-                    TABLE,
-                    page0,
-                    descs,
-                    n_tiles,
-                    scale,
-                    zero,
-                    O,
-                    LSE,
-                    out_row0,
-                ),
-            ),
-            (
-                _right,
-                (
-                    q,
-                    ring,
-                    ready,
-                    xchg,
-                    hand,
-                    TABLE,
-                    page0,
-                    descs,
-                    n_tiles,
-                    scale,
-                    zero,
-                    O,
-                    out_row0,
-                ),
-            ),
-        ],
-        [4],
-        [REGS],
-    )
+    src = (TABLE, page0, (nope_desc, rope_desc), empty)
+    left_args = (q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, LSE, out_row0, GATHER)
+    right_args = (q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, GATHER)
+    if GATHER:
+        gl.warp_specialize(
+            [
+                (_left, left_args),
+                (_right, right_args),
+                (_gatherer, (TABLE, POOL, page0, n_tiles, ring, ready, empty)),
+            ],
+            [4, 4],
+            [RIGHT_REGS, PRODUCER_REGS],
+        )
+    else:
+        gl.warp_specialize([(_left, left_args), (_right, right_args)], [4], [RIGHT_REGS])
 
 
 def descriptors(pool):
@@ -340,13 +395,23 @@ def descriptors(pool):
     return out
 
 
-def launch(q, pool, table, n_tiles, scale, head_blocks, ctas):
+def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather):
+    """The probe over ``table``: pages (TMA) or, with ``gather``, pool rows
+    (64 a tile, cp.async)."""
     out = torch.empty(ctas * head_blocks * 64, 512, device=q.device, dtype=torch.bfloat16)
     lse = torch.empty(ctas * head_blocks * 64, device=q.device, dtype=torch.float32)
     nope_desc, rope_desc = descriptors(pool)
+    if gather:
+        left, right, producer = GATHER_REGS
+        regs = dict(
+            RIGHT_REGS=right, PRODUCER_REGS=producer, maxnreg=(left + right + producer) // 3
+        )
+    else:
+        regs = dict(RIGHT_REGS=REGS.value, PRODUCER_REGS=0, maxnreg=REGS.value)
     _probe_kernel[(head_blocks, ctas)](
         q,
         table,
+        pool,
         out,
         lse,
         nope_desc,
@@ -354,8 +419,9 @@ def launch(q, pool, table, n_tiles, scale, head_blocks, ctas):
         n_tiles,
         scale * math.log2(math.e),
         0,
+        GATHER=gather,
         num_warps=4,
-        maxnreg=REGS.value,
+        **regs,
     )
     return out, lse
 
@@ -382,6 +448,9 @@ def main() -> None:
     parser.add_argument("--drafts", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--context", type=int, default=16384)
+    parser.add_argument(
+        "--gather", action="store_true", help="page size 1: a producer gathers rows by cp.async"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
@@ -391,15 +460,25 @@ def main() -> None:
     pages = args.batch * args.context // 64
     n_tiles = pages // ctas // 2 * 2
     pool = torch.randn(pages * 64, 576, device=dev, dtype=torch.bfloat16)
-    table = torch.randperm(pages, device=dev, dtype=torch.int32)
+    if args.gather:  # a pool row a token, scattered
+        table = torch.randperm(pages * 64, device=dev, dtype=torch.int32)
+        slots_of = lambda c: table[c * n_tiles * 64 : (c + 1) * n_tiles * 64].long()  # noqa: E731
+    else:  # a page a tile
+        table = torch.randperm(pages, device=dev, dtype=torch.int32)
+        slots_of = (
+            lambda c: (  # noqa: E731
+                table[c * n_tiles : (c + 1) * n_tiles].long()[:, None] * 64
+                + torch.arange(64, device=dev)
+            ).reshape(-1)
+        )
     q = torch.randn(rows, 576, device=dev, dtype=torch.bfloat16)
     scale = 1 / math.sqrt(192)
-    out, lse = launch(q, pool, table, n_tiles, scale, head_blocks, ctas)
+    call = lambda: launch(q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather)  # noqa: E731
+    out, lse = call()
     torch.cuda.synchronize()
     worst = 0.0
     for c in (0, ctas // 2, ctas - 1):
-        slots = table[c * n_tiles : (c + 1) * n_tiles].long()[:, None] * 64
-        kv = pool[(slots + torch.arange(64, device=dev)).reshape(-1)].float()
+        kv = pool[slots_of(c)].float()
         for hb in range(head_blocks):
             s = q[hb * 64 : (hb + 1) * 64].float() @ kv.T * scale
             ref = torch.softmax(s, 1) @ kv[:, :512]
@@ -409,32 +488,35 @@ def main() -> None:
             worst = max(worst, err, (lse[r0 : r0 + 64] - ref_lse).abs().max().item())
     print(f"check: worst error {worst:.2e}", "ok" if worst < 2e-2 else "FAILED")
 
-    t_probe = timed(lambda: launch(q, pool, table, n_tiles, scale, head_blocks, ctas))
-    # The package on the same pages: each request's pages in table order,
-    # its last L positions its drafts.
+    t_probe = timed(call)
+    # The package on the same rows: each request's pages (or tokens) in
+    # table order, its last L positions its drafts.
     import mla_verify
 
-    per_request = pages // args.batch
-    block_table = table.view(args.batch, per_request)
-    kv_cache = pool.view(pages, 64, 1, 576)
+    page_size = 1 if args.gather else 64
+    block_table = table.view(args.batch, -1)
+    kv_cache = pool.view(-1, page_size, 1, 576)
     q_paged = torch.randn(
         args.batch, args.drafts, args.heads, 576, device=dev, dtype=torch.bfloat16
     )
-    seqlens = torch.full((args.batch,), per_request * 64, device=dev, dtype=torch.int32)
+    tokens = pages * 64 // args.batch
+    seqlens = torch.full((args.batch,), tokens, device=dev, dtype=torch.int32)
     t_package = timed(lambda: mla_verify.verify_mla_paged(q_paged, kv_cache, block_table, seqlens))
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     matmul = 2 * 8192**3 / timed(lambda: a @ a, reps=5) * 1e6
     flops = head_blocks * ctas * n_tiles * 2 * 64 * 64 * (576 + 512)
     rate = flops / t_probe * 1e6
-    package_rate = 2 * rows * args.batch * per_request * 64 * (576 + 512) / t_package * 1e6
+    package_rate = 2 * rows * args.batch * tokens * (576 + 512) / t_package * 1e6
+    kind = "page size 1, gathered" if args.gather else "64-token pages, TMA"
+    print(f"H{args.heads}L{args.drafts}B{args.batch}C{args.context}, {kind}")
     print(f"matmul {matmul / 1e12:.0f} TFLOP/s")
     print(
         f"probe: {t_probe:.1f} us, {rate / 1e12:.0f} TFLOP/s, {rate / matmul:.1%} of matmul; "
-        f"{t_probe * 1e3 / n_tiles:.0f} ns a tile a CTA ({ctas * n_tiles} of {pages} pages)"
+        f"{t_probe * 1e3 / n_tiles:.0f} ns a tile a CTA ({ctas * n_tiles} of {pages} tiles)"
     )
     print(
         f"verify_mla_paged: {t_package:.1f} us, {package_rate / 1e12:.0f} TFLOP/s, "
-        f"{package_rate / matmul:.1%} of matmul (all {pages} pages, stage 2 and plan included)"
+        f"{package_rate / matmul:.1%} of matmul (all {pages} tiles, stage 2 and plan included)"
     )
 
 
