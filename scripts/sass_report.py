@@ -8,7 +8,12 @@ schedule instead), as its launch would (``aot.compile_stage1``), disassembles it
 with the ``nvdisasm`` that ships with Triton (``aot.sass``), and prints its
 instructions, registers and stack, then each loop that issues wgmma or
 cp.async: its first instruction, nesting depth and size, and how many
-wgmma, cp.async, local-memory accesses (spills) and CTA barriers it holds.
+wgmma, waits for wgmma, cp.async, local-memory accesses (spills) and CTA
+barriers it holds. A chain of wgmma issued together shows one wait; a
+wait for each wgmma means ptxas serialised them (too few registers for the
+chain). A paged shape of 64-token pages (``-page64``, ``-page128``)
+compiles the PAGED module, which loads whole pages by TMA; other page
+sizes run the token-indexed stage 1, as the plain shape does.
 Loops are the natural loops of the instructions' control-flow graph (a
 branch back to a block that dominates it).
 
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 
 import bench  # scripts/, first on the path when run as a script
 
-from mla_verify import aot, lookup
+from mla_verify import aot, hopper, lookup
 from mla_verify.cli import Parser
 from mla_verify.config import HOPPER_KERNELS, hopper_config
 
@@ -40,6 +45,7 @@ _BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 _END = re.compile(r"\b(?:EXIT|RET)\b")
 _KINDS = {
     "wgmma": re.compile(r"\bHGMMA\b"),
+    "waits": re.compile(r"\bWARPGROUP\.DEPBAR\b"),
     "cp.async": re.compile(r"\bLDGSTS\b"),
     "local": re.compile(r"\b(?:LDL|STL)\b"),
     "barrier": re.compile(r"\bBAR\.(?:SYNC|ARV|RED)"),
@@ -179,7 +185,8 @@ def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
         )
     else:
         config = hopper_config(spec.num_heads, spec.draft_len, spec.batch_size, schedule)
-    options = dict(mask=_MASKS[spec.mask], ragged=spec.ragged)
+    paged = spec.page_size > 0 and spec.page_size % hopper.TOKENS == 0
+    options = dict(mask=_MASKS[spec.mask], ragged=spec.ragged, paged=paged)
     compiled = aot.compile_stage1(
         config, spec.draft_len, spec.kv_dtype, "sm90", spec.head_dims, **options
     )
@@ -190,14 +197,14 @@ def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
         f"{spec.name}: {config.kernel}, BLOCK_H {config.BLOCK_H}; {len(instructions)} "
         f"instructions, {resources.registers} registers, stack {resources.scratch} bytes, "
         f"{local} local-memory accesses",
-        "  loop (first, depth)     size  wgmma  cp.async  local  barrier",
+        "  loop (first, depth)     size  wgmma  waits  cp.async  local  barrier",
     ]
     for loop in find_loops(instructions, labels):
         counts = count(instructions, loop)
         if counts["wgmma"] or counts["cp.async"]:
             where = f"{'  ' * loop.depth}{loop.first} ({loop.depth})"
             lines.append(
-                f"  {where:21s} {len(loop.body):6d} {counts['wgmma']:6d}"
+                f"  {where:21s} {len(loop.body):6d} {counts['wgmma']:6d} {counts['waits']:6d}"
                 f" {counts['cp.async']:9d} {counts['local']:6d} {counts['barrier']:8d}"
             )
     return "\n".join(lines)
@@ -211,11 +218,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=HOPPER_KERNELS,
         help="compile the Hopper kernel's tile on this schedule, not the table's config",
     )
-    args = parser.parse_args(argv)
-    for spec in args.shapes:
-        if spec.page_size:
-            parser.error(f"{spec.name}: paged shapes are not supported (token-indexed stage 1)")
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

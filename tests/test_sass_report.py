@@ -30,6 +30,7 @@ LISTING = """
         /*0030*/                   STL [R1+0x4], R2 ;
 .L_x_1:
         /*0040*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64] ;
+        /*0048*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
         /*0050*/                   LDL R5, [R1+0x4] ;
         /*0060*/                   BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 ;
         /*0070*/              @P0  BRA `(.L_x_1) ;
@@ -48,61 +49,75 @@ LISTING = """
 
 def test_the_listing_reads_as_instructions_and_labels():
     instructions, labels = sass_report.parse_sass(LISTING)
-    assert len(instructions) == 14
+    assert len(instructions) == 15
     assert instructions[2] == "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"
     assert labels == {
         ".L_x_0": 2,
         ".L_x_1": 4,
-        ".L_x_5": 8,
-        ".L_x_2": 9,
-        ".L_x_3": 10,
-        ".L_x_4": 12,
+        ".L_x_5": 9,
+        ".L_x_2": 10,
+        ".L_x_3": 11,
+        ".L_x_4": 13,
     }
 
 
 def test_natural_loops_nest_and_count_their_instructions():
     instructions, labels = sass_report.parse_sass(LISTING)
     outer, inner = sass_report.find_loops(instructions, labels)
-    assert (outer.first, sorted(outer.body), outer.depth) == (2, [2, 3, 4, 5, 6, 7, 8], 0)
-    assert (inner.first, sorted(inner.body), inner.depth) == (4, [4, 5, 6, 7], 1)
+    assert (outer.first, sorted(outer.body), outer.depth) == (2, [2, 3, 4, 5, 6, 7, 8, 9], 0)
+    assert (inner.first, sorted(inner.body), inner.depth) == (4, [4, 5, 6, 7, 8], 1)
     assert sass_report.count(instructions, outer) == {
         "wgmma": 1,
+        "waits": 1,
         "cp.async": 1,
         "local": 2,
         "barrier": 1,
     }
     assert sass_report.count(instructions, inner) == {
         "wgmma": 0,
+        "waits": 1,
         "cp.async": 1,
         "local": 1,
         "barrier": 1,
     }
 
 
-def test_paged_shapes_are_refused(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        sass_report.parse_args(["H16L4B8C2048-page64"])
-    assert exit_info.value.code == 2
-    assert "paged shapes are not supported" in capsys.readouterr().err
-
-
-def test_a_schedule_replaces_the_tables_config(monkeypatch):
-    # --schedule compiles the Hopper kernel's tile on that schedule (fp8
-    # MLA rows take either); without it, the shipped table's config.
-    compiled = []
+def _fake_compiles(monkeypatch):
+    # compile_stage1's calls (config and options), with a listing standing
+    # in for the compiled kernel.
+    calls = []
     monkeypatch.setattr(
-        sass_report.aot, "compile_stage1", lambda config, *a, **kw: compiled.append(config)
+        sass_report.aot,
+        "compile_stage1",
+        lambda config, *a, **kw: calls.append((config, kw)),
     )
     monkeypatch.setattr(
         sass_report.aot, "resources", lambda *a: SimpleNamespace(registers=1, scratch=0)
     )
     monkeypatch.setattr(sass_report.aot, "sass", lambda *a: LISTING)
+    return calls
+
+
+def test_pages_of_64_tokens_compile_the_paged_module(monkeypatch):
+    # Whole pages are loaded by TMA (the PAGED module); smaller pages run
+    # the token-indexed stage 1, as the plain shape does.
+    calls = _fake_compiles(monkeypatch)
+    args = sass_report.parse_args(["H64L4B32C16384-page64", "H64L4B32C16384-page16"])
+    for spec in args.shapes:
+        sass_report.report(spec)
+    assert [kw["paged"] for _, kw in calls] == [True, False]
+
+
+def test_a_schedule_replaces_the_tables_config(monkeypatch):
+    # --schedule compiles the Hopper kernel's tile on that schedule (fp8
+    # MLA rows take either); without it, the shipped table's config.
+    calls = _fake_compiles(monkeypatch)
     args = sass_report.parse_args(["H64L4B32C16384-fp8", "--schedule", "gluon_sm90"])
     assert sass_report.report(args.shapes[0], args.schedule).startswith(
         "H64L4B32C16384-fp8: gluon_sm90, BLOCK_H 16"
     )
     sass_report.report(args.shapes[0], "gluon_sm90_sv")
-    assert [c.kernel for c in compiled] == ["gluon_sm90", "gluon_sm90_sv"]
+    assert [config.kernel for config, _ in calls] == ["gluon_sm90", "gluon_sm90_sv"]
     assert sass_report.parse_args(["H16L4B8C2048"]).schedule is None
     with pytest.raises(SystemExit):
         sass_report.parse_args(["H16L4B8C2048", "--schedule", "triton"])
@@ -145,17 +160,23 @@ def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill():
         "depth)",
         "size",
         "wgmma",
+        "waits",
         "cp.async",
         "local",
         "barrier",
     ]
-    counts = [[int(x) for x in line.split()[-4:-1]] for line in loops]
-    tile_loops = [c for c in counts if c[0] > 0 and not c[1]]
+    names = ("wgmma", "waits", "cp.async", "local")
+    counts = [dict(zip(names, map(int, line.split()[-5:-1]), strict=True)) for line in loops]
+    tile_loops = [c for c in counts if c["wgmma"] > 0 and not c["cp.async"]]
     assert tile_loops
-    scores = max(tile_loops, key=lambda c: c[0])
-    assert scores[2] == 0, f"the score warpgroup's tile loop spills: {proc.stdout}"
+    scores = max(tile_loops, key=lambda c: c["wgmma"])
+    assert scores["local"] == 0, f"the score warpgroup's tile loop spills: {proc.stdout}"
+    # Its products issued as chains, each waited for once: not serialised.
+    assert scores["waits"] < scores["wgmma"], f"the score chain is serialised: {proc.stdout}"
     # The producer's tile loop: the innermost of the loops that only copy.
-    copies = [(line, c) for line, c in zip(loops, counts, strict=True) if c[1] > 0 and not c[0]]
+    copies = [
+        (line, c) for line, c in zip(loops, counts, strict=True) if c["cp.async"] and not c["wgmma"]
+    ]
     assert copies
     _, producer = max(copies, key=lambda item: int(re.search(r"\((\d+)\)", item[0]).group(1)))
-    assert producer[2] <= 1, f"the producer's tile loop spills: {proc.stdout}"
+    assert producer["local"] <= 1, f"the producer's tile loop spills: {proc.stdout}"
