@@ -47,15 +47,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-_warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# Triton 3.6's names and their later renames, as the package's kernel has them.
+from mla_verify.kernel_sm90 import _cp_async, _tma_load, _warps_barrier
 
 ROWS = gl.constexpr(64)
 TOKENS = gl.constexpr(64)
@@ -68,6 +66,15 @@ REGS = gl.constexpr(240)  # each warpgroup's, with TMA
 # cp.async copies: 12 warps of 168 registers, shared out as below.
 GATHER_REGS = (216, 224, 64)  # left, right, producer
 # Barriers of the hand-overs between the warpgroups, one phase a pair.
+# Each warpgroup's layouts: a score tile, its half of the output, and P as
+# the register A operand of P V.
+S_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+)
+O_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+)
+P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT.value, k_width=2))
 SCALE_A = gl.constexpr(0)  # m_A, e^(m - m_A) and P_A (at m_A), from the left
 SCALE_B = gl.constexpr(1)  # m_B, e^(m_A - m_B), from the right
 P_B = gl.constexpr(2)  # P_B, from the right
@@ -179,17 +186,10 @@ def _left(
 ):
     # Output columns 0-255; scores tile A of each pair.
     nope_ring, rope_ring = ring
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
-    )
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    acc = gl.zeros([ROWS, HALF], gl.float32, layout=o_layout)
+    s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
+    acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
     if not GATHER:  # the first pair's tiles
@@ -220,7 +220,7 @@ def _left(
         _warps_barrier()
         mbarrier.arrive(hand.index(SCALE_A), count=1)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        p_reg = gl.convert_layout(p_bf16, p_layout)
+        p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
         acc = warpgroup_mma(p_reg, nope_ring.index(sa).slice(0, HALF, dim=1), acc)
         if more:  # A_L is free
             _free(src, a + 2, 0, ring, ready, GATHER)
@@ -250,17 +250,10 @@ def _right(
 ):
     # Output columns 256-511; scores tile B of each pair.
     nope_ring, rope_ring = ring
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
-    )
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    acc = gl.zeros([ROWS, HALF], gl.float32, layout=o_layout)
+    s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
+    acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
     l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
     for pair in range(n_tiles // 2):
         phase = pair & 1
@@ -287,13 +280,13 @@ def _right(
         _warps_barrier()
         mbarrier.arrive(hand.index(P_B), count=1)
         acc = acc * gl.convert_layout(alpha * beta, o_rows)[:, None]
-        p_reg = gl.convert_layout(p_bf16, p_layout)
+        p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
         acc = warpgroup_mma(p_reg, nope_ring.index(sb).slice(HALF, HALF, dim=1), acc)
         if more:  # B_R is free
             _free(src, a + 3, 1, ring, ready, GATHER)
         # P_A (left at A's max: SCALE_A) at B's max, as the A operand.
-        p_a = rope_ring.index(sa).load(p_layout).to(gl.float32)
-        p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, p_layout))[:, None]).to(gl.bfloat16)
+        p_a = rope_ring.index(sa).load(P_LAYOUT).to(gl.float32)
+        p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
         acc = warpgroup_mma(p_a, nope_ring.index(sa).slice(HALF, HALF, dim=1), acc)
         if more:  # A_R and A's rope rows (P_A) are free
             _free(src, a + 2, 1, ring, ready, GATHER)
