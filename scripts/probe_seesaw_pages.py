@@ -79,6 +79,9 @@ SCALE_A = gl.constexpr(0)  # m_A, e^(m - m_A) and P_A (at m_A), from the left
 SCALE_B = gl.constexpr(1)  # m_B, e^(m_A - m_B), from the right
 P_B = gl.constexpr(2)  # P_B, from the right
 SUMS = gl.constexpr(3)
+# --late-release only: a warpgroup's own product on the other's stage is done.
+A_L_DONE = gl.constexpr(4)  # from the left: P_A A_L
+B_R_DONE = gl.constexpr(5)  # from the right: P_B B_R
 
 
 @gluon.jit
@@ -182,7 +185,20 @@ def _scores(q, ring, ready, stage, z, phase, zero_s):
 
 @gluon.jit
 def _left(
-    q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, LSE, out_row0, GATHER: gl.constexpr
+    q,
+    ring,
+    ready,
+    xchg,
+    hand,
+    src,
+    n_tiles,
+    scale,
+    zero,
+    O,
+    LSE,
+    out_row0,
+    GATHER: gl.constexpr,
+    EARLY: gl.constexpr,
 ):
     # Output columns 0-255; scores tile A of each pair.
     nope_ring, rope_ring = ring
@@ -222,8 +238,11 @@ def _left(
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
         acc = warpgroup_mma(p_reg, nope_ring.index(sa).slice(0, HALF, dim=1), acc)
-        if more:  # A_L is free
-            _free(src, a + 2, 0, ring, ready, GATHER)
+        if EARLY:
+            if more:  # A_L is free
+                _free(src, a + 2, 0, ring, ready, GATHER)
+        else:
+            mbarrier.arrive(hand.index(A_L_DONE), count=1)
         mbarrier.wait(hand.index(SCALE_B), phase)
         m_i = xchg.index(2).load(s_rows)
         beta = xchg.index(3).load(s_rows)
@@ -231,9 +250,13 @@ def _left(
         acc = acc * gl.convert_layout(beta, o_rows)[:, None]
         mbarrier.wait(hand.index(P_B), phase)
         acc = warpgroup_mma(rope_ring.index(sb), nope_ring.index(sb).slice(0, HALF, dim=1), acc)
+        if not EARLY:  # the whole of B, once the right's P_B B_R is done too
+            mbarrier.wait(hand.index(B_R_DONE), phase)
         if more:  # B_L and B's rope rows (P_B) are free
             _free(src, a + 3, 0, ring, ready, GATHER)
             _free(src, a + 3, 2, ring, ready, GATHER)
+            if not EARLY:
+                _free(src, a + 3, 1, ring, ready, GATHER)
     # The right warpgroup's row sums are at the same max: add them.
     mbarrier.wait(hand.index(SUMS), 0)
     l_i = l_i + xchg.index(4).load(s_rows)
@@ -246,7 +269,19 @@ def _left(
 
 @gluon.jit
 def _right(
-    q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, GATHER: gl.constexpr
+    q,
+    ring,
+    ready,
+    xchg,
+    hand,
+    src,
+    n_tiles,
+    scale,
+    zero,
+    O,
+    out_row0,
+    GATHER: gl.constexpr,
+    EARLY: gl.constexpr,
 ):
     # Output columns 256-511; scores tile B of each pair.
     nope_ring, rope_ring = ring
@@ -282,15 +317,22 @@ def _right(
         acc = acc * gl.convert_layout(alpha * beta, o_rows)[:, None]
         p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
         acc = warpgroup_mma(p_reg, nope_ring.index(sb).slice(HALF, HALF, dim=1), acc)
-        if more:  # B_R is free
-            _free(src, a + 3, 1, ring, ready, GATHER)
+        if EARLY:
+            if more:  # B_R is free
+                _free(src, a + 3, 1, ring, ready, GATHER)
+        else:
+            mbarrier.arrive(hand.index(B_R_DONE), count=1)
         # P_A (left at A's max: SCALE_A) at B's max, as the A operand.
         p_a = rope_ring.index(sa).load(P_LAYOUT).to(gl.float32)
         p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
         acc = warpgroup_mma(p_a, nope_ring.index(sa).slice(HALF, HALF, dim=1), acc)
+        if not EARLY:  # the whole of A, once the left's P_A A_L is done too
+            mbarrier.wait(hand.index(A_L_DONE), phase)
         if more:  # A_R and A's rope rows (P_A) are free
             _free(src, a + 2, 1, ring, ready, GATHER)
             _free(src, a + 2, 2, ring, ready, GATHER)
+            if not EARLY:
+                _free(src, a + 2, 0, ring, ready, GATHER)
     xchg.index(4).store(l_i)
     _warps_barrier()
     mbarrier.arrive(hand.index(SUMS), count=1)
@@ -320,6 +362,7 @@ def _probe_kernel(
     scale,
     zero,
     GATHER: gl.constexpr,
+    EARLY: gl.constexpr,
     RIGHT_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -348,20 +391,35 @@ def _probe_kernel(
     xchg = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
-    hand = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    hand = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2 * GROUPS):
         # A TMA copy's expect, or each producer thread's cp.async.
         mbarrier.init(ready.index(i), count=128 if GATHER else 1)
         mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(4):
+    for i in gl.static_range(6):
         mbarrier.init(hand.index(i), count=1)
     fence_async_shared()
     _warps_barrier()
     q = (q_nope, q_rope)
     ring = (nope_ring, rope_ring)
     src = (TABLE, page0, (nope_desc, rope_desc), empty)
-    left_args = (q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, LSE, out_row0, GATHER)
-    right_args = (q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, GATHER)
+    left_args = (
+        q,
+        ring,
+        ready,
+        xchg,
+        hand,
+        src,
+        n_tiles,
+        scale,
+        zero,
+        O,
+        LSE,
+        out_row0,
+        GATHER,
+        EARLY,
+    )
+    right_args = (q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, GATHER, EARLY)
     if GATHER:
         gl.warp_specialize(
             [
@@ -388,9 +446,10 @@ def descriptors(pool):
     return out
 
 
-def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather):
+def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True):
     """The probe over ``table``: pages (TMA) or, with ``gather``, pool rows
-    (64 a tile, cp.async)."""
+    (64 a tile, cp.async); ``early``: each column group reloaded once its
+    last reader is done with it, else each stage once both are."""
     out = torch.empty(ctas * head_blocks * 64, 512, device=q.device, dtype=torch.bfloat16)
     lse = torch.empty(ctas * head_blocks * 64, device=q.device, dtype=torch.float32)
     nope_desc, rope_desc = descriptors(pool)
@@ -413,6 +472,7 @@ def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather):
         scale * math.log2(math.e),
         0,
         GATHER=gather,
+        EARLY=early,
         num_warps=4,
         **regs,
     )
@@ -444,6 +504,11 @@ def main() -> None:
     parser.add_argument(
         "--gather", action="store_true", help="page size 1: a producer gathers rows by cp.async"
     )
+    parser.add_argument(
+        "--late-release",
+        action="store_true",
+        help="reload a stage only once both warpgroups are done with it (the column groups' worth)",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
@@ -466,7 +531,9 @@ def main() -> None:
         )
     q = torch.randn(rows, 576, device=dev, dtype=torch.bfloat16)
     scale = 1 / math.sqrt(192)
-    call = lambda: launch(q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather)  # noqa: E731
+    call = lambda: launch(  # noqa: E731
+        q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather, not args.late_release
+    )
     out, lse = call()
     torch.cuda.synchronize()
     worst = 0.0
@@ -501,6 +568,7 @@ def main() -> None:
     rate = flops / t_probe * 1e6
     package_rate = 2 * rows * args.batch * tokens * (576 + 512) / t_package * 1e6
     kind = "page size 1, gathered" if args.gather else "64-token pages, TMA"
+    kind += ", a stage reloaded whole" if args.late_release else ", column groups reloaded"
     print(f"H{args.heads}L{args.drafts}B{args.batch}C{args.context}, {kind}")
     print(f"matmul {matmul / 1e12:.0f} TFLOP/s")
     print(
