@@ -30,9 +30,15 @@ Synthetic steady state: CTA (head block, c) streams pages c * n .. c * n +
 n - 1 of a block table (n even), every key visible, and writes its 64 rows'
 normalised output and log2-sum-exp, which the script checks against a float
 reference for a few CTAs. Then it times the probe beside the package's
-``verify_mla_paged`` on the same pages and a bf16 matmul.
+``verify_mla_paged`` on the same pages and a bf16 matmul. With --stamps a
+build of its own that reads the SM's clock at eleven points of each
+warpgroup's pair (pairs 4-12 of every CTA) runs once more, and the script
+prints each point's median cycles after the pair's start and the pair's
+period against the tensor cores' rate: where a pair's time goes, in the
+same run.
 
     python scripts/probe_seesaw_pages.py [--heads 64 --drafts 4 --batch 32 --context 16384]
+        [--gather] [--late-release] [--stamps]
 """
 
 from __future__ import annotations
@@ -82,6 +88,41 @@ SUMS = gl.constexpr(3)
 # --late-release only: a warpgroup's own product on the other's stage is done.
 A_L_DONE = gl.constexpr(4)  # from the left: P_A A_L
 B_R_DONE = gl.constexpr(5)  # from the right: P_B B_R
+# --stamps: clock64 at fixed points of pairs FIRST_STAMPED .. + STAMPED - 1
+# of every CTA, SLOTS a warpgroup (the left's first, then the right's).
+FIRST_STAMPED = gl.constexpr(4)
+STAMPED = gl.constexpr(9)
+SLOTS = gl.constexpr(16)
+LEFT_POINTS = (
+    "pair start", "latent 0-255 ready", "latent 256-511 ready", "rope ready", "scores done",
+    "P_A handed", "P_A A_L done", "m_B received", "P_B received", "P_B B_L done", "loads issued",
+)  # fmt: skip
+RIGHT_POINTS = (
+    "pair start", "latent 0-255 ready", "latent 256-511 ready", "rope ready", "scores done",
+    "m_A received", "P_B handed", "P_B B_R done", "P_A rescaled", "P_A A_R done", "loads issued",
+)  # fmt: skip
+
+
+@gluon.jit
+def _stamp(st, k: gl.constexpr, STAMPS: gl.constexpr):
+    # --stamps: the SM's cycle counter into slot k of this pair's row; a
+    # masked store, no branch, so the wgmma chain around it stays whole.
+    if STAMPS:
+        TIMES, row, stamped = st
+        now = gl.inline_asm_elementwise(
+            "mov.u64 $0, %clock64;", "=l,r", [row], dtype=gl.int64, is_pure=False, pack=1
+        )
+        gl.store(TIMES + row * (2 * SLOTS) + k, now, mask=stamped)
+
+
+@gluon.jit
+def _stamps_of(TIMES, cta, pair, STAMPS: gl.constexpr):
+    # (TIMES, this pair's row, whether it is stamped): rows run CTA by CTA.
+    if STAMPS:
+        stamped = (pair >= FIRST_STAMPED) & (pair < FIRST_STAMPED + STAMPED)
+        return (TIMES, cta * STAMPED + pair - FIRST_STAMPED, stamped)
+    else:
+        return (TIMES, 0, False)
 
 
 @gluon.jit
@@ -156,14 +197,15 @@ def _gatherer(TABLE, POOL, page0, n_tiles, ring, ready, empty):
 
 
 @gluon.jit
-def _scores(q, ring, ready, stage, z, phase, zero_s):
+def _scores(q, ring, ready, stage, z, phase, zero_s, st, k0: gl.constexpr, STAMPS: gl.constexpr):
     # S = Q K^T over the stage's column groups, each waited for in turn;
-    # z is 0 (see _left).
+    # z is 0 (see _left). Stamps k0 + 1 .. k0 + 4: each group ready, done.
     q_nope = q[0].index(z)
     q_rope = q[1].index(z)
     nope_ring, rope_ring = ring
     kv = nope_ring.index(stage)
     mbarrier.wait(ready.index(stage * GROUPS), phase)
+    _stamp(st, k0 + 1, STAMPS)
     s = warpgroup_mma(
         q_nope.slice(0, HALF, dim=1),
         kv.slice(0, HALF, dim=1).permute((1, 0)),
@@ -172,6 +214,7 @@ def _scores(q, ring, ready, stage, z, phase, zero_s):
         is_async=True,
     )
     mbarrier.wait(ready.index(stage * GROUPS + 1), phase)
+    _stamp(st, k0 + 2, STAMPS)
     s = warpgroup_mma(
         q_nope.slice(HALF, HALF, dim=1),
         kv.slice(HALF, HALF, dim=1).permute((1, 0)),
@@ -179,8 +222,11 @@ def _scores(q, ring, ready, stage, z, phase, zero_s):
         is_async=True,
     )
     mbarrier.wait(ready.index(stage * GROUPS + 2), phase)
+    _stamp(st, k0 + 3, STAMPS)
     s = warpgroup_mma(q_rope, rope_ring.index(stage).permute((1, 0)), s, is_async=True)
-    return warpgroup_mma_wait(0, deps=[s])
+    s = warpgroup_mma_wait(0, deps=[s])
+    _stamp(st, k0 + 4, STAMPS)
+    return s
 
 
 @gluon.jit
@@ -197,10 +243,12 @@ def _left(
     O,
     LSE,
     out_row0,
+    stamps,
     GATHER: gl.constexpr,
     EARLY: gl.constexpr,
+    STAMPS: gl.constexpr,
 ):
-    # Output columns 0-255; scores tile A of each pair.
+    # Output columns 0-255; scores tile A of each pair. Stamps 0-10.
     nope_ring, rope_ring = ring
     s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
@@ -223,7 +271,9 @@ def _left(
         z = pair & zero
         sa = z
         sb = z + 1
-        s = _scores(q, ring, ready, sa, z, phase, zero_s)
+        st = _stamps_of(stamps[0], stamps[1], pair, STAMPS)
+        _stamp(st, 0, STAMPS)
+        s = _scores(q, ring, ready, sa, z, phase, zero_s, st, 0, STAMPS)
         m_a = gl.maximum(m_i, gl.max(s, 1) * scale)
         alpha = gl.exp2(m_i - m_a)
         p = gl.exp2(s * scale - m_a[:, None])
@@ -235,21 +285,26 @@ def _left(
         xchg.index(1).store(alpha)
         _warps_barrier()
         mbarrier.arrive(hand.index(SCALE_A), count=1)
+        _stamp(st, 5, STAMPS)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
         acc = warpgroup_mma(p_reg, nope_ring.index(sa).slice(0, HALF, dim=1), acc)
+        _stamp(st, 6, STAMPS)
         if EARLY:
             if more:  # A_L is free
                 _free(src, a + 2, 0, ring, ready, GATHER)
         else:
             mbarrier.arrive(hand.index(A_L_DONE), count=1)
         mbarrier.wait(hand.index(SCALE_B), phase)
+        _stamp(st, 7, STAMPS)
         m_i = xchg.index(2).load(s_rows)
         beta = xchg.index(3).load(s_rows)
         l_i = l_i * beta
         acc = acc * gl.convert_layout(beta, o_rows)[:, None]
         mbarrier.wait(hand.index(P_B), phase)
+        _stamp(st, 8, STAMPS)
         acc = warpgroup_mma(rope_ring.index(sb), nope_ring.index(sb).slice(0, HALF, dim=1), acc)
+        _stamp(st, 9, STAMPS)
         if not EARLY:  # the whole of B, once the right's P_B B_R is done too
             mbarrier.wait(hand.index(B_R_DONE), phase)
         if more:  # B_L and B's rope rows (P_B) are free
@@ -257,6 +312,7 @@ def _left(
             _free(src, a + 3, 2, ring, ready, GATHER)
             if not EARLY:
                 _free(src, a + 3, 1, ring, ready, GATHER)
+        _stamp(st, 10, STAMPS)
     # The right warpgroup's row sums are at the same max: add them.
     mbarrier.wait(hand.index(SUMS), 0)
     l_i = l_i + xchg.index(4).load(s_rows)
@@ -280,10 +336,12 @@ def _right(
     zero,
     O,
     out_row0,
+    stamps,
     GATHER: gl.constexpr,
     EARLY: gl.constexpr,
+    STAMPS: gl.constexpr,
 ):
-    # Output columns 256-511; scores tile B of each pair.
+    # Output columns 256-511; scores tile B of each pair. Stamps SLOTS + 0-10.
     nope_ring, rope_ring = ring
     s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
@@ -297,8 +355,11 @@ def _right(
         z = pair & zero  # 0 (_left)
         sa = z
         sb = z + 1
-        s = _scores(q, ring, ready, sb, z, phase, zero_s)
+        st = _stamps_of(stamps[0], stamps[1], pair, STAMPS)
+        _stamp(st, SLOTS, STAMPS)
+        s = _scores(q, ring, ready, sb, z, phase, zero_s, st, SLOTS, STAMPS)
         mbarrier.wait(hand.index(SCALE_A), phase)
+        _stamp(st, SLOTS + 5, STAMPS)
         m_a = xchg.index(0).load(s_rows)
         alpha = xchg.index(1).load(s_rows)
         m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
@@ -314,9 +375,11 @@ def _right(
         fence_async_shared()
         _warps_barrier()
         mbarrier.arrive(hand.index(P_B), count=1)
+        _stamp(st, SLOTS + 6, STAMPS)
         acc = acc * gl.convert_layout(alpha * beta, o_rows)[:, None]
         p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
         acc = warpgroup_mma(p_reg, nope_ring.index(sb).slice(HALF, HALF, dim=1), acc)
+        _stamp(st, SLOTS + 7, STAMPS)
         if EARLY:
             if more:  # B_R is free
                 _free(src, a + 3, 1, ring, ready, GATHER)
@@ -325,7 +388,9 @@ def _right(
         # P_A (left at A's max: SCALE_A) at B's max, as the A operand.
         p_a = rope_ring.index(sa).load(P_LAYOUT).to(gl.float32)
         p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
+        _stamp(st, SLOTS + 8, STAMPS)
         acc = warpgroup_mma(p_a, nope_ring.index(sa).slice(HALF, HALF, dim=1), acc)
+        _stamp(st, SLOTS + 9, STAMPS)
         if not EARLY:  # the whole of A, once the left's P_A A_L is done too
             mbarrier.wait(hand.index(A_L_DONE), phase)
         if more:  # A_R and A's rope rows (P_A) are free
@@ -333,6 +398,7 @@ def _right(
             _free(src, a + 2, 2, ring, ready, GATHER)
             if not EARLY:
                 _free(src, a + 2, 0, ring, ready, GATHER)
+        _stamp(st, SLOTS + 10, STAMPS)
     xchg.index(4).store(l_i)
     _warps_barrier()
     mbarrier.arrive(hand.index(SUMS), count=1)
@@ -356,6 +422,7 @@ def _probe_kernel(
     POOL,
     O,
     LSE,
+    TIMES,
     nope_desc,
     rope_desc,
     n_tiles,
@@ -363,6 +430,7 @@ def _probe_kernel(
     zero,
     GATHER: gl.constexpr,
     EARLY: gl.constexpr,
+    STAMPS: gl.constexpr,
     RIGHT_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -403,6 +471,7 @@ def _probe_kernel(
     q = (q_nope, q_rope)
     ring = (nope_ring, rope_ring)
     src = (TABLE, page0, (nope_desc, rope_desc), empty)
+    stamps = (TIMES, c * gl.num_programs(0) + head_block)
     left_args = (
         q,
         ring,
@@ -416,10 +485,28 @@ def _probe_kernel(
         O,
         LSE,
         out_row0,
+        stamps,
         GATHER,
         EARLY,
+        STAMPS,
     )
-    right_args = (q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, GATHER, EARLY)
+    right_args = (
+        q,
+        ring,
+        ready,
+        xchg,
+        hand,
+        src,
+        n_tiles,
+        scale,
+        zero,
+        O,
+        out_row0,
+        stamps,
+        GATHER,
+        EARLY,
+        STAMPS,
+    )
     if GATHER:
         gl.warp_specialize(
             [
@@ -446,10 +533,12 @@ def descriptors(pool):
     return out
 
 
-def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True):
+def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True, times=None):
     """The probe over ``table``: pages (TMA) or, with ``gather``, pool rows
     (64 a tile, cp.async); ``early``: each column group reloaded once its
-    last reader is done with it, else each stage once both are."""
+    last reader is done with it, else each stage once both are. ``times``:
+    an int64 buffer of ``stamp_rows(...) x 2 SLOTS`` for the stamps (a build
+    of its own: the timed one has none)."""
     out = torch.empty(ctas * head_blocks * 64, 512, device=q.device, dtype=torch.bfloat16)
     lse = torch.empty(ctas * head_blocks * 64, device=q.device, dtype=torch.float32)
     nope_desc, rope_desc = descriptors(pool)
@@ -466,6 +555,7 @@ def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True
         pool,
         out,
         lse,
+        lse if times is None else times,
         nope_desc,
         rope_desc,
         n_tiles,
@@ -473,10 +563,39 @@ def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True
         0,
         GATHER=gather,
         EARLY=early,
+        STAMPS=times is not None,
         num_warps=4,
         **regs,
     )
     return out, lse
+
+
+def stamp_rows(head_blocks, ctas):
+    """Rows of the stamps' buffer: a stamped pair of each CTA."""
+    return head_blocks * ctas * STAMPED.value
+
+
+def stamp_report(times, pair_flops):
+    """The stamps as a table: each point's median cycles after the left
+    warpgroup's pair start, and the pair's period against the tensor
+    cores' rate (4096 bf16 FLOP a cycle an SM: dense wgmma on the H100 and
+    H200)."""
+    t = times.view(-1, STAMPED.value, 2 * SLOTS.value).double()
+    start = t[:, :, :1]
+    period = (start[:, 1:] - start[:, :-1]).median().item()
+    after = (t - start)[:, :-1]  # the last stamped pair only closes a period
+    lines = [f"{'point (left / right)':<44} {'left':>6} {'right':>6}"]
+    for k, (left, right) in enumerate(zip(LEFT_POINTS, RIGHT_POINTS)):
+        name = left if left == right else f"{left} / {right}"
+        at_left = after[:, :, k].median().item()
+        at_right = after[:, :, SLOTS.value + k].median().item()
+        lines.append(f"{name:<44} {at_left:>6.0f} {at_right:>6.0f}")
+    ideal = pair_flops / 4096
+    lines.append(
+        f"pair period {period:.0f} cycles (median); at the tensor cores' rate "
+        f"{ideal:.0f}: {ideal / period:.1%}"
+    )
+    return "\n".join(lines)
 
 
 def timed(fn, reps=20):
@@ -505,6 +624,11 @@ def main() -> None:
         "--gather", action="store_true", help="page size 1: a producer gathers rows by cp.async"
     )
     parser.add_argument(
+        "--stamps",
+        action="store_true",
+        help="after the timing, one call of a stamped build: where each pair's cycles go",
+    )
+    parser.add_argument(
         "--late-release",
         action="store_true",
         help="reload a stage only once both warpgroups are done with it (the column groups' worth)",
@@ -517,6 +641,8 @@ def main() -> None:
     ctas = torch.cuda.get_device_properties(0).multi_processor_count // head_blocks
     pages = args.batch * args.context // 64
     n_tiles = pages // ctas // 2 * 2
+    if args.stamps and n_tiles // 2 < FIRST_STAMPED + STAMPED:
+        parser.error(f"--stamps: {n_tiles // 2} pairs a CTA, fewer than the stamped ones' end")
     pool = torch.randn(pages * 64, 576, device=dev, dtype=torch.bfloat16)
     if args.gather:  # a pool row a token, scattered
         table = torch.randperm(pages * 64, device=dev, dtype=torch.int32)
@@ -531,9 +657,8 @@ def main() -> None:
         )
     q = torch.randn(rows, 576, device=dev, dtype=torch.bfloat16)
     scale = 1 / math.sqrt(192)
-    call = lambda: launch(  # noqa: E731
-        q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather, not args.late_release
-    )
+    launch_args = (q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather)
+    call = lambda: launch(*launch_args, not args.late_release)  # noqa: E731
     out, lse = call()
     torch.cuda.synchronize()
     worst = 0.0
@@ -579,6 +704,12 @@ def main() -> None:
         f"verify_mla_paged: {t_package:.1f} us, {package_rate / 1e12:.0f} TFLOP/s, "
         f"{package_rate / matmul:.1%} of matmul (all {pages} tiles, stage 2 and plan included)"
     )
+    if args.stamps:
+        rows = stamp_rows(head_blocks, ctas)
+        times = torch.zeros(rows, 2 * SLOTS.value, device=dev, dtype=torch.int64)
+        launch(*launch_args, not args.late_release, times=times)
+        torch.cuda.synchronize()
+        print(stamp_report(times.cpu(), 2 * 2 * 64 * 64 * (576 + 512)))
 
 
 if __name__ == "__main__":
