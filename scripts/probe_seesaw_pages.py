@@ -38,7 +38,7 @@ period against the tensor cores' rate: where a pair's time goes, in the
 same run.
 
     python scripts/probe_seesaw_pages.py [--heads 64 --drafts 4 --batch 32 --context 16384]
-        [--gather] [--late-release] [--stamps]
+        [--gather] [--late-release] [--a-first] [--stamps]
 """
 
 from __future__ import annotations
@@ -340,6 +340,7 @@ def _right(
     GATHER: gl.constexpr,
     EARLY: gl.constexpr,
     STAMPS: gl.constexpr,
+    A_FIRST: gl.constexpr,
 ):
     # Output columns 256-511; scores tile B of each pair. Stamps SLOTS + 0-10.
     nope_ring, rope_ring = ring
@@ -377,27 +378,13 @@ def _right(
         mbarrier.arrive(hand.index(P_B), count=1)
         _stamp(st, SLOTS + 6, STAMPS)
         acc = acc * gl.convert_layout(alpha * beta, o_rows)[:, None]
-        p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
-        acc = warpgroup_mma(p_reg, nope_ring.index(sb).slice(HALF, HALF, dim=1), acc)
-        _stamp(st, SLOTS + 7, STAMPS)
-        if EARLY:
-            if more:  # B_R is free
-                _free(src, a + 3, 1, ring, ready, GATHER)
+        tiles = (ring, ready, hand, src, a, more, phase, st)
+        if A_FIRST:
+            acc = _right_adds_a(acc, beta, sa, tiles, GATHER, EARLY, STAMPS)
+            acc = _right_adds_b(acc, p_bf16, sb, tiles, GATHER, EARLY, STAMPS)
         else:
-            mbarrier.arrive(hand.index(B_R_DONE), count=1)
-        # P_A (left at A's max: SCALE_A) at B's max, as the A operand.
-        p_a = rope_ring.index(sa).load(P_LAYOUT).to(gl.float32)
-        p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
-        _stamp(st, SLOTS + 8, STAMPS)
-        acc = warpgroup_mma(p_a, nope_ring.index(sa).slice(HALF, HALF, dim=1), acc)
-        _stamp(st, SLOTS + 9, STAMPS)
-        if not EARLY:  # the whole of A, once the left's P_A A_L is done too
-            mbarrier.wait(hand.index(A_L_DONE), phase)
-        if more:  # A_R and A's rope rows (P_A) are free
-            _free(src, a + 2, 1, ring, ready, GATHER)
-            _free(src, a + 2, 2, ring, ready, GATHER)
-            if not EARLY:
-                _free(src, a + 2, 0, ring, ready, GATHER)
+            acc = _right_adds_b(acc, p_bf16, sb, tiles, GATHER, EARLY, STAMPS)
+            acc = _right_adds_a(acc, beta, sa, tiles, GATHER, EARLY, STAMPS)
         _stamp(st, SLOTS + 10, STAMPS)
     xchg.index(4).store(l_i)
     _warps_barrier()
@@ -405,6 +392,48 @@ def _right(
     mbarrier.wait(hand.index(SUMS), 1)
     l_i = xchg.index(5).load(s_rows)
     _store(acc / gl.convert_layout(l_i, o_rows)[:, None], O, out_row0, HALF)
+
+
+@gluon.jit
+def _right_adds_b(
+    acc, p_bf16, sb, tiles, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.constexpr
+):
+    # The right warpgroup: O_R += P_B B_R; then B_R is free.
+    ring, ready, hand, src, a, more, phase, st = tiles
+    nope_ring, rope_ring = ring
+    p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
+    acc = warpgroup_mma(p_reg, nope_ring.index(sb).slice(HALF, HALF, dim=1), acc)
+    _stamp(st, SLOTS + 7, STAMPS)
+    if EARLY:
+        if more:
+            _free(src, a + 3, 1, ring, ready, GATHER)
+    else:
+        mbarrier.arrive(hand.index(B_R_DONE), count=1)
+    return acc
+
+
+@gluon.jit
+def _right_adds_a(
+    acc, beta, sa, tiles, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.constexpr
+):
+    # The right warpgroup: O_R += P_A' A_R, with P_A (the left's, at A's
+    # max: SCALE_A) taken to B's max as the register A operand; then A_R
+    # and A's rope rows (P_A) are free.
+    ring, ready, hand, src, a, more, phase, st = tiles
+    nope_ring, rope_ring = ring
+    p_a = rope_ring.index(sa).load(P_LAYOUT).to(gl.float32)
+    p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
+    _stamp(st, SLOTS + 8, STAMPS)
+    acc = warpgroup_mma(p_a, nope_ring.index(sa).slice(HALF, HALF, dim=1), acc)
+    _stamp(st, SLOTS + 9, STAMPS)
+    if not EARLY:  # the whole of A, once the left's P_A A_L is done too
+        mbarrier.wait(hand.index(A_L_DONE), phase)
+    if more:
+        _free(src, a + 2, 1, ring, ready, GATHER)
+        _free(src, a + 2, 2, ring, ready, GATHER)
+        if not EARLY:
+            _free(src, a + 2, 0, ring, ready, GATHER)
+    return acc
 
 
 @gluon.jit
@@ -431,6 +460,7 @@ def _probe_kernel(
     GATHER: gl.constexpr,
     EARLY: gl.constexpr,
     STAMPS: gl.constexpr,
+    A_FIRST: gl.constexpr,
     RIGHT_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -506,6 +536,7 @@ def _probe_kernel(
         GATHER,
         EARLY,
         STAMPS,
+        A_FIRST,
     )
     if GATHER:
         gl.warp_specialize(
@@ -533,10 +564,13 @@ def descriptors(pool):
     return out
 
 
-def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True, times=None):
+def launch(
+    q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True, a_first=False, times=None
+):
     """The probe over ``table``: pages (TMA) or, with ``gather``, pool rows
     (64 a tile, cp.async); ``early``: each column group reloaded once its
-    last reader is done with it, else each stage once both are. ``times``:
+    last reader is done with it, else each stage once both are;
+    ``a_first``: the right warpgroup adds P_A A_R before P_B B_R. ``times``:
     an int64 buffer of ``stamp_rows(...) x 2 SLOTS`` for the stamps (a build
     of its own: the timed one has none)."""
     out = torch.empty(ctas * head_blocks * 64, 512, device=q.device, dtype=torch.bfloat16)
@@ -564,6 +598,7 @@ def launch(q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True
         GATHER=gather,
         EARLY=early,
         STAMPS=times is not None,
+        A_FIRST=a_first,
         num_warps=4,
         **regs,
     )
@@ -629,6 +664,11 @@ def main() -> None:
         help="after the timing, one call of a stamped build: where each pair's cycles go",
     )
     parser.add_argument(
+        "--a-first",
+        action="store_true",
+        help="the right warpgroup adds P_A A_R before P_B B_R: all of tile A free by mid-pair",
+    )
+    parser.add_argument(
         "--late-release",
         action="store_true",
         help="reload a stage only once both warpgroups are done with it (the column groups' worth)",
@@ -658,7 +698,8 @@ def main() -> None:
     q = torch.randn(rows, 576, device=dev, dtype=torch.bfloat16)
     scale = 1 / math.sqrt(192)
     launch_args = (q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather)
-    call = lambda: launch(*launch_args, not args.late_release)  # noqa: E731
+    orders = (not args.late_release, args.a_first)
+    call = lambda: launch(*launch_args, *orders)  # noqa: E731
     out, lse = call()
     torch.cuda.synchronize()
     worst = 0.0
@@ -694,6 +735,7 @@ def main() -> None:
     package_rate = 2 * rows * args.batch * tokens * (576 + 512) / t_package * 1e6
     kind = "page size 1, gathered" if args.gather else "64-token pages, TMA"
     kind += ", a stage reloaded whole" if args.late_release else ", column groups reloaded"
+    kind += ", the right adds A first" if args.a_first else ""
     print(f"H{args.heads}L{args.drafts}B{args.batch}C{args.context}, {kind}")
     print(f"matmul {matmul / 1e12:.0f} TFLOP/s")
     print(
@@ -707,7 +749,7 @@ def main() -> None:
     if args.stamps:
         rows = stamp_rows(head_blocks, ctas)
         times = torch.zeros(rows, 2 * SLOTS.value, device=dev, dtype=torch.int64)
-        launch(*launch_args, not args.late_release, times=times)
+        launch(*launch_args, *orders, times=times)
         torch.cuda.synchronize()
         print(stamp_report(times.cpu(), 2 * 2 * 64 * 64 * (576 + 512)))
 
