@@ -38,7 +38,7 @@ period against the tensor cores' rate: where a pair's time goes, in the
 same run.
 
     python scripts/probe_seesaw_pages.py [--heads 64 --drafts 4 --batch 32 --context 16384]
-        [--gather] [--late-release] [--a-first] [--stamps]
+        [--gather] [--late-release] [--a-first] [--slices] [--stamps]
 """
 
 from __future__ import annotations
@@ -127,19 +127,26 @@ def _stamps_of(TIMES, cta, pair, STAMPS: gl.constexpr):
 
 @gluon.jit
 def _issue(TABLE, page0, tile, group: gl.constexpr, ring, ready, descs):
-    # One column group of `tile` into its stage (tile % 2), by TMA.
+    # One column group of `tile` into its stage (tile % 2), by TMA: a copy
+    # a group, or with --slices a copy a 64-column slice, each with its own
+    # barrier (ready holds 2 x 9 then, not 2 x 3).
     nope_ring, rope_ring = ring
     nope_desc, rope_desc = descs
+    bars: gl.constexpr = ready.shape[0] // 2
+    pieces: gl.constexpr = (bars - 1) // 2  # copies a latent half
+    width: gl.constexpr = HALF // pieces
     stage = tile % 2
     slot = gl.load(TABLE + page0 + tile) * TOKENS
-    bar = ready.index(stage * GROUPS + group)
     if group == 2:
+        bar = ready.index(stage * bars + bars - 1)
         mbarrier.expect(bar, TOKENS * D_ROPE * 2)
         _tma_load(rope_desc, [slot, 0], bar, rope_ring.index(stage))
     else:
-        mbarrier.expect(bar, TOKENS * HALF * 2)
-        dst = nope_ring.index(stage).slice(group * HALF, HALF, dim=1)
-        _tma_load(nope_desc, [slot, group * HALF], bar, dst)
+        for k in gl.static_range(pieces):
+            bar = ready.index(stage * bars + group * pieces + k)
+            mbarrier.expect(bar, TOKENS * width * 2)
+            dst = nope_ring.index(stage).slice(group * HALF + k * width, width, dim=1)
+            _tma_load(nope_desc, [slot, group * HALF + k * width], bar, dst)
 
 
 @gluon.jit
@@ -198,30 +205,29 @@ def _gatherer(TABLE, POOL, page0, n_tiles, ring, ready, empty):
 
 @gluon.jit
 def _scores(q, ring, ready, stage, z, phase, zero_s, st, k0: gl.constexpr, STAMPS: gl.constexpr):
-    # S = Q K^T over the stage's column groups, each waited for in turn;
-    # z is 0 (see _left). Stamps k0 + 1 .. k0 + 4: each group ready, done.
+    # S = Q K^T over the stage's copies (column groups, or 64-column
+    # slices), each waited for in turn; z is 0 (see _left). Stamps k0 + 1
+    # .. k0 + 4: each group ready (with slices, its first slice), done.
     q_nope = q[0].index(z)
     q_rope = q[1].index(z)
     nope_ring, rope_ring = ring
     kv = nope_ring.index(stage)
-    mbarrier.wait(ready.index(stage * GROUPS), phase)
-    _stamp(st, k0 + 1, STAMPS)
-    s = warpgroup_mma(
-        q_nope.slice(0, HALF, dim=1),
-        kv.slice(0, HALF, dim=1).permute((1, 0)),
-        zero_s,
-        use_acc=False,
-        is_async=True,
-    )
-    mbarrier.wait(ready.index(stage * GROUPS + 1), phase)
-    _stamp(st, k0 + 2, STAMPS)
-    s = warpgroup_mma(
-        q_nope.slice(HALF, HALF, dim=1),
-        kv.slice(HALF, HALF, dim=1).permute((1, 0)),
-        s,
-        is_async=True,
-    )
-    mbarrier.wait(ready.index(stage * GROUPS + 2), phase)
+    bars: gl.constexpr = ready.shape[0] // 2
+    pieces: gl.constexpr = (bars - 1) // 2
+    width: gl.constexpr = HALF // pieces
+    s = zero_s
+    for k in gl.static_range(2 * pieces):
+        mbarrier.wait(ready.index(stage * bars + k), phase)
+        if k % pieces == 0:
+            _stamp(st, k0 + 1 + k // pieces, STAMPS)
+        s = warpgroup_mma(
+            q_nope.slice(k * width, width, dim=1),
+            kv.slice(k * width, width, dim=1).permute((1, 0)),
+            s,
+            use_acc=k > 0,
+            is_async=True,
+        )
+    mbarrier.wait(ready.index(stage * bars + bars - 1), phase)
     _stamp(st, k0 + 3, STAMPS)
     s = warpgroup_mma(q_rope, rope_ring.index(stage).permute((1, 0)), s, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s])
@@ -461,6 +467,7 @@ def _probe_kernel(
     EARLY: gl.constexpr,
     STAMPS: gl.constexpr,
     A_FIRST: gl.constexpr,
+    READY_BARS: gl.constexpr,
     RIGHT_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -487,12 +494,14 @@ def _probe_kernel(
     # Row vectors the warpgroups hand over: m_A, e^(m - m_A), m_B,
     # e^(m_A - m_B), the right's row sums, their total.
     xchg = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
+    # READY_BARS a stage: GROUPS, or with --slices one a 64-column slice.
+    ready = gl.allocate_shared_memory(gl.int64, [2 * READY_BARS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
     hand = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2 * GROUPS):
+    for i in gl.static_range(2 * READY_BARS):
         # A TMA copy's expect, or each producer thread's cp.async.
         mbarrier.init(ready.index(i), count=128 if GATHER else 1)
+    for i in gl.static_range(2 * GROUPS):
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(6):
         mbarrier.init(hand.index(i), count=1)
@@ -552,11 +561,12 @@ def _probe_kernel(
         gl.warp_specialize([(_left, left_args), (_right, right_args)], [4], [RIGHT_REGS])
 
 
-def descriptors(pool):
+def descriptors(pool, slice_cols=256):
     """TMA descriptors of the pool's rows [tokens, 576]: a 64-token tile of
-    half the latent columns, and of the rope columns."""
+    ``slice_cols`` latent columns (a half, or with --slices 64), and of the
+    rope columns."""
     out = []
-    for first, width, block in ((0, 512, 256), (512, 64, 64)):
+    for first, width, block in ((0, 512, slice_cols), (512, 64, 64)):
         layout = gl.NVMMASharedLayout.get_default_for([64, block], gl.bfloat16)
         out.append(
             TensorDescriptor.from_tensor(pool[:, first : first + width], [64, block], layout)
@@ -565,17 +575,29 @@ def descriptors(pool):
 
 
 def launch(
-    q, pool, table, n_tiles, scale, head_blocks, ctas, gather, early=True, a_first=False, times=None
+    q,
+    pool,
+    table,
+    n_tiles,
+    scale,
+    head_blocks,
+    ctas,
+    gather,
+    early=True,
+    a_first=False,
+    slices=False,
+    times=None,
 ):
     """The probe over ``table``: pages (TMA) or, with ``gather``, pool rows
     (64 a tile, cp.async); ``early``: each column group reloaded once its
     last reader is done with it, else each stage once both are;
-    ``a_first``: the right warpgroup adds P_A A_R before P_B B_R. ``times``:
+    ``a_first``: the right warpgroup adds P_A A_R before P_B B_R;
+    ``slices`` (TMA): a copy and a barrier a 64-column slice. ``times``:
     an int64 buffer of ``stamp_rows(...) x 2 SLOTS`` for the stamps (a build
     of its own: the timed one has none)."""
     out = torch.empty(ctas * head_blocks * 64, 512, device=q.device, dtype=torch.bfloat16)
     lse = torch.empty(ctas * head_blocks * 64, device=q.device, dtype=torch.float32)
-    nope_desc, rope_desc = descriptors(pool)
+    nope_desc, rope_desc = descriptors(pool, 64 if slices else 256)
     if gather:
         left, right, producer = GATHER_REGS
         regs = dict(
@@ -599,6 +621,7 @@ def launch(
         EARLY=early,
         STAMPS=times is not None,
         A_FIRST=a_first,
+        READY_BARS=9 if slices else GROUPS.value,
         num_warps=4,
         **regs,
     )
@@ -669,6 +692,12 @@ def main() -> None:
         help="the right warpgroup adds P_A A_R before P_B B_R: all of tile A free by mid-pair",
     )
     parser.add_argument(
+        "--slices",
+        action="store_true",
+        help="TMA: a copy and a barrier a 64-column slice, the scores on each as it lands "
+        "(the stamps' 'ready' points are then each group's first slice)",
+    )
+    parser.add_argument(
         "--late-release",
         action="store_true",
         help="reload a stage only once both warpgroups are done with it (the column groups' worth)",
@@ -681,6 +710,8 @@ def main() -> None:
     ctas = torch.cuda.get_device_properties(0).multi_processor_count // head_blocks
     pages = args.batch * args.context // 64
     n_tiles = pages // ctas // 2 * 2
+    if args.slices and args.gather:
+        parser.error("--slices: TMA copies; --gather loads each group by cp.async")
     if args.stamps and n_tiles // 2 < FIRST_STAMPED + STAMPED:
         parser.error(f"--stamps: {n_tiles // 2} pairs a CTA, fewer than the stamped ones' end")
     pool = torch.randn(pages * 64, 576, device=dev, dtype=torch.bfloat16)
@@ -698,7 +729,7 @@ def main() -> None:
     q = torch.randn(rows, 576, device=dev, dtype=torch.bfloat16)
     scale = 1 / math.sqrt(192)
     launch_args = (q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather)
-    orders = (not args.late_release, args.a_first)
+    orders = (not args.late_release, args.a_first, args.slices)
     call = lambda: launch(*launch_args, *orders)  # noqa: E731
     out, lse = call()
     torch.cuda.synchronize()
@@ -736,6 +767,7 @@ def main() -> None:
     kind = "page size 1, gathered" if args.gather else "64-token pages, TMA"
     kind += ", a stage reloaded whole" if args.late_release else ", column groups reloaded"
     kind += ", the right adds A first" if args.a_first else ""
+    kind += ", 64-column copies" if args.slices else ""
     print(f"H{args.heads}L{args.drafts}B{args.batch}C{args.context}, {kind}")
     print(f"matmul {matmul / 1e12:.0f} TFLOP/s")
     print(
