@@ -355,7 +355,8 @@ def validate_paged(
     _expect(
         bs == 1 or draft_len == 1 or q.stride(0) == draft_len * q.stride(1),
         "q.stride(0)",
-        f"{draft_len} * q.stride(1) = {draft_len * q.stride(1)} (batch and draft dims merged)",
+        f"{draft_len} * q.stride(1) = {draft_len * q.stride(1)} (batch and draft dims merged, "
+        "as in q.contiguous())",
         q.stride(0),
     )
 
@@ -436,7 +437,8 @@ def validate_paged(
         _expect(
             bs == 1 or draft_len == 1 or out.stride(0) == draft_len * out.stride(1),
             "out.stride(0)",
-            f"{draft_len} * out.stride(1) = {draft_len * out.stride(1)} (batch and draft merged)",
+            f"{draft_len} * out.stride(1) = {draft_len * out.stride(1)} (batch and draft dims "
+            "merged, as in a contiguous out)",
             out.stride(0),
         )
     for name, t in tensors.items():
