@@ -236,25 +236,9 @@ def _scores(q, ring, ready, stage, z, phase, zero_s, st, k0: gl.constexpr, STAMP
 
 
 @gluon.jit
-def _left(
-    q,
-    ring,
-    ready,
-    xchg,
-    hand,
-    src,
-    n_tiles,
-    scale,
-    zero,
-    O,
-    LSE,
-    out_row0,
-    stamps,
-    GATHER: gl.constexpr,
-    EARLY: gl.constexpr,
-    STAMPS: gl.constexpr,
-):
+def _left(both, LSE, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.constexpr):
     # Output columns 0-255; scores tile A of each pair. Stamps 0-10.
+    q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, stamps = both
     nope_ring, rope_ring = ring
     s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
@@ -331,24 +315,10 @@ def _left(
 
 @gluon.jit
 def _right(
-    q,
-    ring,
-    ready,
-    xchg,
-    hand,
-    src,
-    n_tiles,
-    scale,
-    zero,
-    O,
-    out_row0,
-    stamps,
-    GATHER: gl.constexpr,
-    EARLY: gl.constexpr,
-    STAMPS: gl.constexpr,
-    A_FIRST: gl.constexpr,
+    both, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.constexpr, A_FIRST: gl.constexpr
 ):
     # Output columns 256-511; scores tile B of each pair. Stamps SLOTS + 0-10.
+    q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, stamps = both
     nope_ring, rope_ring = ring
     s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
@@ -511,42 +481,10 @@ def _probe_kernel(
     ring = (nope_ring, rope_ring)
     src = (TABLE, page0, (nope_desc, rope_desc), empty)
     stamps = (TIMES, c * gl.num_programs(0) + head_block)
-    left_args = (
-        q,
-        ring,
-        ready,
-        xchg,
-        hand,
-        src,
-        n_tiles,
-        scale,
-        zero,
-        O,
-        LSE,
-        out_row0,
-        stamps,
-        GATHER,
-        EARLY,
-        STAMPS,
-    )
-    right_args = (
-        q,
-        ring,
-        ready,
-        xchg,
-        hand,
-        src,
-        n_tiles,
-        scale,
-        zero,
-        O,
-        out_row0,
-        stamps,
-        GATHER,
-        EARLY,
-        STAMPS,
-        A_FIRST,
-    )
+    # What both warpgroups take.
+    both = (q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, stamps)
+    left_args = (both, LSE, GATHER, EARLY, STAMPS)
+    right_args = (both, GATHER, EARLY, STAMPS, A_FIRST)
     if GATHER:
         gl.warp_specialize(
             [
