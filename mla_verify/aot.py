@@ -36,7 +36,13 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from . import assembler, hopper, kernel
-from .config import HOPPER_KERNELS, VerifyConfig, rows_per_program, runs_score_value
+from .config import (
+    COMPILE_OPTIONS,
+    HOPPER_KERNELS,
+    VerifyConfig,
+    rows_per_program,
+    runs_score_value,
+)
 from .device import arch_shared_memory
 from .problem import MLA_HEAD_DIMS, check_head_dims
 
@@ -368,4 +374,5 @@ def _compile_hopper_kernel(
         _launch_aligned(fn, pointers),
     )
     with assembler.scope():  # the ptxas a launch assembles it with
-        return triton.compile(src, target=target, options=hopper.launch_options(score_value))
+        options = hopper.launch_options(score_value) | COMPILE_OPTIONS
+        return triton.compile(src, target=target, options=options)

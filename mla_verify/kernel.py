@@ -74,7 +74,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from . import fp8, hopper
-from .config import rows_per_program
+from .config import COMPILE_OPTIONS, rows_per_program
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -1150,6 +1150,7 @@ def launch_merge(
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,
+        **COMPILE_OPTIONS,
         **_dependent_options(dependent),
     )
 
@@ -1215,6 +1216,7 @@ def launch_merge_shares(
         WAIT_PRIOR=dependent,
         num_warps=MERGE_WARPS,
         num_stages=1,
+        **COMPILE_OPTIONS,
         **_dependent_options(dependent),
     )
 

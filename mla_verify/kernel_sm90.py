@@ -91,6 +91,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
 
 from . import fp8, hopper, problem
+from .config import COMPILE_OPTIONS
 
 # Triton 3.6 names (the H200's) and their later renames (CI's Triton): a
 # barrier among the calling partition's warps, and a cp.async gather.
@@ -2219,6 +2220,7 @@ def launch_prefix(
         PREFIX_MASK=draft_mask and prefix_mask,
         DRAFT_MASK=draft_mask,
         **hopper.launch_options(score_value),
+        **COMPILE_OPTIONS,
     )
 
 

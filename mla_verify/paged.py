@@ -60,6 +60,7 @@ import triton.language as tl
 
 from . import api
 from .api import _as_scale, _expect, verify_mla_fwd
+from .config import COMPILE_OPTIONS
 from .problem import (
     KV_DTYPES,
     MAX_BATCH_SIZE,
@@ -282,6 +283,7 @@ def paged_forward(
         D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
         SCALE_V=v_scale != 1.0,
         num_warps=4,
+        **COMPILE_OPTIONS,
     )
     k_buffer = token_pool(kv_cache)
     wrote = verify_mla_fwd(

@@ -312,3 +312,24 @@ def test_hopper_kernel_paged_module_compiles():
         assert int(pages[3]) == int(gathers[3]), (gathers, pages)
         assert int(pages[4]) == 0, pages
         assert int(gathers[5]) == 0 and int(pages[5]) > 0, (gathers, pages)
+
+
+def test_kernels_keep_fma_contraction_where_triton_defaults_it_off():
+    """The shipped tables were measured with FMA contraction, Triton's
+    default through 3.9; from 3.10 the default is off
+    (TRITON_DEFAULT_FP_FUSION). The package asks for it, so with that
+    default off both kernels still build the arithmetic the tables timed."""
+    out = _run_script(
+        textwrap.dedent(
+            """
+            import os
+            os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"
+            from mla_verify import aot
+            from mla_verify.config import VerifyConfig, hopper_config
+            tile = VerifyConfig(BLOCK_H=8, BLOCK_N=32, NUM_KV_SPLITS=1, num_warps=4, num_stages=2)
+            for config in (tile, hopper_config(16, 4, 8, "gluon_sm90_sv")):
+                print(aot.compile_stage1(config, 4, "bf16", "sm90").metadata.enable_fp_fusion)
+            """
+        )
+    )
+    assert out.split() == ["True", "True"], out
