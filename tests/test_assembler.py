@@ -1,6 +1,7 @@
-"""mla_verify/assembler.py: which ptxas assembles the Hopper kernel. The
-choice on made-up tools; on this Triton, a real compile's PTX and that the
-switch stays inside its scope."""
+"""mla_verify/assembler.py: which ptxas assembles stage 1 for sm90. The
+choice on made-up tools; on this Triton, real compiles' PTX (the Hopper
+kernel's, and the Triton kernel's for sm90 and for another arch) and that
+the switch stays inside its scope."""
 
 from __future__ import annotations
 
@@ -78,6 +79,26 @@ def test_install_leaves_a_kernel_alone_where_tritons_choice_stands(monkeypatch):
     assert assembler.compile_options() == {}
 
 
+def test_install_for_sm90_only_leaves_other_targets_to_triton(monkeypatch):
+    """The Triton kernel runs on every GPU: installed for sm90 only, its
+    compiles for another target run outside the scope."""
+    seen = []
+    monkeypatch.setattr(assembler, "switch", lambda: ("ptxas_blackwell", "/t/ptxas"))
+    monkeypatch.setattr(assembler, "scope", _recording_scope(seen))
+
+    class Kernel:
+        def _do_compile(self, *args):
+            seen.append("compile")
+
+    for on_sm90 in (True, False):
+        monkeypatch.setattr(assembler, "_compiling_for_sm90", lambda on_sm90=on_sm90: on_sm90)
+        fn = Kernel()
+        assembler.install(fn, only_for_sm90=True)
+        seen.clear()
+        fn._do_compile("key")
+        assert seen == (["enter", "compile", "exit"] if on_sm90 else ["compile"])
+
+
 def _recording_scope(seen):
     @contextlib.contextmanager
     def scope():
@@ -88,18 +109,25 @@ def _recording_scope(seen):
     return scope
 
 
-# A compile for sm90 in a process of its own, without the interpreter: the
-# PTX's ISA version is the assembler's (Triton writes the one its ptxas
-# takes), and Triton's own knob is as it was after the compile.
+# Compiles in a process of its own, without the interpreter: the PTX's ISA
+# version is the assembler's (Triton writes the one its ptxas takes), and
+# Triton's own knob is as it was after the compiles. Stage 1 for sm90 on
+# either kernel, and the Triton kernel for sm100, whose ptxas stays Triton's.
 _COMPILE = """
 import re
 from triton.backends.nvidia import compiler
 from mla_verify import aot, assembler, lookup
+from mla_verify.config import VerifyConfig
 own = compiler.get_ptxas(90)
-config = lookup.block_config(16, 2, 8, "bf16", arch="sm90")
-compiled = aot.compile_stage1(config, 2, "bf16", "sm90")
-ptx = re.search(r"^\\.version (\\d+)\\.", compiled.asm["ptx"], re.M).group(1)
-print(assembler.switch() is not None, own.version.split(".")[0], ptx, compiler.get_ptxas(90) == own)
+hopper = lookup.block_config(16, 2, 8, "bf16", arch="sm90")
+portable = VerifyConfig(BLOCK_H=8, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=4, num_stages=2)
+isa = []
+for config, arch in ((hopper, "sm90"), (portable, "sm90"), (portable, "sm100")):
+    ptx = aot.compile_stage1(config, 2, "bf16", arch).asm["ptx"]
+    isa.append(re.search(r"^\\.version (\\d+)\\.", ptx, re.M).group(1))
+own_100 = compiler.get_ptxas(100).version.split(".")[0]
+print(assembler.switch() is not None, own.version.split(".")[0], own_100, *isa,
+      compiler.get_ptxas(90) == own)
 """
 
 
@@ -112,17 +140,19 @@ def _nvidia_backend() -> bool:
 
 
 @pytest.mark.skipif(not _nvidia_backend(), reason="Triton's NVIDIA backend is not installed")
-def test_the_hopper_kernel_is_assembled_by_the_chosen_ptxas():
+def test_stage_1_for_sm90_is_assembled_by_the_chosen_ptxas():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    switched, own_cuda, ptx_isa, knob_restored = proc.stdout.split()
-    assert knob_restored == "True"
+    switched, own_cuda, own_100, hopper, portable, portable_100, restored = proc.stdout.split()
+    assert restored == "True"
     # Triton writes the PTX ISA its assembler takes: 8.x for CUDA 12, 9.x
-    # for CUDA 13. Switched, the CUDA 12 ptxas assembled it.
+    # for CUDA 13. Switched, the CUDA 12 ptxas assembled stage 1 for sm90.
+    isa = {"12": "8", "13": "9"}
     cuda = "12" if switched == "True" else own_cuda
-    assert ptx_isa == {"12": "8", "13": "9"}[cuda]
+    assert hopper == portable == isa[cuda]
+    assert portable_100 == isa[own_100]
     assert switched == str(own_cuda != "12")
