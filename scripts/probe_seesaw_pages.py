@@ -81,6 +81,8 @@ O_LAYOUT = gl.constexpr(
     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 )
 P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT.value, k_width=2))
+S_ROWS = gl.constexpr(gl.SliceLayout(1, S_LAYOUT.value))  # a score tile's row vectors
+O_ROWS = gl.constexpr(gl.SliceLayout(1, O_LAYOUT.value))  # an output half's
 SCALE_A = gl.constexpr(0)  # m_A, e^(m - m_A) and P_A (at m_A), from the left
 SCALE_B = gl.constexpr(1)  # m_B, e^(m_A - m_B), from the right
 P_B = gl.constexpr(2)  # P_B, from the right
@@ -240,12 +242,10 @@ def _left(both, LSE, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.const
     # Output columns 0-255; scores tile A of each pair. Stamps 0-10.
     q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, stamps = both
     nope_ring, rope_ring = ring
-    s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
     acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-    l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=S_ROWS)
+    l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
     if not GATHER:  # the first pair's tiles
         TABLE, page0, descs, _ = src
         for t in gl.static_range(2):
@@ -276,7 +276,7 @@ def _left(both, LSE, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.const
         _warps_barrier()
         mbarrier.arrive(hand.index(SCALE_A), count=1)
         _stamp(st, 5, STAMPS)
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
         p_reg = gl.convert_layout(p_bf16, P_LAYOUT)
         acc = warpgroup_mma(p_reg, nope_ring.index(sa).slice(0, HALF, dim=1), acc)
         _stamp(st, 6, STAMPS)
@@ -287,10 +287,10 @@ def _left(both, LSE, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.const
             mbarrier.arrive(hand.index(A_L_DONE), count=1)
         mbarrier.wait(hand.index(SCALE_B), phase)
         _stamp(st, 7, STAMPS)
-        m_i = xchg.index(2).load(s_rows)
-        beta = xchg.index(3).load(s_rows)
+        m_i = xchg.index(2).load(S_ROWS)
+        beta = xchg.index(3).load(S_ROWS)
         l_i = l_i * beta
-        acc = acc * gl.convert_layout(beta, o_rows)[:, None]
+        acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
         mbarrier.wait(hand.index(P_B), phase)
         _stamp(st, 8, STAMPS)
         acc = warpgroup_mma(rope_ring.index(sb), nope_ring.index(sb).slice(0, HALF, dim=1), acc)
@@ -305,12 +305,12 @@ def _left(both, LSE, GATHER: gl.constexpr, EARLY: gl.constexpr, STAMPS: gl.const
         _stamp(st, 10, STAMPS)
     # The right warpgroup's row sums are at the same max: add them.
     mbarrier.wait(hand.index(SUMS), 0)
-    l_i = l_i + xchg.index(4).load(s_rows)
+    l_i = l_i + xchg.index(4).load(S_ROWS)
     xchg.index(5).store(l_i)
     _warps_barrier()
     mbarrier.arrive(hand.index(SUMS), count=1)
-    gl.store(LSE + out_row0 + gl.arange(0, ROWS, layout=s_rows), m_i + gl.log2(l_i))
-    _store(acc / gl.convert_layout(l_i, o_rows)[:, None], O, out_row0, 0)
+    gl.store(LSE + out_row0 + gl.arange(0, ROWS, layout=S_ROWS), m_i + gl.log2(l_i))
+    _store(acc / gl.convert_layout(l_i, O_ROWS)[:, None], O, out_row0, 0)
 
 
 @gluon.jit
@@ -320,11 +320,9 @@ def _right(
     # Output columns 256-511; scores tile B of each pair. Stamps SLOTS + 0-10.
     q, ring, ready, xchg, hand, src, n_tiles, scale, zero, O, out_row0, stamps = both
     nope_ring, rope_ring = ring
-    s_rows: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    o_rows: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
     acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
-    l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+    l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
     for pair in range(n_tiles // 2):
         phase = pair & 1
         a = 2 * pair
@@ -337,8 +335,8 @@ def _right(
         s = _scores(q, ring, ready, sb, z, phase, zero_s, st, SLOTS, STAMPS)
         mbarrier.wait(hand.index(SCALE_A), phase)
         _stamp(st, SLOTS + 5, STAMPS)
-        m_a = xchg.index(0).load(s_rows)
-        alpha = xchg.index(1).load(s_rows)
+        m_a = xchg.index(0).load(S_ROWS)
+        alpha = xchg.index(1).load(S_ROWS)
         m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
         beta = gl.exp2(m_a - m_b)
         p = gl.exp2(s * scale - m_b[:, None])
@@ -353,7 +351,7 @@ def _right(
         _warps_barrier()
         mbarrier.arrive(hand.index(P_B), count=1)
         _stamp(st, SLOTS + 6, STAMPS)
-        acc = acc * gl.convert_layout(alpha * beta, o_rows)[:, None]
+        acc = acc * gl.convert_layout(alpha * beta, O_ROWS)[:, None]
         tiles = (ring, ready, hand, src, a, more, phase, st)
         if A_FIRST:
             acc = _right_adds_a(acc, beta, sa, tiles, GATHER, EARLY, STAMPS)
@@ -366,8 +364,8 @@ def _right(
     _warps_barrier()
     mbarrier.arrive(hand.index(SUMS), count=1)
     mbarrier.wait(hand.index(SUMS), 1)
-    l_i = xchg.index(5).load(s_rows)
-    _store(acc / gl.convert_layout(l_i, o_rows)[:, None], O, out_row0, HALF)
+    l_i = xchg.index(5).load(S_ROWS)
+    _store(acc / gl.convert_layout(l_i, O_ROWS)[:, None], O, out_row0, HALF)
 
 
 @gluon.jit
