@@ -110,13 +110,19 @@ def copy_aligned(t) -> bool:
     return t.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in t.stride()[:-1])
 
 
+def tiles_in_pages(page_size: int) -> bool:
+    """Whether every full prefix tile of a paged cache lies in one page:
+    pages of a multiple of TOKENS tokens."""
+    return page_size % TOKENS == 0
+
+
 def loads_pages(page_size: int, k_buffer) -> bool:
     """Whether the kernel loads the full prefix tiles of a paged MLA cache
     whole, by TMA (the PAGED module), where ``k_buffer`` is the cache seen
-    as a page-size-1 pool: pages of a multiple of TOKENS tokens (a tile
-    then lies in one page) and rows it can copy (``copy_aligned``, which
-    TMA's 16-byte rule needs too)."""
-    return page_size % TOKENS == 0 and copy_aligned(k_buffer)
+    as a page-size-1 pool: its tiles lie in pages (``tiles_in_pages``) and
+    it has rows it can copy (``copy_aligned``, which TMA's 16-byte rule
+    needs too)."""
+    return tiles_in_pages(page_size) and copy_aligned(k_buffer)
 
 
 def available() -> bool:

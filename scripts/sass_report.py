@@ -185,7 +185,7 @@ def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
         )
     else:
         config = hopper_config(spec.num_heads, spec.draft_len, spec.batch_size, schedule)
-    paged = spec.page_size > 0 and spec.page_size % hopper.TOKENS == 0
+    paged = spec.page_size > 0 and hopper.tiles_in_pages(spec.page_size)
     options = dict(mask=_MASKS[spec.mask], ragged=spec.ragged, paged=paged)
     compiled = aot.compile_stage1(
         config, spec.draft_len, spec.kv_dtype, "sm90", spec.head_dims, **options
