@@ -1017,7 +1017,7 @@ def _copy_rates(device: torch.device, rep_ms: float, copy_bytes: int) -> dict[st
     return rates
 
 
-def _matmul_rate(device: torch.device, rep_ms: float, size: int = 8192) -> float:
+def matmul_rate(device: torch.device, rep_ms: float, size: int = 8192) -> float:
     """TFLOP/s of a bf16 torch.mm on random size^3 operands inside a CUDA graph."""
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
@@ -1035,7 +1035,7 @@ def measure_ceilings(device: torch.device, rep_ms: float, copy_bytes: int) -> Ce
     except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
         logger.error("copy-bandwidth measurement failed: %s", exc)
     try:
-        details["matmul_tflops"] = _matmul_rate(device, rep_ms)
+        details["matmul_tflops"] = matmul_rate(device, rep_ms)
     except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
         logger.error("matmul-rate measurement failed: %s", exc)
     torch.cuda.empty_cache()

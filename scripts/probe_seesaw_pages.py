@@ -30,7 +30,8 @@ Synthetic steady state: CTA (head block, c) streams pages c * n .. c * n +
 n - 1 of a block table (n even), every key visible, and writes its 64 rows'
 normalised output and log2-sum-exp, which the script checks against a float
 reference for a few CTAs. Then it times the probe beside the package's
-``verify_mla_paged`` on the same pages and a bf16 matmul. With --stamps a
+``verify_mla_paged`` on the same pages and a bf16 matmul, by the
+benchmark's clock (CUDA-graph replays). With --stamps a
 build of its own that reads the SM's clock at eleven points of each
 warpgroup's pair (pairs 4-12 of every CTA) runs once more, and the script
 prints each point's median cycles after the pair's start and the pair's
@@ -46,6 +47,8 @@ from __future__ import annotations
 import argparse
 import math
 
+import bench  # scripts/, first on the path when run as a script
+import model_seesaw
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -57,6 +60,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+import mla_verify
 
 # Triton 3.6's names and their later renames, as the package's kernel has them.
 from mla_verify.kernel_sm90 import _cp_async, _tma_load, _warps_barrier
@@ -71,6 +76,7 @@ REGS = gl.constexpr(240)  # each warpgroup's, with TMA
 # With gathers (page size 1) a producer partition of 4 warps issues the
 # cp.async copies: 12 warps of 168 registers, shared out as below.
 GATHER_REGS = (216, 224, 64)  # left, right, producer
+REP_MS = 10  # the benchmark's --rep-ms in RESULTS.md's runs
 # Barriers of the hand-overs between the warpgroups, one phase a pair.
 # Each warpgroup's layouts: a score tile, its half of the output, and P as
 # the register A operand of P V.
@@ -519,20 +525,21 @@ def launch(
     head_blocks,
     ctas,
     gather,
+    out,
+    lse,
     early=True,
     a_first=False,
     slices=False,
     times=None,
 ):
-    """The probe over ``table``: pages (TMA) or, with ``gather``, pool rows
-    (64 a tile, cp.async); ``early``: each column group reloaded once its
-    last reader is done with it, else each stage once both are;
-    ``a_first``: the right warpgroup adds P_A A_R before P_B B_R;
-    ``slices`` (TMA): a copy and a barrier a 64-column slice. ``times``:
-    an int64 buffer of ``stamp_rows(...) x 2 SLOTS`` for the stamps (a build
-    of its own: the timed one has none)."""
-    out = torch.empty(ctas * head_blocks * 64, 512, device=q.device, dtype=torch.bfloat16)
-    lse = torch.empty(ctas * head_blocks * 64, device=q.device, dtype=torch.float32)
+    """The probe over ``table`` into ``out`` [CTAs x 64 rows, 512] and
+    ``lse``: pages (TMA) or, with ``gather``, pool rows (64 a tile,
+    cp.async); ``early``: each column group reloaded once its last reader
+    is done with it, else each stage once both are; ``a_first``: the right
+    warpgroup adds P_A A_R before P_B B_R; ``slices`` (TMA): a copy and a
+    barrier a 64-column slice. ``times``: an int64 buffer of
+    ``stamp_rows(...) x 2 SLOTS`` for the stamps (a build of its own: the
+    timed one has none)."""
     nope_desc, rope_desc = descriptors(pool, 64 if slices else 256)
     if gather:
         left, right, producer = GATHER_REGS
@@ -561,7 +568,6 @@ def launch(
         num_warps=4,
         **regs,
     )
-    return out, lse
 
 
 def stamp_rows(head_blocks, ctas):
@@ -569,11 +575,10 @@ def stamp_rows(head_blocks, ctas):
     return head_blocks * ctas * STAMPED.value
 
 
-def stamp_report(times, pair_flops):
+def stamp_report(times):
     """The stamps as a table: each point's median cycles after the left
-    warpgroup's pair start, and the pair's period against the tensor
-    cores' rate (4096 bf16 FLOP a cycle an SM: dense wgmma on the H100 and
-    H200)."""
+    warpgroup's pair start, and the pair's period against its products at
+    the tensor cores' rate (``model_seesaw.PAIR`` cycles)."""
     t = times.view(-1, STAMPED.value, 2 * SLOTS.value).double()
     start = t[:, :, :1]
     period = (start[:, 1:] - start[:, :-1]).median().item()
@@ -584,28 +589,12 @@ def stamp_report(times, pair_flops):
         at_left = after[:, :, k].median().item()
         at_right = after[:, :, SLOTS.value + k].median().item()
         lines.append(f"{name:<44} {at_left:>6.0f} {at_right:>6.0f}")
-    ideal = pair_flops / 4096
+    ideal = model_seesaw.PAIR
     lines.append(
         f"pair period {period:.0f} cycles (median); at the tensor cores' rate "
         f"{ideal:.0f}: {ideal / period:.1%}"
     )
     return "\n".join(lines)
-
-
-def timed(fn, reps=20):
-    """Median microseconds a call over five runs of ``reps`` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps)
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -666,10 +655,13 @@ def main() -> None:
     scale = 1 / math.sqrt(192)
     launch_args = (q, pool, table, n_tiles, scale, head_blocks, ctas, args.gather)
     orders = (not args.late_release, args.a_first, args.slices)
-    call = lambda: launch(*launch_args, *orders)  # noqa: E731
-    out, lse = call()
+    # Poisoned: the check below reads only what the probe wrote.
+    out = torch.full((ctas * head_blocks * 64, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+    lse = torch.full((ctas * head_blocks * 64,), float("nan"), device=dev)
+    call = lambda: launch(*launch_args, out, lse, *orders)  # noqa: E731
+    call()
     torch.cuda.synchronize()
-    worst = 0.0
+    errors = []
     for c in (0, ctas // 2, ctas - 1):
         kv = pool[slots_of(c)].float()
         for hb in range(head_blocks):
@@ -677,15 +669,16 @@ def main() -> None:
             ref = torch.softmax(s, 1) @ kv[:, :512]
             ref_lse = torch.logsumexp(s, 1) / math.log(2)
             r0 = (c * head_blocks + hb) * 64
-            err = ((out[r0 : r0 + 64].float() - ref).abs().max() / ref.abs().max()).item()
-            worst = max(worst, err, (lse[r0 : r0 + 64] - ref_lse).abs().max().item())
+            errors.append(((out[r0 : r0 + 64].float() - ref).abs().max() / ref.abs().max()).item())
+            errors.append((lse[r0 : r0 + 64] - ref_lse).abs().max().item())
+    # A row left unwritten is NaN, which max() would pass over.
+    worst = max(errors) if all(map(math.isfinite, errors)) else float("nan")
     print(f"check: worst error {worst:.2e}", "ok" if worst < 2e-2 else "FAILED")
 
-    t_probe = timed(call)
+    # The benchmark's clock: CUDA-graph replays.
+    t_probe = bench.time_graph([call], rep_ms=REP_MS, written=lambda: out).median_us
     # The package on the same rows: each request's pages (or tokens) in
     # table order, its last L positions its drafts.
-    import mla_verify
-
     page_size = 1 if args.gather else 64
     block_table = table.view(args.batch, -1)
     kv_cache = pool.view(-1, page_size, 1, 576)
@@ -694,9 +687,13 @@ def main() -> None:
     )
     tokens = pages * 64 // args.batch
     seqlens = torch.full((args.batch,), tokens, device=dev, dtype=torch.int32)
-    t_package = timed(lambda: mla_verify.verify_mla_paged(q_paged, kv_cache, block_table, seqlens))
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    matmul = 2 * 8192**3 / timed(lambda: a @ a, reps=5) * 1e6
+    o_paged = torch.empty(args.batch, args.drafts, args.heads, 512, device=dev, dtype=q.dtype)
+    t_package = bench.time_graph(
+        [lambda: mla_verify.verify_mla_paged(q_paged, kv_cache, block_table, seqlens, out=o_paged)],
+        rep_ms=REP_MS,
+        written=lambda: o_paged,
+    ).median_us
+    matmul = bench.matmul_rate(torch.device(dev), REP_MS) * 1e12
     flops = head_blocks * ctas * n_tiles * 2 * 64 * 64 * (576 + 512)
     rate = flops / t_probe * 1e6
     package_rate = 2 * rows * args.batch * tokens * (576 + 512) / t_package * 1e6
@@ -717,9 +714,9 @@ def main() -> None:
     if args.stamps:
         rows = stamp_rows(head_blocks, ctas)
         times = torch.zeros(rows, 2 * SLOTS.value, device=dev, dtype=torch.int64)
-        launch(*launch_args, *orders, times=times)
+        launch(*launch_args, out, lse, *orders, times=times)
         torch.cuda.synchronize()
-        print(stamp_report(times.cpu(), 2 * 2 * 64 * 64 * (576 + 512)))
+        print(stamp_report(times.cpu()))
 
 
 if __name__ == "__main__":
