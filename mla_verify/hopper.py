@@ -9,6 +9,8 @@ import functools
 import importlib.util
 from types import ModuleType
 
+import triton
+
 from . import assembler
 from .problem import D_NOPE, MLA_HEAD_DIMS
 
@@ -46,6 +48,19 @@ PRODUCER_REGS = 88
 VALUE_REGS = 176
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
+
+
+def lowers_fp8(triton_version: str) -> bool:
+    """Whether this Triton builds the kernel for fp8 KV. Gluon 3.7 (3.7.0
+    and 3.7.1) does not: a warp partition gets its constexpr arguments as
+    values, so the producer's bf16-only branch (the drafts' rows copied
+    into the ring) is built for the fp8 ring too, and 3.7 refuses that
+    cp.async ("cp.async does not support transfers smaller than 4 bytes")
+    where 3.6, 3.8 and 3.9 lower it and drop it."""
+    return triton_version.split(".")[:2] != ["3", "7"]
+
+
+FP8_LOWERS = lowers_fp8(triton.__version__)  # else the Triton kernel takes fp8 KV
 # Ordinary attention with one shared KV head (q/k = v; V a cache of its own
 # or K itself): both schedules, as for MLA.
 SHARED_KV_HEAD_DIMS = ((256, 256), (128, 128))
@@ -150,11 +165,12 @@ def supports(
     score_value: bool = True,
 ) -> bool:
     """Calls the Hopper kernel computes (where Gluon is available), bf16 or
-    fp8 KV on the columns schedule, those of ``score_value_kv_dtypes`` on
-    score/value: absorbed MLA with V a view of K; ordinary attention of
+    fp8 KV on the columns schedule (fp8 not with triton 3.7:
+    ``FP8_LOWERS``), those of ``score_value_kv_dtypes`` on score/value:
+    absorbed MLA with V a view of K; ordinary attention of
     SHARED_KV_HEAD_DIMS (V a view of K or a cache of its own). The Triton
     kernel takes the rest."""
-    if draft_len > ROWS:
+    if draft_len > ROWS or (kv_dtype_name != "bf16" and not FP8_LOWERS):
         return False
     kv_dtypes = score_value_kv_dtypes(head_dims) if score_value else KV_DTYPES
     if tuple(head_dims) == MLA_HEAD_DIMS:

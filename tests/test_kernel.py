@@ -314,12 +314,39 @@ def test_hopper_kernel_packs_ragged_rows_over_several_head_blocks(monkeypatch):
     assert planned(64, [4, 1])[1] > 1 and planned(16, [4, 1])[1] == 1
 
 
+def test_fp8_kv_runs_the_triton_kernel_where_gluon_cannot_build_it(monkeypatch):
+    """Gluon 3.7 fails to lower the Hopper kernel for fp8 KV (compiled for
+    sm90 without a GPU: 3.7.0 and 3.7.1 fail, 3.6, 3.8 and 3.9 build it);
+    there fp8 calls run the Triton kernel and bf16 ones stay on Hopper."""
+    assert [hopper.lowers_fp8(v) for v in ("3.6.0", "3.7.0", "3.7.1", "3.8.0", "3.9.0")] == [
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert hopper.lowers_fp8("3.10.0") and not hopper.lowers_fp8("3.7")
+    monkeypatch.setattr(hopper, "FP8_LOWERS", False)
+    for dims in [(576, 512), (256, 256)]:
+        assert hopper.supports(4, "bf16", True, dims)
+        assert not hopper.supports(4, "fp8_e4m3", True, dims)
+        assert not hopper.supports(4, "fp8_e4m3", True, dims, score_value=False)
+    monkeypatch.setattr(plan, "INTERPRETED", False)
+    monkeypatch.setattr(plan, "is_cuda_sm90", lambda device: True)
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    q = torch.empty(8, 16, 576, dtype=torch.bfloat16, device="meta")
+    fp8 = torch.empty(100, 1, 576, dtype=torch.float8_e4m3fn, device="meta")
+    assert not plan.uses_gluon_sm90(q, fp8, 4, True, 512)
+    assert plan.uses_gluon_sm90(q, fp8.to(torch.bfloat16), 4, True, 512)
+
+
 def test_hopper_kernel_takes_mla_and_shared_kv_head_dims(monkeypatch):
     """MLA with V a view of K, 256/256 and 128/128 with V a view of K or a
     cache of its own: bf16 or fp8 KV on the columns schedule; on
     score/value MLA's bf16 and fp8, the others' bf16."""
     monkeypatch.setattr(plan, "INTERPRETED", False)
     monkeypatch.setattr(plan, "is_cuda_sm90", lambda device: True)
+    monkeypatch.setattr(hopper, "FP8_LOWERS", True)  # any Triton but 3.7
     meta = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
     mla = (576, 512)
     assert hopper.supports(4, "bf16", True, mla, score_value=False)
