@@ -35,6 +35,12 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}
 # schedules of the Hopper kernel (kernel_sm90's docstring).
 HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
 KERNELS = ("triton", *HOPPER_KERNELS)
+# Known NVIDIA archs where Triton compiles stage 1's products for tcgen05
+# (datacenter Blackwell). The 64-row MLA tile of 64 tokens takes 352816
+# bytes of shared memory as triton 3.6, 3.7 and 3.8 build it for sm100
+# (213544 as 3.9 does), over its 232448; of 32 tokens 213552 (3.9:
+# 143912). Other head dims and fewer rows build alike on all four.
+TCGEN05_ARCHS = ("sm100",)
 
 
 def runs_score_value(
@@ -296,8 +302,12 @@ def nvidia_block_n(rows: int, head_dims: tuple[int, int], arch: str) -> int:
     the q tile, one KV tile and P, 2 (BLOCK_N ring + rows (q/k + BLOCK_N))
     bytes, ring the KV columns (V's too where V is a cache of its own);
     sm90's wgmma kernel holds a second KV stage and fits 227 KB at 64
-    tokens (tests/test_aot.py compiles the default for every arch)."""
+    tokens. On sm100 64 rows of MLA take 32 tokens: before triton 3.9 their
+    tcgen05 tile of 64 does not fit (``TCGEN05_ARCHS``).
+    tests/test_aot.py compiles the default for every arch."""
     qk, _ = head_dims
+    if arch in TCGEN05_ARCHS and rows >= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS:
+        return 32  # what every Triton since 3.6 fits (TCGEN05_ARCHS)
     ring = kv_columns(head_dims)
     limit = math.inf if arch == INTERPRETER_ARCH else arch_shared_memory(arch)
     for block_n in (64, 32):

@@ -97,7 +97,8 @@ def test_triton_default_on_sm90_is_not_the_hopper_tile(kv_dtype):
         # 64 rows (H16 L4), 32 rows (H8 L4), 16 rows (H8 L2)
         ("sm90", (576, 512), (64, 64, 64)),
         ("sm80", (576, 512), (64, 64, 64)),
-        ("sm100", (576, 512), (64, 64, 64)),
+        ("sm100", (576, 512), (32, 64, 64)),  # tcgen05: 64 tokens x 64 rows fit triton 3.9 only
+        ("sm100", (256, 256), (64, 64, 64)),
         ("sm89", (576, 512), (16, 32, 64)),  # 99 KB: 64 tokens need 152 KB at 64 rows
         ("sm86", (256, 256), (32, 64, 64)),
         ("sm120", (128, 128), (64, 64, 64)),
