@@ -193,8 +193,11 @@ def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
     resources = aot.resources(compiled, "sm90")
     instructions, labels = parse_sass(aot.sass(compiled))
     local = sum(bool(_KINDS["local"].search(i)) for i in instructions)
+    # A Hopper config runs the Triton kernel where the Hopper one does not
+    # take the call (hopper.supports), as its launch would.
+    kernel = config.kernel if compiled.name == "_prefix_kernel_sm90" else "triton"
     lines = [
-        f"{spec.name}: {config.kernel}, BLOCK_H {config.BLOCK_H}; {len(instructions)} "
+        f"{spec.name}: {kernel}, BLOCK_H {config.BLOCK_H}; {len(instructions)} "
         f"instructions, {resources.registers} registers, stack {resources.scratch} bytes, "
         f"{local} local-memory accesses",
         "  loop (first, depth)     size  wgmma  waits  cp.async  local  barrier",

@@ -82,15 +82,16 @@ def test_natural_loops_nest_and_count_their_instructions():
     }
 
 
-def _fake_compiles(monkeypatch):
+def _fake_compiles(monkeypatch, kernel_name="_prefix_kernel_sm90"):
     # compile_stage1's calls (config and options), with a listing standing
-    # in for the compiled kernel.
+    # in for the compiled kernel (of that name).
     calls = []
-    monkeypatch.setattr(
-        sass_report.aot,
-        "compile_stage1",
-        lambda config, *a, **kw: calls.append((config, kw)),
-    )
+
+    def compile_stage1(config, *args, **kwargs):
+        calls.append((config, kwargs))
+        return SimpleNamespace(name=kernel_name)
+
+    monkeypatch.setattr(sass_report.aot, "compile_stage1", compile_stage1)
     monkeypatch.setattr(
         sass_report.aot, "resources", lambda *a: SimpleNamespace(registers=1, scratch=0)
     )
@@ -121,6 +122,16 @@ def test_a_schedule_replaces_the_tables_config(monkeypatch):
     assert sass_report.parse_args(["H16L4B8C2048"]).schedule is None
     with pytest.raises(SystemExit):
         sass_report.parse_args(["H16L4B8C2048", "--schedule", "triton"])
+
+
+def test_the_header_names_the_kernel_that_compiled(monkeypatch):
+    # A Hopper config the Hopper kernel does not take (fp8 KV with triton
+    # 3.7: hopper.FP8_LOWERS) compiles the Triton kernel, and says so.
+    _fake_compiles(monkeypatch, kernel_name="_prefix_kernel")
+    args = sass_report.parse_args(["H64L4B32C16384-fp8", "--schedule", "gluon_sm90"])
+    assert sass_report.report(args.shapes[0], args.schedule).startswith(
+        "H64L4B32C16384-fp8: triton, BLOCK_H 16"
+    )
 
 
 def _nvdisasm() -> str | None:
