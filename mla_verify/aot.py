@@ -199,11 +199,7 @@ def compile_stage1(
     src = _signature(
         fn, pointers, {"score_scale", "v_scale"}, constexprs, _launch_aligned(fn, pointers)
     )
-    if arch != "sm90":
-        return triton.compile(src, target=target, options=config.launch_options())
-    with assembler.scope():  # the ptxas a launch on sm90 assembles it with
-        options = config.launch_options() | assembler.compile_options()
-        return triton.compile(src, target=target, options=options)
+    return triton.compile(src, target=target, options=config.launch_options())
 
 
 def problems(

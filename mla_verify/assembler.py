@@ -1,18 +1,23 @@
-"""The ptxas that assembles stage 1 for sm90.
+"""The ptxas that assembles the Hopper kernel.
 
 Triton 3.6 assembles sm90 code with the CUDA 12.8 ptxas it ships. Triton
 3.9 assembles it with its CUDA 13.4 one, with ``--regAllocOptLevel=2``,
-and the Hopper kernel's tile loops then spill (20-37 local-memory accesses
-a tile against 0-1): the same source assembled that way ran 1.21-1.28x
-slower on the H200 (RESULTS.md, "Newer Triton's ptxas"). The Triton
-kernel's tile loop spills more too (the sm90 table's Triton tiles: 11-59
-local accesses against 0-24 with triton 3.6; CUDA 12.9's ptxas under 3.9:
-0-16). Where Triton's sm90 ptxas is CUDA 13 or newer and it still ships a
-CUDA 12 one beside it, stage 1 for sm90 (the Hopper kernel, and the Triton
-kernel where it runs on sm90) is assembled with the CUDA 12 one, inside a
-scope around its compile alone: every other kernel, and every other arch,
-keeps Triton's choice. A ptxas the user named (``TRITON_PTXAS_PATH``,
+and this kernel's tile loops then spill (20-37 local-memory accesses a
+tile against 0-1): the same source assembled that way ran 1.21-1.28x
+slower on the H200 (RESULTS.md, "Newer Triton's ptxas"). Where Triton's
+sm90 ptxas is CUDA 13 or newer and it still ships a CUDA 12 one beside it,
+the Hopper kernel is assembled with the CUDA 12 one, inside a scope around
+its compile alone: every other kernel of the process keeps Triton's
+choice. A ptxas the user named (``TRITON_PTXAS_PATH``,
 ``TRITON_PTXAS_BLACKWELL_PATH``) is left alone.
+
+Only the Hopper kernel, because its wgmma all read A from shared memory.
+CUDA 12.9's ptxas can reuse the registers of a register-input wgmma
+before the wgmma has read them (triton-lang/triton#11781, fixed in CUDA
+13.3), which is why Triton 3.9 assembles sm90 with its CUDA 13 ptxas.
+The Triton kernel issues such wgmma on sm90 (P V with P in registers), so
+it keeps Triton's choice; ``tests/test_assembler.py`` fails if the Hopper
+kernel ever issues one.
 
 Limits: a compile Triton defers (its async compile mode) runs outside the
 scope, with Triton's own ptxas; another thread compiling during the scope
@@ -43,7 +48,7 @@ MARK = "-O3"
 @functools.cache
 def switch() -> tuple[str, str] | None:
     """(knob, path): the knob Triton reads for sm90's ptxas and the CUDA 12
-    ptxas to set it to while stage 1 compiles for sm90; None where Triton's
+    ptxas to set it to while the Hopper kernel compiles; None where Triton's
     own choice stands (``choose``), or where this Triton differs from the
     ones known."""
     try:
@@ -65,7 +70,7 @@ def switch() -> tuple[str, str] | None:
     if callable(prime):
         prime(SM90)
     logger.debug(
-        "stage 1 for sm90 is assembled by %s, not Triton's ptxas %s", chosen[1], current.version
+        "the Hopper kernel is assembled by %s, not Triton's ptxas %s", chosen[1], current.version
     )
     return chosen
 
@@ -105,7 +110,7 @@ def scope() -> Iterator[None]:
 
 
 def compile_options() -> dict[str, str]:
-    """Options for stage 1's compile for sm90: ``MARK`` where ``switch()``
+    """Options for the Hopper kernel's compile: ``MARK`` where ``switch()``
     applies, after the user's own ptxas options (theirs come last, so they
     win)."""
     if switch() is None:
@@ -115,11 +120,10 @@ def compile_options() -> dict[str, str]:
     return {"ptx_options": " ".join(filter(None, (MARK, knobs.nvidia.ptxas_options)))}
 
 
-def install(fn, *, only_for_sm90: bool = False) -> None:
-    """From now on, compile the JIT function ``fn`` (stage 1) inside
-    ``scope()``; ``only_for_sm90``: only its compiles for an sm90 device
-    (the Triton kernel, which runs on every GPU). Triton's run method calls
-    its ``_do_compile`` on a cache miss only, so a launch pays nothing."""
+def install(fn) -> None:
+    """From now on, compile the JIT function ``fn`` (a Hopper kernel) inside
+    ``scope()``: Triton's run method calls its ``_do_compile`` on a cache
+    miss only, so a launch pays nothing."""
     if switch() is None or getattr(fn, "_mla_verify_assembler", False):
         return
     compile_ = getattr(fn, "_do_compile", None)
@@ -128,18 +132,8 @@ def install(fn, *, only_for_sm90: bool = False) -> None:
         return
 
     def do_compile(*args, **kwargs):
-        if only_for_sm90 and not _compiling_for_sm90():
-            return compile_(*args, **kwargs)
         with scope():
             return compile_(*args, **kwargs)
 
     fn._do_compile = do_compile
     fn._mla_verify_assembler = True
-
-
-def _compiling_for_sm90() -> bool:
-    # Triton compiles a launch for the current device.
-    from triton.runtime import driver
-
-    target = driver.active.get_current_target()
-    return target.backend == "cuda" and target.arch == SM90

@@ -73,9 +73,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from . import assembler, fp8, hopper
+from . import fp8, hopper
 from .config import COMPILE_OPTIONS, rows_per_program
-from .device import is_cuda_sm90
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -1071,7 +1070,6 @@ def launch(
         DOT_FP32=INTERPRETED,
         WIDEN_BY_PTX=not INTERPRETED and torch.version.hip is None,
         **config.launch_options(),
-        **_sm90_assembler_options(q.device),
     )
     launch_merge(
         q,
@@ -1221,16 +1219,6 @@ def launch_merge_shares(
         **COMPILE_OPTIONS,
         **_dependent_options(dependent),
     )
-
-
-def _sm90_assembler_options(device: torch.device) -> dict[str, str]:
-    # On sm90 stage 1 is assembled by the ptxas assembler.py chooses, the
-    # Triton kernel as the Hopper kernel: its compiles there inside the
-    # scope, its cache entries marked.
-    if not is_cuda_sm90(device):
-        return {}
-    assembler.install(_prefix_kernel, only_for_sm90=True)
-    return assembler.compile_options()
 
 
 def _dependent_options(dependent: bool) -> dict[str, bool]:

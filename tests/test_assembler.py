@@ -1,7 +1,6 @@
-"""mla_verify/assembler.py: which ptxas assembles stage 1 for sm90. The
-choice on made-up tools; on this Triton, real compiles' PTX (the Hopper
-kernel's, and the Triton kernel's for sm90 and for another arch) and that
-the switch stays inside its scope."""
+"""mla_verify/assembler.py: which ptxas assembles the Hopper kernel. The
+choice on made-up tools; on this Triton, a real compile's PTX and that the
+switch stays inside its scope."""
 
 from __future__ import annotations
 
@@ -79,26 +78,6 @@ def test_install_leaves_a_kernel_alone_where_tritons_choice_stands(monkeypatch):
     assert assembler.compile_options() == {}
 
 
-def test_install_for_sm90_only_leaves_other_targets_to_triton(monkeypatch):
-    """The Triton kernel runs on every GPU: installed for sm90 only, its
-    compiles for another target run outside the scope."""
-    seen = []
-    monkeypatch.setattr(assembler, "switch", lambda: ("ptxas_blackwell", "/t/ptxas"))
-    monkeypatch.setattr(assembler, "scope", _recording_scope(seen))
-
-    class Kernel:
-        def _do_compile(self, *args):
-            seen.append("compile")
-
-    for on_sm90 in (True, False):
-        monkeypatch.setattr(assembler, "_compiling_for_sm90", lambda on_sm90=on_sm90: on_sm90)
-        fn = Kernel()
-        assembler.install(fn, only_for_sm90=True)
-        seen.clear()
-        fn._do_compile("key")
-        assert seen == (["enter", "compile", "exit"] if on_sm90 else ["compile"])
-
-
 def _recording_scope(seen):
     @contextlib.contextmanager
     def scope():
@@ -109,25 +88,23 @@ def _recording_scope(seen):
     return scope
 
 
-# Compiles in a process of its own, without the interpreter: the PTX's ISA
-# version is the assembler's (Triton writes the one its ptxas takes), and
-# Triton's own knob is as it was after the compiles. Stage 1 for sm90 on
-# either kernel, and the Triton kernel for sm100, whose ptxas stays Triton's.
+# A compile for sm90 in a process of its own, without the interpreter: the
+# PTX's ISA version is the assembler's (Triton writes the one its ptxas
+# takes), and Triton's own knob is as it was after the compile.
 _COMPILE = """
 import re
 from triton.backends.nvidia import compiler
 from mla_verify import aot, assembler, lookup
 from mla_verify.config import VerifyConfig
 own = compiler.get_ptxas(90)
-hopper = lookup.block_config(16, 2, 8, "bf16", arch="sm90")
-portable = VerifyConfig(BLOCK_H=8, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=4, num_stages=2)
+config = lookup.block_config(16, 2, 8, "bf16", arch="sm90")
+tile = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=8, num_stages=2)
 isa = []
-for config, arch in ((hopper, "sm90"), (portable, "sm90"), (portable, "sm100")):
-    ptx = aot.compile_stage1(config, 2, "bf16", arch).asm["ptx"]
-    isa.append(re.search(r"^\\.version (\\d+)\\.", ptx, re.M).group(1))
-own_100 = compiler.get_ptxas(100).version.split(".")[0]
-print(assembler.switch() is not None, own.version.split(".")[0], own_100, *isa,
-      compiler.get_ptxas(90) == own)
+for c in (config, tile):
+    compiled = aot.compile_stage1(c, 4, "bf16", "sm90")
+    isa.append(re.search(r"^\\.version (\\d+)\\.", compiled.asm["ptx"], re.M).group(1))
+major = own.version.split(".")[0]
+print(assembler.switch() is not None, major, *isa, compiler.get_ptxas(90) == own)
 """
 
 
@@ -140,19 +117,67 @@ def _nvidia_backend() -> bool:
 
 
 @pytest.mark.skipif(not _nvidia_backend(), reason="Triton's NVIDIA backend is not installed")
-def test_stage_1_for_sm90_is_assembled_by_the_chosen_ptxas():
+def test_the_hopper_kernel_is_assembled_by_the_chosen_ptxas():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    switched, own_cuda, own_100, hopper, portable, portable_100, restored = proc.stdout.split()
-    assert restored == "True"
+    switched, own_cuda, hopper_isa, triton_isa, knob_restored = proc.stdout.split()
+    assert knob_restored == "True"
     # Triton writes the PTX ISA its assembler takes: 8.x for CUDA 12, 9.x
-    # for CUDA 13. Switched, the CUDA 12 ptxas assembled stage 1 for sm90.
+    # for CUDA 13. Switched, the CUDA 12 ptxas assembled the Hopper kernel;
+    # the Triton kernel (register-input wgmma: the module's docstring)
+    # always Triton's own.
     isa = {"12": "8", "13": "9"}
-    cuda = "12" if switched == "True" else own_cuda
-    assert hopper == portable == isa[cuda]
-    assert portable_100 == isa[own_100]
+    assert hopper_isa == isa["12" if switched == "True" else own_cuda]
+    assert triton_isa == isa[own_cuda]
     assert switched == str(own_cuda != "12")
+
+
+# The Hopper kernel's wgmma, as every variant compiles for sm90: how many
+# read A from registers (SASS: a register where a shared-memory descriptor
+# would be).
+_WGMMA_A = """
+import re
+from mla_verify import aot
+from mla_verify.config import hopper_config
+register_a = re.compile(r"\\bHGMMA\\.\\S+\\s+R\\d+,\\s*R\\d+")
+calls = [
+    (kernel, kv, dims, options)
+    for kernel in ("gluon_sm90", "gluon_sm90_sv")
+    for kv in ("bf16", "fp8_e4m3")
+    for dims, options in (
+        ((576, 512), {}),
+        ((576, 512), {"ragged": True, "mask": "prefix"}),
+        ((576, 512), {"paged": True}),
+        ((256, 256), {}),
+    )
+]
+for kernel, kv, dims, options in calls:
+    compiled = aot.compile_stage1(hopper_config(16, 4, 8, kernel), 4, kv, "sm90", dims, **options)
+    if compiled.name != "_prefix_kernel_sm90":
+        continue  # not the Hopper kernel on this Triton (hopper.FP8_LOWERS)
+    sass = aot.sass(compiled)
+    print(kernel, kv, dims[0], sass.count("HGMMA"), len(register_a.findall(sass)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _nvidia_backend(), reason="Triton's NVIDIA backend is not installed")
+def test_the_hopper_kernel_reads_every_wgmma_operand_a_from_shared_memory():
+    """What makes the CUDA 12 ptxas safe for it: that ptxas may reuse a
+    register-input wgmma's registers before the wgmma reads them
+    (triton-lang/triton#11781). Every variant's wgmma read A from shared
+    memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _WGMMA_A], env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert len(rows) >= 8, rows  # the bf16 variants at least
+    for kernel, kv, qk, wgmma, register_a in rows:
+        assert int(wgmma) > 0 and int(register_a) == 0, (kernel, kv, qk, wgmma, register_a)
