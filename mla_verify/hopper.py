@@ -48,19 +48,6 @@ PRODUCER_REGS = 88
 VALUE_REGS = 176
 
 KV_DTYPES = ("bf16", "fp8_e4m3")
-
-
-def lowers_fp8(triton_version: str) -> bool:
-    """Whether this Triton builds the kernel for fp8 KV. Gluon 3.7 (3.7.0
-    and 3.7.1) does not: a warp partition gets its constexpr arguments as
-    values, so the producer's bf16-only branch (the drafts' rows copied
-    into the ring) is built for the fp8 ring too, and 3.7 refuses that
-    cp.async ("cp.async does not support transfers smaller than 4 bytes")
-    where 3.6, 3.8 and 3.9 lower it and drop it."""
-    return triton_version.split(".")[:2] != ["3", "7"]
-
-
-FP8_LOWERS = lowers_fp8(triton.__version__)  # else the Triton kernel takes fp8 KV
 # Ordinary attention with one shared KV head (q/k = v; V a cache of its own
 # or K itself): both schedules, as for MLA.
 SHARED_KV_HEAD_DIMS = ((256, 256), (128, 128))
@@ -83,6 +70,19 @@ SHAPE = (
     PLAN_ELEMENTS,
     ORDER_REQUESTS,
 )
+
+
+def lowers_fp8(triton_version: str) -> bool:
+    """Whether this Triton builds the kernel for fp8 KV. Gluon 3.7 (3.7.0
+    and 3.7.1) does not: a warp partition gets its constexpr arguments as
+    values, so the producer's bf16-only branch (the drafts' rows copied
+    into the ring) is built for the fp8 ring too, and 3.7 refuses that
+    cp.async ("cp.async does not support transfers smaller than 4 bytes")
+    where 3.6, 3.8 and 3.9 lower it and drop it."""
+    return triton_version.split(".")[:2] != ["3", "7"]
+
+
+FP8_LOWERS = lowers_fp8(triton.__version__)  # else the Triton kernel takes fp8 KV
 
 
 @functools.cache
