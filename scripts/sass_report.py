@@ -175,6 +175,59 @@ def count(instructions: Sequence[str], loop: Loop) -> dict[str, int]:
     return {kind: sum(bool(pattern.search(i)) for i in body) for kind, pattern in _KINDS.items()}
 
 
+# A wgmma whose operand A is in registers (a register where a shared-memory
+# descriptor would be), and the registers an instruction writes: its first
+# operand, over as many registers as its width suffix says. Stores,
+# barriers, uniform-datapath and wgmma instructions write none of the
+# general registers A is read from.
+_REGISTER_A = re.compile(r"\bHGMMA\.\S+\s+R\d+,\s*R(\d+),")
+_OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*(.*)$")
+_NO_DESTINATION = (
+    "ST", "RED", "ATOM", "BAR", "BRA", "WARPGROUP", "NOP", "EXIT", "RET", "LDGSTS",
+    "SYNCS", "MEMBAR", "FENCE", "CALL", "DEPBAR", "U", "HGMMA",
+)  # fmt: skip
+_WIDTHS = tuple(
+    (re.compile(pattern), n)
+    for pattern, n in (
+        (r"\.WIDE\b", 2),
+        (r"\.64\b", 2),
+        (r"\.128\b", 4),
+        (r"^LDSM\..*\.4$", 4),
+        (r"^LDSM\..*\.2$", 2),
+    )
+)
+
+
+def _written(instruction: str) -> set[int]:
+    opcode, operands = _OPCODE.match(instruction).groups()
+    first = re.match(r"R(\d+)\b", operands)
+    if opcode.startswith(_NO_DESTINATION) or first is None:
+        return set()
+    width = max((n for pattern, n in _WIDTHS if pattern.search(opcode)), default=1)
+    return set(range(int(first.group(1)), int(first.group(1)) + width))
+
+
+def overwritten_register_a(instructions: Sequence[str]) -> list[tuple[int, int]]:
+    """(wgmma, writer) index pairs: a wgmma reading A from registers (four a
+    thread, bf16 or fp16) whose registers an instruction writes before the
+    next wgmma wait, in listing order. That is the miscompile
+    triton-lang/triton#11781 reports of CUDA 12.9's ptxas: the wgmma may not
+    have read them yet."""
+    found = []
+    for index, instruction in enumerate(instructions):
+        operand_a = _REGISTER_A.search(instruction)
+        if operand_a is None:
+            continue
+        registers = set(range(int(operand_a.group(1)), int(operand_a.group(1)) + 4))
+        for later in range(index + 1, len(instructions)):
+            if _KINDS["waits"].search(instructions[later]):
+                break
+            if _written(instructions[later]) & registers:
+                found.append((index, later))
+                break
+    return found
+
+
 def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
     """One shape's stage 1: its config, size, registers and loops. The
     config is the shipped table's, or with ``schedule`` (one of

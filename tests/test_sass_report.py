@@ -191,3 +191,73 @@ def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill():
     assert copies
     _, producer = max(copies, key=lambda item: int(re.search(r"\((\d+)\)", item[0]).group(1)))
     assert producer["local"] <= 1, f"the producer's tile loop spills: {proc.stdout}"
+
+
+# Two wgmma reading A from registers (R184-R187, R188-R191): the first's
+# are written only after the wait, the second's before it (R190, by the
+# packing of P), beside writes of other registers.
+REGISTER_A = """
+        /*0000*/                   WARPGROUP.ARRIVE ;
+        /*0010*/                   HGMMA.64x256x16.F32.BF16 R24, R184, gdesc[UR12].tnspB, R24 ;
+        /*0020*/                   LDSM.16.M88.4 R180, [R2] ;
+        /*0030*/                   IMAD.WIDE.U32 R182, R4, R5, RZ ;
+        /*0040*/                   STL.128 [R1], R184 ;
+        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0060*/                   MOV R184, RZ ;
+        /*0070*/                   HGMMA.64x256x16.F32.BF16 R24, R188, gdesc[UR12].tnspB, R24 ;
+        /*0080*/              @P0  LDG.E R192, desc[UR4][R6.64] ;
+        /*0090*/                   F2FP.BF16.F32.PACK_AB R190, R7, R8 ;
+        /*00a0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+"""
+
+
+def test_a_register_a_wgmma_written_before_its_wait_is_found():
+    instructions, _ = sass_report.parse_sass(REGISTER_A)
+    assert sass_report.overwritten_register_a(instructions) == [(7, 9)]
+    assert sass_report._written("IMAD.WIDE.U32 R182, R4, R5, RZ") == {182, 183}
+    assert sass_report._written("LDSM.16.M88.4 R180, [R2]") == set(range(180, 184))
+    assert sass_report._written("STL.128 [R1], R184") == set()
+
+
+_TRITON_REGISTER_A = """
+import sys
+sys.path.insert(0, "scripts")
+import sass_report
+from mla_verify import aot
+from mla_verify.config import VerifyConfig
+tiles = (((16, 8, 2), 4, (576, 512)), ((32, 8, 3), 2, (576, 512)), ((16, 4, 3), 4, (256, 256)))
+for (block_h, warps, stages), draft_len, dims in tiles:
+    for kv in ("bf16", "fp8_e4m3"):
+        tile = VerifyConfig(
+            BLOCK_H=block_h, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=warps, num_stages=stages
+        )
+        compiled = aot.compile_stage1(tile, draft_len, kv, "sm90", dims)
+        instructions, _ = sass_report.parse_sass(aot.sass(compiled))
+        register_a = sum(bool(sass_report._REGISTER_A.search(i)) for i in instructions)
+        print(block_h, draft_len, dims[0], kv, register_a,
+              len(sass_report.overwritten_register_a(instructions)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_nvdisasm() is None, reason="Triton's nvdisasm is not at hand")
+def test_the_triton_kernels_register_a_wgmma_keep_their_registers_until_the_wait():
+    # The Triton kernel's 64-row tiles on sm90 issue wgmma with P in
+    # registers (P V), assembled by Triton's own ptxas (mla_verify/
+    # assembler.py says why): none of their registers is written before
+    # the wgmma's wait, the miscompile triton-lang/triton#11781 reports.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_REGISTER_A],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert len(rows) == 6, rows
+    for block_h, draft_len, qk, kv, register_a, overwritten in rows:
+        assert int(register_a) > 0 and int(overwritten) == 0, (block_h, draft_len, qk, kv)
