@@ -5,6 +5,9 @@ before the first ``import mla_verify``: this module is imported first.
 """
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,5 +47,26 @@ def cli_error(capsys):
         assert captured.out == ""
         assert len(captured.err.splitlines()) == 1, captured.err
         return captured.err
+
+    return run
+
+
+@pytest.fixture
+def run_compiling():
+    """Runs ``python -c code`` (or a script path, ``script=True``) with
+    ``args`` in a process of its own, without Triton's interpreter (so that
+    kernels compile for real targets), the repository first on its path
+    and its working directory; returns its stdout, failing the test with
+    its stderr's end on a non-zero exit."""
+
+    def run(code: str, *args: str, script: bool = False, timeout: int = 600) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        command = [sys.executable, code] if script else [sys.executable, "-c", code]
+        proc = subprocess.run(
+            [*command, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
 
     return run

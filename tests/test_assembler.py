@@ -5,17 +5,11 @@ switch stays inside its scope."""
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from mla_verify import assembler
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _tool(path: str, version: str) -> SimpleNamespace:
@@ -117,14 +111,8 @@ def _nvidia_backend() -> bool:
 
 
 @pytest.mark.skipif(not _nvidia_backend(), reason="Triton's NVIDIA backend is not installed")
-def test_the_hopper_kernel_is_assembled_by_the_chosen_ptxas():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    switched, own_cuda, hopper_isa, triton_isa, knob_restored = proc.stdout.split()
+def test_the_hopper_kernel_is_assembled_by_the_chosen_ptxas(run_compiling):
+    switched, own_cuda, hopper_isa, triton_isa, knob_restored = run_compiling(_COMPILE).split()
     assert knob_restored == "True"
     # Triton writes the PTX ISA its assembler takes: 8.x for CUDA 12, 9.x
     # for CUDA 13. Switched, the CUDA 12 ptxas assembled the Hopper kernel;
@@ -166,18 +154,12 @@ for kernel, kv, dims, options in calls:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _nvidia_backend(), reason="Triton's NVIDIA backend is not installed")
-def test_the_hopper_kernel_reads_every_wgmma_operand_a_from_shared_memory():
+def test_the_hopper_kernel_reads_every_wgmma_operand_a_from_shared_memory(run_compiling):
     """What makes the CUDA 12 ptxas safe for it: that ptxas may reuse a
     register-input wgmma's registers before the wgmma reads them
     (triton-lang/triton#11781). Every variant's wgmma read A from shared
     memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", _WGMMA_A], env=env, capture_output=True, text=True, timeout=1800
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines()]
+    rows = [line.split() for line in run_compiling(_WGMMA_A, timeout=1800).splitlines()]
     assert len(rows) >= 8, rows  # the bf16 variants at least
     for kernel, kv, qk, wgmma, register_a in rows:
         assert int(wgmma) > 0 and int(register_a) == 0, (kernel, kv, qk, wgmma, register_a)

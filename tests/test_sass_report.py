@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -143,7 +142,7 @@ def _nvdisasm() -> str | None:
 
 
 @pytest.mark.skipif(_nvdisasm() is None, reason="Triton's nvdisasm is not at hand")
-def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill():
+def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill(run_compiling):
     # The score warpgroup's tile loop issues the wgmma of a tile (the most
     # of the loops that copy nothing), the producer's its cp.async
     # gathers: both are found.
@@ -152,18 +151,8 @@ def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill():
     # 0 and 1 with CUDA 12's ptxas (triton 3.6's, or 3.9's beside its
     # CUDA 13 one); CUDA 13.4's left 20 and 37, 1.21-1.28x slower on the
     # H200. In a process of its own, without the interpreter.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    script = REPO / "scripts" / "sass_report.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), "H16L2B8C2048"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    header, columns, *loops = proc.stdout.splitlines()
+    out = run_compiling(str(REPO / "scripts" / "sass_report.py"), "H16L2B8C2048", script=True)
+    header, columns, *loops = out.splitlines()
     assert header.startswith("H16L2B8C2048: gluon_sm90") and "registers" in header
     assert columns.split() == [
         "loop",
@@ -181,16 +170,16 @@ def test_a_compiled_stage1_has_its_tile_loops_and_they_do_not_spill():
     tile_loops = [c for c in counts if c["wgmma"] > 0 and not c["cp.async"]]
     assert tile_loops
     scores = max(tile_loops, key=lambda c: c["wgmma"])
-    assert scores["local"] == 0, f"the score warpgroup's tile loop spills: {proc.stdout}"
+    assert scores["local"] == 0, f"the score warpgroup's tile loop spills: {out}"
     # Its products issued as chains, each waited for once: not serialised.
-    assert scores["waits"] < scores["wgmma"], f"the score chain is serialised: {proc.stdout}"
+    assert scores["waits"] < scores["wgmma"], f"the score chain is serialised: {out}"
     # The producer's tile loop: the innermost of the loops that only copy.
     copies = [
         (line, c) for line, c in zip(loops, counts, strict=True) if c["cp.async"] and not c["wgmma"]
     ]
     assert copies
     _, producer = max(copies, key=lambda item: int(re.search(r"\((\d+)\)", item[0]).group(1)))
-    assert producer["local"] <= 1, f"the producer's tile loop spills: {proc.stdout}"
+    assert producer["local"] <= 1, f"the producer's tile loop spills: {out}"
 
 
 # Two wgmma reading A from registers (R184-R187, R188-R191): the first's
@@ -241,23 +230,12 @@ for (block_h, warps, stages), draft_len, dims in tiles:
 
 @pytest.mark.slow
 @pytest.mark.skipif(_nvdisasm() is None, reason="Triton's nvdisasm is not at hand")
-def test_the_triton_kernels_register_a_wgmma_keep_their_registers_until_the_wait():
+def test_the_triton_kernels_register_a_wgmma_keep_their_registers_until_the_wait(run_compiling):
     # The Triton kernel's 64-row tiles on sm90 issue wgmma with P in
     # registers (P V), assembled by Triton's own ptxas (mla_verify/
     # assembler.py says why): none of their registers is written before
     # the wgmma's wait, the miscompile triton-lang/triton#11781 reports.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", _TRITON_REGISTER_A],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines()]
+    rows = [line.split() for line in run_compiling(_TRITON_REGISTER_A, timeout=1800).splitlines()]
     assert len(rows) == 6, rows
     for block_h, draft_len, qk, kv, register_a, overwritten in rows:
         assert int(register_a) > 0 and int(overwritten) == 0, (block_h, draft_len, qk, kv)
