@@ -140,9 +140,9 @@ class VerifyConfig:
             check("num_warps", self.num_warps == 8, f"8 with kernel={self.kernel!r}")
             check("num_stages", self.num_stages == 2, f"2 with kernel={self.kernel!r}")
 
-    def launch_options(self) -> dict[str, int]:
+    def launch_options(self) -> dict[str, int | bool]:
         """Keyword options for the Triton launch (AMD ones only where set)."""
-        opts: dict[str, int] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        opts: dict[str, int | bool] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         opts |= COMPILE_OPTIONS
         for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
             value = getattr(self, name)
