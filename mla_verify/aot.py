@@ -376,3 +376,26 @@ def _compile_hopper_kernel(
     with assembler.scope():  # the ptxas a launch assembles it with
         options = hopper.launch_options(score_value) | COMPILE_OPTIONS
         return triton.compile(src, target=target, options=options)
+
+
+def compile_seesaw(draft_len: int, arch: str = "sm90"):
+    """The paged seesaw kernel (kernel_seesaw.py) for ``draft_len`` drafts,
+    compiled for ``arch`` as a launch on a bf16 cache would build it."""
+    from . import kernel_seesaw
+
+    fn = kernel_seesaw._seesaw_kernel
+    pointers = {name: "*bf16" for name in ("Q", "O")}
+    pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "BLOCK_TABLE")}
+    pointers |= {"PART_O": "*fp32", "PART_LSE": "*fp32"}
+    for name, (_, _, box, layout) in zip(("nope_desc", "rope_desc"), kernel_seesaw.page_layouts()):
+        pointers[name] = f"tensordesc<bf16[{hopper.TOKENS}, {box}],{layout!r}>"
+    constexprs = dict(
+        DRAFT_LEN=draft_len,
+        BLOCK_H=hopper.block_heads(128, draft_len),
+        BLOCK_B=kernel.PLAN_BLOCK,
+        LAUNCH_DEPENDENTS=True,  # as on a CUDA device
+    )
+    # A block table's row stride is any int (a launch's own table).
+    aligned = _launch_aligned(fn, pointers) - {"stride_table"}
+    src = _signature(fn, pointers, {"scale", "v_scale"}, constexprs, aligned)
+    return triton.compile(src, target=TARGETS[arch][0], options=kernel_seesaw.LAUNCH_OPTIONS)

@@ -43,7 +43,13 @@ each row averages. The alternative, scaling the output after the kernel,
 would round every output element twice. A v_scale that overflows fp16
 (|V| * v_scale > 65504) is the caller's.
 
-Cost over a native paged kernel: one more launch (bs x min(16,
+Batch 1 on bf16 pages of 64 or 128 tokens on the H200 runs a native
+paged kernel instead (``seesaw_serves``, kernel_seesaw.py): the
+translation then writes the indptrs alone, the seesaw kernel reads the
+pages and the drafts' rows where the cache holds them (v_scale scales its
+output, in fp32), and stage 2 merges its partials as the Hopper kernel's.
+
+Cost of the translation over a native paged kernel: one more launch (bs x min(16,
 cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
 kv_indices (0.7% of a bf16 token's 1152 bytes, 1.4% of fp8's 576), and the
 drafts' rows: L x 576 cache elements read, 1152 (+1024 with v_scale)
@@ -58,9 +64,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import api
+from . import api, hopper, plan
 from .api import _as_scale, _expect, verify_mla_fwd
 from .config import COMPILE_OPTIONS
+from .device import is_cuda_sm90, sm_count
+from .kernel import INTERPRETED, LOG2E, launch_merge_shares
 from .problem import (
     KV_DTYPES,
     MAX_BATCH_SIZE,
@@ -69,12 +77,13 @@ from .problem import (
     MIN_BATCH_SIZE,
     MIN_DRAFT_LEN,
     MIN_HEADS,
+    MLA_HEAD_DIMS,
     Q_DTYPES,
     QK_HEAD_DIM,
     V_HEAD_DIM,
     check_range,
 )
-from .workspace import capturing, get_workspace
+from .workspace import capturing, get_workspace, seesaw_partial_rows
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
 # Prefix positions a translation program writes per step, and at most this
@@ -121,9 +130,11 @@ def _translate_kernel(
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
     SCALE_V: tl.constexpr,
+    INDICES: tl.constexpr,
 ):
     # Program (chunk, req): chunk-th of num_chunks strided shares of
-    # sequence req's prefix positions and drafts.
+    # sequence req's prefix positions and drafts; without INDICES (the
+    # seesaw kernel reads the pages itself) the indptrs alone.
     chunk = tl.program_id(0)
     req = tl.program_id(1)
 
@@ -141,6 +152,8 @@ def _translate_kernel(
             tl.store(KV_INDPTR, 0)
             tl.store(QO_INDPTR, 0)
 
+    if not INDICES:
+        return
     ptr_table = BLOCK_TABLE + req.to(tl.int64) * stride_table
     for p0 in range(chunk * BLOCK_P, prefix, num_chunks * BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
@@ -257,7 +270,8 @@ def paged_forward(
     views = get_workspace(q.device).paged_views(
         bs, draft_len, max_tokens, q.dtype, separate_v=v_scale != 1.0
     )
-    num_chunks = max(1, min(triton.cdiv(max_tokens, BLOCK_P), MAX_CHUNKS))
+    seesaw = seesaw_serves(q, kv_cache)
+    num_chunks = 1 if seesaw else max(1, min(triton.cdiv(max_tokens, BLOCK_P), MAX_CHUNKS))
     slot_stride, slots_per_block, _ = pool_layout(kv_cache)
     _translate_kernel[(num_chunks, bs)](
         kv_cache,
@@ -282,9 +296,15 @@ def paged_forward(
         D_NOPE=V_HEAD_DIM,
         D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
         SCALE_V=v_scale != 1.0,
+        INDICES=not seesaw,
         num_warps=4,
         **COMPILE_OPTIONS,
     )
+    if seesaw:
+        _seesaw_forward(
+            q, kv_cache, block_table, out, views, sm_scale * k_scale, v_scale, slots_per_block
+        )
+        return out
     k_buffer = token_pool(kv_cache)
     wrote = verify_mla_fwd(
         q.view(bs * draft_len, num_heads, QK_HEAD_DIM),
@@ -308,6 +328,83 @@ def paged_forward(
     if not wrote:  # validate_paged admits only calls the gate accepts
         raise RuntimeError("mla_verify: verify_mla_fwd refused a validated paged call")
     return out
+
+
+# The largest batch whose bf16 calls on pages of 64 or 128 tokens run the
+# seesaw kernel (kernel_seesaw.py). Side by side on the H200 (RESULTS.md,
+# "The seesaw kernel on pages"), against the translated call on the same
+# pages: 1.05x at batch 1 (geometric mean over 18 shapes, 1.00-1.13x),
+# 1.00x at batch 8, 0.97x at 32 and 64.
+SEESAW_MAX_BATCH = 1
+
+
+def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether the seesaw kernel (kernel_seesaw.py) computes this paged
+    call: at most SEESAW_MAX_BATCH sequences, on a compiled Hopper device,
+    bf16 q and cache, pages of a multiple of 64 tokens, rows TMA can copy.
+    Metadata only."""
+    return (
+        q.shape[0] <= SEESAW_MAX_BATCH
+        and hopper.available()
+        and not INTERPRETED
+        and q.dtype == torch.bfloat16
+        and kv_cache.dtype == torch.bfloat16
+        and is_cuda_sm90(q.device)
+        and hopper.tiles_in_pages(kv_cache.shape[1])
+        and hopper.copy_aligned(q)
+        and hopper.copy_aligned(token_pool(kv_cache))
+    )
+
+
+def _seesaw_forward(q, kv_cache, block_table, out, views, score_scale, v_scale, slots_per_block):
+    """Both stages of a paged call on the seesaw kernel; ``views`` hold the
+    translated indptrs."""
+    from . import kernel_seesaw
+
+    bs, draft_len, num_heads, _ = q.shape
+    block_h = hopper.block_heads(num_heads, draft_len)
+    ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, block_h)
+    config = api._tuned_config(q, num_heads, draft_len, bs, kv_cache.dtype, MLA_HEAD_DIMS)
+    min_share = plan.min_share(config)
+    rows = seesaw_partial_rows(bs, num_heads, draft_len, sm_count(q.device))
+    part_o, part_lse = get_workspace(q.device).views(rows, V_HEAD_DIM)
+    dependent = plan.dependent_launch(q.device)
+    o = out.view(bs * draft_len, num_heads, V_HEAD_DIM)
+    kernel_seesaw.launch(
+        q.view(bs * draft_len, num_heads, QK_HEAD_DIM),
+        token_pool(kv_cache)[:, 0],
+        block_table,
+        o,
+        views.qo_indptr,
+        views.kv_indptr,
+        part_o,
+        part_lse,
+        page_size=kv_cache.shape[1],
+        slots_per_block=slots_per_block,
+        batch_size=bs,
+        draft_len=draft_len,
+        block_h=block_h,
+        ctas=ctas,
+        min_share=min_share,
+        score_scale=score_scale * LOG2E,
+        v_scale=v_scale,
+        launch_dependents=dependent,
+    )
+    launch_merge_shares(
+        o,
+        views.qo_indptr,
+        views.kv_indptr,
+        part_o,
+        part_lse,
+        batch_size=bs,
+        draft_len=draft_len,
+        block_h=block_h,
+        share_ctas=ctas,
+        min_share=min_share,
+        column_blocks=plan.merge_column_blocks(bs, num_heads, draft_len, ctas),
+        dependent=dependent,
+        ragged=False,
+    )
 
 
 def pool_layout(kv_cache: torch.Tensor) -> tuple[int, int, int]:

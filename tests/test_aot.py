@@ -16,6 +16,7 @@ import pytest
 
 from mla_verify import hopper
 from mla_verify.aot import TARGETS
+from mla_verify.device import arch_shared_memory
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = [p.stem for p in sorted((REPO / "configs").glob("*.json"))]
@@ -314,6 +315,33 @@ def test_hopper_kernel_paged_module_compiles():
         assert int(pages[3]) == int(gathers[3]), (gathers, pages)
         assert int(pages[4]) == 0, pages
         assert int(gathers[5]) == 0 and int(pages[5]) > 0, (gathers, pages)
+
+
+SEESAW_SCRIPT = textwrap.dedent(
+    """
+    import re
+    from mla_verify import aot
+    for draft_len in (1, 2, 3, 4, 8, 16):
+        compiled = aot.compile_seesaw(draft_len)
+        found = aot.resources(compiled, "sm90")
+        tma = len(re.findall(r"\\bUTMALDG\\b", aot.sass(compiled)))
+        print(draft_len, found.shared, found.scratch, tma)
+    """
+)
+
+
+@pytest.mark.slow
+def test_seesaw_kernel_compiles_fits_and_keeps_its_registers():
+    """The paged seesaw kernel (kernel_seesaw.py) compiles for sm90 at every
+    draft count's tile, fits the H200's shared memory and loads by TMA. It
+    spills nothing where L divides 64, and a scalar or two at most where
+    not (triton 3.6: none; 3.9: 16 bytes at 3 drafts)."""
+    rows = [line.split() for line in _run_script(SEESAW_SCRIPT, timeout=900).splitlines()]
+    assert [int(row[0]) for row in rows] == [1, 2, 3, 4, 8, 16], rows
+    for draft_len, shared, scratch, tma in (map(int, row) for row in rows):
+        assert shared <= arch_shared_memory("sm90"), (draft_len, shared)
+        assert tma > 0, draft_len
+        assert scratch <= (0 if 64 % draft_len == 0 else 32), (draft_len, scratch)
 
 
 def test_kernels_keep_fma_contraction_where_triton_defaults_it_off():

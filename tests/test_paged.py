@@ -320,14 +320,59 @@ def test_gpu_other_page_sizes(page_size):
     _check(batch)
 
 
+# (heads, L, prefix lengths, page): the seesaw kernel's cases. Segments of
+# odd and even tile counts, drafts straddling two tiles, prefixes of 0 and
+# of a tile's length give or take one, shares that split a request, heads
+# that leave a head block part empty, draft counts that do not divide 64.
+SEESAW_SHAPES = [
+    (128, 4, [4000, 0, 1, 700, 64 * 20 - 2, 61, 62, 63, 64, 65], 64),
+    (64, 2, [2048] * 40, 64),
+    (16, 1, [5000, 3, 127, 128, 129], 128),
+    (32, 3, [(b * 7919) % 5000 for b in range(40)], 64),
+    (8, 16, [130, 0, 64, 9000, 47, 48, 49], 128),
+    (64, 4, [65536 - 4], 64),
+    (20, 4, [1000, 300, 59], 64),
+    (128, 8, [16384, 16384], 128),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv", list(GPU_KV))
-@pytest.mark.parametrize("page_size", [64, 1])
-def test_gpu_graph_replay_after_lengths_change(page_size, kv):
+@pytest.mark.skipif(not ON_HOPPER, reason="the seesaw kernel runs on sm90")
+@pytest.mark.parametrize("scales", [{}, {"k_scale": 0.75, "v_scale": 1.3}], ids=["", "scaled"])
+@pytest.mark.parametrize(
+    "heads,draft_len,lens,page_size",
+    SEESAW_SHAPES,
+    ids=[f"H{h}_L{d}_bs{len(p)}_max{max(p)}_page{s}" for h, d, p, s in SEESAW_SHAPES],
+)
+def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales, monkeypatch):
+    """bf16 pages of 64 and 128 run the seesaw kernel (kernel_seesaw.py) at
+    any batch size where asked (paged.SEESAW_MAX_BATCH): the cache's rows
+    past each sequence are NaN, and the output is poisoned. Then the same
+    batch on the translated path, where the rule leaves such a batch."""
+    batch = make_paged_batch(
+        heads, draft_len, lens, page_size=page_size, device="cuda", seed=5, **scales
+    )
+    monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", len(lens))
+    assert paged.seesaw_serves(batch.q, batch.kv_cache)
+    _check(batch, f"seesaw H{heads} L{draft_len} page {page_size}")
+    monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", len(lens) - 1)
+    assert not paged.seesaw_serves(batch.q, batch.kv_cache)
+    _check(batch, f"translated H{heads} L{draft_len} page {page_size}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "page_size,kv,seesaw",
+    [(64, "bf16", False), (64, "fp8", False), (1, "bf16", False), (1, "fp8", False)]
+    + [(64, "bf16", True)],
+)
+def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, monkeypatch):
     """Capture once with out= given; the engine then rewrites lengths, the
     block table and the cache in place (same shapes); replay gives the new
-    answer, and nothing was allocated during capture."""
+    answer, and nothing was allocated during capture. ``seesaw``: the
+    batch runs the seesaw kernel (paged.SEESAW_MAX_BATCH opened to it)."""
     heads, draft_len, bs = 16, 4, 8
+    monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", bs if seesaw else 0)
     pages = -(-(9000 + draft_len) // page_size)
     shapes = dict(max_blocks=pages + 2, num_blocks=pages * bs + 2, page_size=page_size)
     first = make_paged_batch(
@@ -342,6 +387,8 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv):
         **shapes,
         **GPU_KV[kv],
     )
+    if ON_HOPPER:
+        assert paged.seesaw_serves(first.q, first.kv_cache) == seesaw
     mla_verify.prepare_paged_workspace(
         bs, heads, draft_len, shapes["max_blocks"], page_size, first.kv_cache.dtype
     )
@@ -415,7 +462,7 @@ AOT_SCRIPT = textwrap.dedent(
                 pointers |= {name: "*i32" for name in INDEX_POINTERS}
                 constexprs = dict(
                     DRAFT_LEN=3, PAGE_SIZE=page, BLOCK_P=paged.BLOCK_P, BLOCK_B=paged.BLOCK_B,
-                    D_NOPE=512, D_ROPE=64, SCALE_V=scale_v,
+                    D_NOPE=512, D_ROPE=64, SCALE_V=scale_v, INDICES=page != 128,
                 )
                 src = _signature(paged._translate_kernel, pointers, {"v_scale"}, constexprs)
                 triton.compile(src, target=TARGETS[arch][0], options={"num_warps": 4})

@@ -1,0 +1,695 @@
+"""Stage 1 for paged MLA caches on Hopper (sm90): the seesaw schedule, in
+Gluon. The same function as kernel_sm90's PAGED module, read straight from
+the pages: no producer warps, no translated indices, the drafts' rows read
+where the cache holds them.
+
+Why. Score/value's compute-bound period is its chain: the score
+warpgroup's softmax runs with the tensor cores idle, and each stage is held
+from its arrival through both P V (RESULTS.md, "Where a compute-bound
+tile's time goes"). The seesaw (FlashMLA's published schedule) overlaps one
+warpgroup's softmax with the other's products. Its probe
+(scripts/probe_seesaw_pages.py) ran stage 1 at 1.07-1.11x the paged
+kernel's speed on the H200; this kernel, with the plan, the segments, the
+masks and stage 2, runs 0.93-1.13x the translated call (RESULTS.md, "The
+seesaw kernel on pages"), so paged.seesaw_serves sends it batch 1 alone.
+
+Each CTA holds 64 query rows (BLOCK_H heads x L drafts) in two
+warpgroups of 240 registers. The left holds output columns 0-255, the right
+256-511. Tiles of 64 tokens (a page of 64, half a page of 128) come in
+pairs, A (ring stage 0) and B (stage 1); m is the running row max:
+
+    left   S_A = Q A^T; m_A = max(m, max S_A); P_A = exp(S_A - m_A)
+           (into A's spent rope rows); O_L = O_L e^(m - m_A) + P_A A_L
+    right  S_B = Q B^T; takes m_A; m_B = max(m_A, max S_B);
+           P_B = exp(S_B - m_B) (into B's rope rows);
+           O_R = O_R e^(m - m_B) + P_A e^(m_A - m_B) A_R + P_B B_R
+    left   O_L = O_L e^(m_A - m_B) + P_B B_L
+
+Each stage's three column groups (latent 0-255, latent 256-511, rope) are
+reloaded by TMA by the warpgroup whose product last read it, as soon as
+that product is done; the scores wait for each group's copy in turn. A
+segment of an odd tile count ends on a pair with no B. Each warpgroup
+stages its own columns of a segment's query rows (the left 0-255, the
+right the rest), and both wait for the other's (Q_READY).
+
+The plan is kernel_sm90's, to the position (its helpers, imported): one
+wave of CTAs a head block, the batch's positions (each sequence's prefix
+tiles, then one for its drafts) cut into equal shares. So stage 2
+(kernel._merge_shares_kernel) merges these partials unchanged. A segment
+of sequence b (its part of the CTA's share: prefix tokens lo .. hi - 1,
+and its drafts where the share holds their position) reads the 64-token
+tiles of the sequence that meet lo .. hi - 1, and with its drafts every
+tile up to the sequence's end n = prefix + L, where the drafts live in the
+cache. Draft i sees key p where lo <= p < hi, or with the drafts
+p < prefix + 1 + i (bottom-right causal); tiles that reach outside that
+window are masked. Rows of the last tile at n or past are not the
+sequence's: each warpgroup zeroes them in its half of V before its
+product (P is 0 there, but the rows may hold anything, NaN included).
+
+Limits (paged.seesaw_serves): MLA, bf16 q and cache, pages of a multiple
+of 64 tokens, token rows TMA can copy, every sequence with L drafts.
+Gluon does not run under Triton's interpreter: CI compiles this kernel ahead
+of time and the GPU tests check it against the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from . import hopper, problem
+from .config import COMPILE_OPTIONS
+from .kernel import PLAN_BLOCK
+from .kernel_sm90 import (
+    _add,
+    _dest,
+    _launch_dependents,
+    _positions,
+    _request_positions,
+    _segment,
+    _share_count,
+    _store_lse,
+    _store_out,
+    _tile_coords,
+    _tma_load,
+    _warps_barrier,
+)
+
+ROWS = gl.constexpr(hopper.ROWS)
+TOKENS = gl.constexpr(hopper.TOKENS)
+D_NOPE = gl.constexpr(problem.D_NOPE)
+D_ROPE = gl.constexpr(problem.D_ROPE)
+HALF = gl.constexpr(problem.D_NOPE // 2)  # output columns a warpgroup
+GROUPS = gl.constexpr(3)  # column groups a stage: latent left, latent right, rope
+WARPGROUP = gl.constexpr(hopper.WARPGROUP)
+DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
+REGS = gl.constexpr(240)  # each warpgroup's: no producer partition holds any
+LAUNCH_OPTIONS = {"num_warps": 4, "maxnreg": REGS.value, **COMPILE_OPTIONS}
+# Each warpgroup's layouts: a score tile, its half of the output, and P as
+# the register A operand of P V.
+S_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+)
+O_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+)
+P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT.value, k_width=2))
+S_ROWS = gl.constexpr(gl.SliceLayout(1, S_LAYOUT.value))  # a score tile's row vectors
+O_ROWS = gl.constexpr(gl.SliceLayout(1, O_LAYOUT.value))  # an output half's
+# Barriers the warpgroups hand over on, one phase a pair (SCALE_A,
+# SCALE_B), a B tile (P_B), or a segment (SUMS twice, Q_READY once).
+SCALE_A = gl.constexpr(0)  # m_A, e^(m - m_A) and P_A, from the left
+SCALE_B = gl.constexpr(1)  # m_B, e^(m_A - m_B), from the right
+P_B = gl.constexpr(2)  # P_B, from the right
+SUMS = gl.constexpr(3)  # the right's row sums, then their total
+Q_READY = gl.constexpr(4)  # both halves of the segment's query rows
+HANDS = gl.constexpr(5)
+
+
+# --- loads -----------------------------------------------------------------------
+
+
+@gluon.jit
+def _issue(src, tile, group: gl.constexpr, ring, ready):
+    # One column group of the segment's tile `tile` into its stage (tile %
+    # 2) by TMA: 64 rows of one page, from the slot of its first token.
+    table_row, page_size, slots_per_block, first, descs = src
+    nope_ring, rope_ring = ring
+    nope_desc, rope_desc = descs
+    stage = tile % 2
+    pos = first + tile * TOKENS
+    slot = gl.load(table_row + pos // page_size) * slots_per_block + pos % page_size
+    bar = ready.index(stage * GROUPS + group)
+    if group == 2:
+        mbarrier.expect(bar, TOKENS * D_ROPE * 2)
+        _tma_load(rope_desc, [slot, 0], bar, rope_ring.index(stage))
+    else:
+        mbarrier.expect(bar, TOKENS * HALF * 2)
+        dst = nope_ring.index(stage).slice(group * HALF, HALF, dim=1)
+        _tma_load(nope_desc, [slot, group * HALF], bar, dst)
+
+
+@gluon.jit
+def _stage_q(
+    dst,
+    q_args,
+    request,
+    head_block,
+    num_heads,
+    col0,
+    WIDTH: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+):
+    # Query columns col0 .. col0 + WIDTH - 1 of the segment's rows into
+    # dst, 64 columns a step through registers (rows past the request or
+    # the heads zero-filled); the caller signals Q_READY.
+    Q, stride_q_tok, stride_q_head = q_args
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPGROUP, 1], [1, 0])
+    for k in gl.static_range(WIDTH // 64):
+        offs_h, offs_i, mask_m, cols = _tile_coords(
+            head_block, num_heads, request[1], col0 + k * 64, 64, BLOCK_H, DRAFT_LEN, layout
+        )
+        rows = (request[0] + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
+        x = gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
+        dst.slice(k * 64, 64, dim=1).store(x)
+
+
+@gluon.jit
+def _q_ready(hand, segment):
+    # This warpgroup's query columns are in place, for wgmma (the async
+    # proxy) to read; wait for the other's.
+    fence_async_shared()
+    _warps_barrier()
+    mbarrier.arrive(hand.index(Q_READY), count=1)
+    mbarrier.wait(hand.index(Q_READY), segment & 1)
+
+
+@gluon.jit
+def _zero_rows_from(half, valid):
+    # Rows valid .. 63 of a [64, 256] half tile set to 0: positions past
+    # the sequence's end, whatever the page holds there.
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
+    for c in gl.static_range(HALF // 64):
+        piece = half.slice(c * 64, 64, dim=1)
+        x = piece.load(layout)
+        piece.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
+    fence_async_shared()
+    _warps_barrier()
+
+
+# --- scores ----------------------------------------------------------------------
+
+
+@gluon.jit
+def _scores(q, ring, ready, stage, phase, zero_s):
+    # S = Q K^T over a stage's three column groups, each waited for in turn.
+    q_nope, q_rope = q
+    nope_ring, rope_ring = ring
+    kv = nope_ring.index(stage)
+    s = zero_s
+    for k in gl.static_range(2):
+        mbarrier.wait(ready.index(stage * GROUPS + k), phase)
+        s = warpgroup_mma(
+            q_nope.slice(k * HALF, HALF, dim=1),
+            kv.slice(k * HALF, HALF, dim=1).permute((1, 0)),
+            s,
+            use_acc=k > 0,
+            is_async=True,
+        )
+    mbarrier.wait(ready.index(stage * GROUPS + 2), phase)
+    s = warpgroup_mma(q_rope, rope_ring.index(stage).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=[s])
+
+
+@gluon.jit
+def _outside_window(window, tile_first):
+    # Whether some key of the tile at tile_first is hidden from some row.
+    lo, visible_to, _, _ = window
+    return (tile_first < lo) | (tile_first + TOKENS > visible_to)
+
+
+@gluon.jit
+def _mask(s, window, tile_first, DRAFT_LEN: gl.constexpr):
+    # Keys outside the segment's window to -inf: draft i sees p where
+    # lo <= p < visible_to + causal * i.
+    lo, visible_to, causal, _ = window
+    drafts = gl.arange(0, ROWS, layout=S_ROWS) % DRAFT_LEN
+    keys = tile_first + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, S_LAYOUT))
+    limit = visible_to + causal * drafts
+    seen = (keys[None, :] >= lo) & (keys[None, :] < limit[:, None])
+    return gl.where(seen, s, float("-inf"))
+
+
+@gluon.jit
+def _tile_scores(q, ring, ready, stage, phase, zero_s, window, tile_first, DRAFT_LEN: gl.constexpr):
+    s = _scores(q, ring, ready, stage, phase, zero_s)
+    if _outside_window(window, tile_first):
+        s = _mask(s, window, tile_first, DRAFT_LEN)
+    return s
+
+
+@gluon.jit
+def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
+    # Sequence b's segment of the share (kernel_sm90._segment): its tile
+    # count, its window (module docstring: lo, visible_to, causal, the
+    # sequence's end n), where its tiles come from (_issue), and the rest
+    # of _segment's answer.
+    kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
+    BLOCK_TABLE, stride_table, page_size, slots_per_block, descs = pages
+    prefix = request[2]
+    seq_end = prefix + DRAFT_LEN
+    end = gl.where(with_drafts, seq_end, hi)
+    first = lo // TOKENS * TOKENS
+    n_tiles = (end - first + TOKENS - 1) // TOKENS
+    visible_to = gl.where(with_drafts, prefix + 1, hi)
+    window = (lo, visible_to, with_drafts.to(gl.int32), seq_end)
+    table_row = BLOCK_TABLE + request[3].to(gl.int64) * stride_table
+    src = (table_row, page_size, slots_per_block, first, descs)
+    return n_tiles, window, src, whole, request, base
+
+
+# --- the two warpgroups ----------------------------------------------------------------
+
+
+@gluon.jit
+def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
+    # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
+    nope_ring, rope_ring = ring
+    _, _, _, _, _, _, head_block, num_heads = out_args
+    _, b0, b1, base, _, _, _ = share
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
+    pairs_done = 0  # of earlier segments: the hand-overs' phases
+    b_done = 0  # B tiles of earlier segments: stage 1's and P_B's phases
+    for b in range(b0, b1 + 1):
+        n_tiles, window, src, whole, request, base = _segment_window(
+            share, b, base, pages, DRAFT_LEN
+        )
+        first = src[3]
+        seq_end = window[3]
+        # Both stages are free (the right's last products are done: SUMS).
+        for t in gl.static_range(2):
+            if t < n_tiles:
+                for group in gl.static_range(GROUPS):
+                    _issue(src, t, group, ring, ready)
+        _stage_q(
+            q_nope.index(0).slice(0, HALF, dim=1),
+            q_args,
+            request,
+            head_block,
+            num_heads,
+            0,
+            HALF,
+            BLOCK_H,
+            DRAFT_LEN,
+        )
+        _q_ready(hand, b - b0)
+        acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=S_ROWS)
+        l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
+        pairs = (n_tiles + 1) // 2
+        for pair in range(pairs):
+            a = 2 * pair
+            # z = 0, but a value of the loop to ptxas: the wgmma descriptors
+            # of q and of the stages, hoisted out of the loop where their
+            # stage is a constant, spilled 30-40 registers a pair.
+            z = pair & zero
+            tile_a = first + a * TOKENS
+            phase = (pairs_done + pair) & 1
+            s = _tile_scores(
+                (q_nope.index(z), q_rope.index(z)),
+                ring,
+                ready,
+                z,
+                phase,
+                zero_s,
+                window,
+                tile_a,
+                DRAFT_LEN,
+            )
+            m_a = gl.maximum(m_i, gl.max(s, 1) * scale)
+            alpha = gl.exp2(m_i - m_a)
+            p = gl.exp2(s * scale - m_a[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            p_bf16 = p.to(gl.bfloat16)
+            # P_A at A's max into A's spent rope rows; the right rescales it.
+            rope_ring.index(z).store(p_bf16)
+            xchg.index(0).store(m_a)
+            xchg.index(1).store(alpha)
+            _warps_barrier()
+            mbarrier.arrive(hand.index(SCALE_A), count=1)
+            acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
+            a_left = nope_ring.index(z).slice(0, HALF, dim=1)
+            if tile_a + TOKENS > seq_end:
+                _zero_rows_from(a_left, seq_end - tile_a)
+            acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), a_left, acc)
+            if a + 2 < n_tiles:  # A_L is free
+                _issue(src, a + 2, 0, ring, ready)
+            mbarrier.wait(hand.index(SCALE_B), phase)
+            m_i = xchg.index(2).load(S_ROWS)
+            beta = xchg.index(3).load(S_ROWS)
+            l_i = l_i * beta
+            acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
+            if a + 1 < n_tiles:
+                mbarrier.wait(hand.index(P_B), (b_done + pair) & 1)
+                b_left = nope_ring.index(z + 1).slice(0, HALF, dim=1)
+                if tile_a + 2 * TOKENS > seq_end:
+                    _zero_rows_from(b_left, seq_end - tile_a - TOKENS)
+                acc = warpgroup_mma(rope_ring.index(z + 1), b_left, acc)
+                if a + 3 < n_tiles:  # B_L and B's rope rows (P_B) are free
+                    _issue(src, a + 3, 0, ring, ready)
+                    _issue(src, a + 3, 2, ring, ready)
+        pairs_done += pairs
+        b_done += n_tiles // 2
+        # The right's row sums are at the same max: add them.
+        mbarrier.wait(hand.index(SUMS), 0)
+        l_i = l_i + xchg.index(4).load(S_ROWS)
+        xchg.index(5).store(l_i)
+        _warps_barrier()
+        mbarrier.arrive(hand.index(SUMS), count=1)
+        dest = _dest(out_args, b, b0, whole, request)
+        _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
+        out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
+        _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN)
+
+
+@gluon.jit
+def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
+    # Output columns 256-511; tile B of each pair.
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
+    nope_ring, rope_ring = ring
+    _, _, _, _, _, _, head_block, num_heads = out_args
+    _, b0, b1, base, _, _, _ = share
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
+    pairs_done = 0
+    b_done = 0
+    for b in range(b0, b1 + 1):
+        n_tiles, window, src, whole, request, base = _segment_window(
+            share, b, base, pages, DRAFT_LEN
+        )
+        first = src[3]
+        seq_end = window[3]
+        _stage_q(
+            q_nope.index(0).slice(HALF, HALF, dim=1),
+            q_args,
+            request,
+            head_block,
+            num_heads,
+            HALF,
+            HALF,
+            BLOCK_H,
+            DRAFT_LEN,
+        )
+        _stage_q(
+            q_rope.index(0),
+            q_args,
+            request,
+            head_block,
+            num_heads,
+            D_NOPE,
+            D_ROPE,
+            BLOCK_H,
+            DRAFT_LEN,
+        )
+        _q_ready(hand, b - b0)
+        acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
+        l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
+        pairs = (n_tiles + 1) // 2
+        for pair in range(pairs):
+            a = 2 * pair
+            z = pair & zero  # 0 (_left)
+            tile_a = first + a * TOKENS
+            phase = (pairs_done + pair) & 1
+            tiles = (ring, ready, src, a, n_tiles, z, tile_a, seq_end)
+            if a + 1 < n_tiles:
+                s = _tile_scores(
+                    (q_nope.index(z), q_rope.index(z)),
+                    ring,
+                    ready,
+                    z + 1,
+                    (b_done + pair) & 1,
+                    zero_s,
+                    window,
+                    tile_a + TOKENS,
+                    DRAFT_LEN,
+                )
+                mbarrier.wait(hand.index(SCALE_A), phase)
+                m_a = xchg.index(0).load(S_ROWS)
+                alpha = xchg.index(1).load(S_ROWS)
+                m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
+                beta = gl.exp2(m_a - m_b)
+                p = gl.exp2(s * scale - m_b[:, None])
+                xchg.index(2).store(m_b)
+                xchg.index(3).store(beta)
+                _warps_barrier()
+                mbarrier.arrive(hand.index(SCALE_B), count=1)
+                l_i = l_i * (alpha * beta) + gl.sum(p, 1)
+                p_bf16 = p.to(gl.bfloat16)
+                rope_ring.index(z + 1).store(p_bf16)  # B's rope rows are spent
+                fence_async_shared()
+                _warps_barrier()
+                mbarrier.arrive(hand.index(P_B), count=1)
+                acc = acc * gl.convert_layout(alpha * beta, O_ROWS)[:, None]
+                # A first: all of tile A is free by mid-pair.
+                acc = _right_adds_a(acc, beta, tiles)
+                acc = _right_adds_b(acc, p_bf16, tiles)
+            else:  # a pair with no B: m_B = m_A
+                mbarrier.wait(hand.index(SCALE_A), phase)
+                m_a = xchg.index(0).load(S_ROWS)
+                alpha = xchg.index(1).load(S_ROWS)
+                beta = gl.full([ROWS], 1.0, gl.float32, layout=S_ROWS)
+                xchg.index(2).store(m_a)
+                xchg.index(3).store(beta)
+                _warps_barrier()
+                mbarrier.arrive(hand.index(SCALE_B), count=1)
+                l_i = l_i * alpha
+                acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
+                acc = _right_adds_a(acc, beta, tiles)
+        pairs_done += pairs
+        b_done += n_tiles // 2
+        xchg.index(4).store(l_i)
+        _warps_barrier()
+        mbarrier.arrive(hand.index(SUMS), count=1)
+        mbarrier.wait(hand.index(SUMS), 1)
+        l_i = xchg.index(5).load(S_ROWS)
+        dest = _dest(out_args, b, b0, whole, request)
+        out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
+        _store_out(out, HALF, dest, BLOCK_H, DRAFT_LEN)
+
+
+@gluon.jit
+def _right_adds_a(acc, beta, tiles):
+    # O_R += P_A e^(m_A - m_B) A_R, P_A (the left's, at A's max) taken to
+    # B's max as the register A operand; then A_R and A's rope rows (P_A)
+    # are free.
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
+    nope_ring, rope_ring = ring
+    p_a = rope_ring.index(z).load(P_LAYOUT).to(gl.float32)
+    p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
+    a_right = nope_ring.index(z).slice(HALF, HALF, dim=1)
+    if tile_a + TOKENS > seq_end:
+        _zero_rows_from(a_right, seq_end - tile_a)
+    acc = warpgroup_mma(p_a, a_right, acc)
+    if a + 2 < n_tiles:
+        _issue(src, a + 2, 1, ring, ready)
+        _issue(src, a + 2, 2, ring, ready)
+    return acc
+
+
+@gluon.jit
+def _right_adds_b(acc, p_bf16, tiles):
+    # O_R += P_B B_R; then B_R is free.
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
+    nope_ring, rope_ring = ring
+    b_right = nope_ring.index(z + 1).slice(HALF, HALF, dim=1)
+    if tile_a + 2 * TOKENS > seq_end:
+        _zero_rows_from(b_right, seq_end - tile_a - TOKENS)
+    acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), b_right, acc)
+    if a + 3 < n_tiles:
+        _issue(src, a + 3, 1, ring, ready)
+    return acc
+
+
+# --- the kernel --------------------------------------------------------------------
+
+
+@gluon.jit(do_not_specialize=["batch_size", "min_share", "page_size", "slots_per_block"])
+def _seesaw_kernel(
+    Q,
+    O,
+    QO_INDPTR,
+    KV_INDPTR,
+    BLOCK_TABLE,
+    PART_O,
+    PART_LSE,
+    nope_desc,
+    rope_desc,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_table,
+    page_size,
+    slots_per_block,
+    num_heads,
+    batch_size,
+    min_share,
+    scale,
+    v_scale,
+    zero,
+    DRAFT_LEN: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_B: gl.constexpr,
+    LAUNCH_DEPENDENTS: gl.constexpr,
+):
+    if LAUNCH_DEPENDENTS:  # kernel_sm90's reason
+        _launch_dependents()
+    head_block = gl.program_id(0)
+    cta = gl.program_id(1)
+    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPGROUP], [0])
+    # kernel_sm90's plan for a batch whose sequences all have L drafts:
+    # the same shares, so that stage 2 finds the same partials.
+    total = 0
+    most = 0
+    for start in range(0, batch_size, BLOCK_B):
+        offs = start + gl.arange(0, BLOCK_B, layout=plan_layout)
+        positions = _request_positions(KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1)
+        total += gl.sum(positions, 0)
+        most = gl.maximum(most, gl.max(positions, 0))
+    uniform = most.to(gl.int64) * batch_size == total
+    drafts = DRAFT_POSITIONS
+    if uniform:
+        drafts = 1
+    total += (drafts - 1) * batch_size
+    ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
+    share_block = (KV_INDPTR, QO_INDPTR, 0, QO_INDPTR, head_block * BLOCK_H * DRAFT_LEN)
+    if cta < ctas:
+        s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
+        s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
+        b0 = 0
+        base0 = 0
+        b1 = 0
+        done = 0
+        for start in range(0, batch_size, BLOCK_B):
+            positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, plan_layout)
+            ends = done + gl.associative_scan(positions, 0, _add)
+            before = ends - drafts < s0
+            b0 += gl.sum(before.to(gl.int32), 0)
+            base0 += gl.sum(gl.where(before, positions, 0), 0)
+            b1 += gl.sum((ends < s1).to(gl.int32), 0)
+            done += gl.sum(positions, 0)
+        share = (share_block, b0, b1, base0, s0, s1, drafts)
+        q_args = (Q, stride_q_tok, stride_q_head)
+        out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
+
+        nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+            [ROWS, D_NOPE], gl.bfloat16
+        )
+        rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+            [ROWS, D_ROPE], gl.bfloat16
+        )
+        # q [1, ...]: indexed by a loop value (_left's z).
+        q_nope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_NOPE], nope_layout)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_ROPE], rope_layout)
+        nope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_NOPE], nope_layout)
+        rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_ROPE], rope_layout)
+        # Row vectors handed over: m_A, e^(m - m_A), m_B, e^(m_A - m_B),
+        # the right's row sums, their total.
+        xchg = gl.allocate_shared_memory(
+            gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        )
+        ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
+        hand = gl.allocate_shared_memory(gl.int64, [HANDS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2 * GROUPS):
+            mbarrier.init(ready.index(i), count=1)  # a TMA copy's expect
+        for i in gl.static_range(HANDS):
+            mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
+        fence_async_shared()
+        _warps_barrier()
+        bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
+        pages = (BLOCK_TABLE, stride_table, page_size, slots_per_block, (nope_desc, rope_desc))
+        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
+        gl.warp_specialize(
+            [(_left, (both, BLOCK_H, DRAFT_LEN)), (_right, (both, BLOCK_H, DRAFT_LEN))],
+            [WARPGROUP],
+            [REGS],
+        )
+
+
+# --- the host ----------------------------------------------------------------------
+
+
+@functools.cache
+def page_layouts() -> tuple[tuple[int, int, int, gl.NVMMASharedLayout], ...]:
+    """The TMA copies of a tile (first column, columns, box columns, shared
+    layout): a latent half, and the rope columns. Cached: building a layout
+    costs about 20 us of host time."""
+    return tuple(
+        (first, width, box, gl.NVMMASharedLayout.get_default_for([hopper.TOKENS, box], gl.bfloat16))
+        for first, width, box in (
+            (0, problem.D_NOPE, problem.D_NOPE // 2),
+            (problem.D_NOPE, problem.D_ROPE, problem.D_ROPE),
+        )
+    )
+
+
+def page_descriptors(pool):
+    """TMA descriptors of a paged pool's token rows [slots, 576]."""
+    return tuple(
+        TensorDescriptor.from_tensor(pool[:, first : first + width], [hopper.TOKENS, box], layout)
+        for first, width, box, layout in page_layouts()
+    )
+
+
+def launch(
+    q,
+    pool,
+    block_table,
+    o,
+    qo_indptr,
+    kv_indptr,
+    part_o,
+    part_lse,
+    *,
+    page_size: int,
+    slots_per_block: int,
+    batch_size: int,
+    draft_len: int,
+    block_h: int,
+    ctas: int,
+    min_share: int,
+    score_scale: float,
+    v_scale: float,
+    launch_dependents: bool,
+) -> None:
+    """Stage 1 over a paged cache, ``pool`` its token rows [slots, 576]
+    (block n's page from slot n * ``slots_per_block``), on ``ctas`` CTAs a
+    head block of ``block_h`` heads: kernel_sm90.launch_prefix's plan and
+    partials (``part_o`` / ``part_lse`` rows (slot, head, draft)), for
+    ``q`` [bs * L, H, 576] and ``o`` [bs * L, H, 512]; ``kv_indptr`` holds
+    the prefix lengths (cache_seqlens - L) prefix-summed. ``score_scale``
+    is in the log2 domain."""
+    head_blocks = hopper.head_blocks(q.shape[1], block_h)
+    nope_desc, rope_desc = page_descriptors(pool)
+    _seesaw_kernel[(head_blocks, ctas)](
+        q,
+        o,
+        qo_indptr,
+        kv_indptr,
+        block_table,
+        part_o,
+        part_lse,
+        nope_desc,
+        rope_desc,
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        block_table.stride(0),
+        page_size,
+        slots_per_block,
+        q.shape[1],
+        batch_size,
+        min_share,
+        score_scale,
+        v_scale,
+        0,
+        DRAFT_LEN=draft_len,
+        BLOCK_H=block_h,
+        BLOCK_B=PLAN_BLOCK,
+        LAUNCH_DEPENDENTS=launch_dependents,
+        **LAUNCH_OPTIONS,
+    )
