@@ -24,7 +24,9 @@ Measures, in one run on one GPU:
   rate on random 8192^3 operands;
 - per shape, the contenders: ``tuned`` (the shipped table, launched as an
   engine launches it), ``paged`` (``verify_mla_paged`` on a paged copy of
-  the same values, -page rows only), ``default`` (the built-in default config),
+  the same values, -page rows only), ``paged_seesaw`` (the same, with the
+  seesaw kernel at any batch size where it serves the call:
+  ``paged.SEESAW_MAX_BATCH``), ``default`` (the built-in default config),
   ``triton`` (the tuned tile on the package's portable Triton kernel),
   ``mha`` (the Triton kernel with BLOCK_H=1, the MHA-style baseline),
   ``torch_ref`` (the float32 reference on the GPU), ``flashinfer``
@@ -172,6 +174,7 @@ KV_CACHE_DTYPES = {
 CONTENDERS = (
     "tuned",
     "paged",
+    "paged_seesaw",
     "default",
     "triton",
     "mha",
@@ -1328,12 +1331,19 @@ def rev_contender(rev: Revision, batch: Batch, arch: str) -> Contender:
 
 
 def paged_contender(
-    batch: Batch, arch: str, package=mla_verify, name: str = "paged", given: str = ""
+    batch: Batch,
+    arch: str,
+    package=mla_verify,
+    name: str = "paged",
+    given: str = "",
+    seesaw: bool = False,
 ) -> Contender:
     """``verify_mla_paged`` (this package's, or a revision's for ``rev:``
     contenders) on each rotation set's paged cache (``batch.paged``: the
     token-indexed contenders' values, drafts as each sequence's last L
-    positions); the tables' config, as ``tuned``."""
+    positions); the tables' config, as ``tuned``. ``seesaw``: the seesaw
+    kernel at every batch size where it serves the call
+    (``paged.SEESAW_MAX_BATCH`` opened while each launch is captured)."""
     s = batch.spec
     bs, L, H = s.batch_size, s.draft_len, s.num_heads
     q = batch.q.view(bs, L, H, Q_DIM)
@@ -1347,7 +1357,15 @@ def paged_contender(
                 q, kv_cache, block_table, seqlens, sm_scale=batch.sm_scale, out=out4
             )
 
-        return launch
+        def launch_seesaw() -> None:
+            rule = mla_verify.paged.SEESAW_MAX_BATCH
+            mla_verify.paged.SEESAW_MAX_BATCH = bs
+            try:
+                launch()
+            finally:
+                mla_verify.paged.SEESAW_MAX_BATCH = rule
+
+        return launch_seesaw if seesaw else launch
 
     return Contender(
         name,
@@ -1672,7 +1690,7 @@ def _with_config(row: dict[str, Any], contender: Contender) -> None:
         row["config"] = json.dumps({k: v for k, v in fields.items() if v is not None})
 
 
-PAGED_CONTENDERS = ("paged", "tuned", "flashmla")
+PAGED_CONTENDERS = ("paged", "paged_seesaw", "tuned", "flashmla")
 
 
 # The contenders timed on bf16 KV alone (their builds or their gates).
@@ -1705,8 +1723,10 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
             return f"-page rows time {', '.join(PAGED_CONTENDERS)}"
         if name == "flashmla" and spec.page_size != FLASHMLA_PAGE:
             return f"FlashMLA's dense decode reads {FLASHMLA_PAGE}-token pages"
+        if name == "paged_seesaw" and spec.page_size % 64:
+            return "the seesaw kernel reads pages of a multiple of 64 tokens"
         return None
-    if name == "paged":
+    if name in ("paged", "paged_seesaw"):
         return "only on -page<N> rows"
     if kind and name in ("flashinfer", "flashmla", "mha"):
         return f"not this call ({kind})"
@@ -1725,8 +1745,8 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
         return kernel_contender(name, batch, ctx.arch)
     if name.startswith(REV_PREFIX):
         return rev_contender(_revisions[name], batch, ctx.arch)
-    if name == "paged":
-        return paged_contender(batch, ctx.arch)
+    if name in ("paged", "paged_seesaw"):
+        return paged_contender(batch, ctx.arch, name=name, seesaw=name == "paged_seesaw")
     if name == "torch_ref":
         tokens = sum(batch.prefix_lens)
         if tokens > ctx.torch_ref_max_tokens:
