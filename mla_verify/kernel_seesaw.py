@@ -241,8 +241,8 @@ def _tile_scores(q, ring, ready, stage, phase, zero_s, window, tile_first, DRAFT
 
 @gluon.jit
 def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
-    # Sequence b's segment of the share (kernel_sm90._segment): its tile
-    # count, its window (module docstring: lo, visible_to, causal, the
+    # Sequence b's segment of the share (kernel_sm90._segment): its first
+    # tile's position and tile count, its window (module docstring: lo, visible_to, causal, the
     # sequence's end n), where its tiles come from (_issue), and the rest
     # of _segment's answer.
     kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
@@ -256,7 +256,7 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
     window = (lo, visible_to, with_drafts.to(gl.int32), seq_end)
     table_row = BLOCK_TABLE + request[3].to(gl.int64) * stride_table
     src = (table_row, page_size, slots_per_block, first, descs)
-    return n_tiles, window, src, whole, request, base
+    return first, n_tiles, window, src, whole, request, base
 
 
 # --- the two warpgroups ----------------------------------------------------------------
@@ -274,10 +274,9 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     pairs_done = 0  # of earlier segments: the hand-overs' phases
     b_done = 0  # B tiles of earlier segments: stage 1's and P_B's phases
     for b in range(b0, b1 + 1):
-        n_tiles, window, src, whole, request, base = _segment_window(
+        first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        first = src[3]
         seq_end = window[3]
         # Both stages are free (the right's last products are done: SUMS).
         for t in gl.static_range(2):
@@ -377,10 +376,9 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     pairs_done = 0
     b_done = 0
     for b in range(b0, b1 + 1):
-        n_tiles, window, src, whole, request, base = _segment_window(
+        first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        first = src[3]
         seq_end = window[3]
         _stage_q(
             q_nope.index(0).slice(HALF, HALF, dim=1),

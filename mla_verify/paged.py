@@ -362,11 +362,12 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, score_scale, v_scale, 
     from . import kernel_seesaw
 
     bs, draft_len, num_heads, _ = q.shape
+    sms = sm_count(q.device)
     block_h = hopper.block_heads(num_heads, draft_len)
-    ctas = hopper.ctas_per_head_block(sm_count(q.device), num_heads, block_h)
+    ctas = hopper.ctas_per_head_block(sms, num_heads, block_h)
     config = api._tuned_config(q, num_heads, draft_len, bs, kv_cache.dtype, MLA_HEAD_DIMS)
     min_share = plan.min_share(config)
-    rows = seesaw_partial_rows(bs, num_heads, draft_len, sm_count(q.device))
+    rows = seesaw_partial_rows(num_heads, draft_len, sms)
     part_o, part_lse = get_workspace(q.device).views(rows, V_HEAD_DIM)
     dependent = plan.dependent_launch(q.device)
     o = out.view(bs * draft_len, num_heads, V_HEAD_DIM)

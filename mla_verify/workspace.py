@@ -275,21 +275,21 @@ def prepare_paged_workspace(
     if device.type == "cuda" and hopper.tiles_in_pages(page_size):
         # The seesaw kernel's partials (paged.seesaw_serves), where its
         # head blocks differ from the tuned configs'.
-        rows = seesaw_partial_rows(max_batch_size, num_heads, draft_len, sm_count(device))
-        if rows * (V_HEAD_DIM + 1) * 4 > nbytes:
-            nbytes = rows * (V_HEAD_DIM + 1) * 4
-            get_workspace(device).reserve(rows, V_HEAD_DIM)
+        rows = seesaw_partial_rows(num_heads, draft_len, sm_count(device))
+        get_workspace(device).reserve(rows, V_HEAD_DIM)
+        nbytes = max(nbytes, rows * (V_HEAD_DIM + 1) * 4)
     index_numel, draft_bytes = paged_numel(max_batch_size, draft_len, max_blocks * page_size)
     get_workspace(device).reserve_paged(index_numel, draft_bytes)
     return nbytes + index_numel * 4 + draft_bytes
 
 
-def seesaw_partial_rows(batch_size: int, num_heads: int, draft_len: int, sms: int) -> int:
-    """Partial rows of the paged seesaw kernel's launch (kernel_seesaw.py):
-    the Hopper kernel's plan with its heads a block (hopper.block_heads)."""
+def seesaw_partial_rows(num_heads: int, draft_len: int, sms: int) -> int:
+    """Partial rows of the paged seesaw kernel's launch (kernel_seesaw.py),
+    whatever the batch: the Hopper kernel's two slots a CTA, one wave of
+    CTAs over head blocks of ``hopper.block_heads``."""
     block_h = hopper.block_heads(num_heads, draft_len)
     ctas = hopper.ctas_per_head_block(sms, num_heads, block_h)
-    return partial_rows(batch_size, num_heads, draft_len, 0, ctas, block_h)
+    return hopper.partial_rows(ctas, num_heads, draft_len, block_h)
 
 
 def _workspace_device(device: torch.device | str | None) -> torch.device:
