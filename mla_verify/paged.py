@@ -83,7 +83,7 @@ from .problem import (
     V_HEAD_DIM,
     check_range,
 )
-from .workspace import capturing, get_workspace, seesaw_partial_rows
+from .workspace import capturing, get_workspace, seesaw_grid
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
 # Prefix positions a translation program writes per step, and at most this
@@ -363,11 +363,10 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, score_scale, v_scale, 
 
     bs, draft_len, num_heads, _ = q.shape
     sms = sm_count(q.device)
-    block_h = hopper.block_heads(num_heads, draft_len)
-    ctas = hopper.ctas_per_head_block(sms, num_heads, block_h)
+    block_h, ctas = seesaw_grid(num_heads, draft_len, sms)
     config = api._tuned_config(q, num_heads, draft_len, bs, kv_cache.dtype, MLA_HEAD_DIMS)
     min_share = plan.min_share(config)
-    rows = seesaw_partial_rows(num_heads, draft_len, sms)
+    rows = hopper.partial_rows(ctas, num_heads, draft_len, block_h)
     part_o, part_lse = get_workspace(q.device).views(rows, V_HEAD_DIM)
     dependent = plan.dependent_launch(q.device)
     o = out.view(bs * draft_len, num_heads, V_HEAD_DIM)

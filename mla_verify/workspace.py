@@ -283,12 +283,17 @@ def prepare_paged_workspace(
     return nbytes + index_numel * 4 + draft_bytes
 
 
-def seesaw_partial_rows(num_heads: int, draft_len: int, sms: int) -> int:
-    """Partial rows of the paged seesaw kernel's launch (kernel_seesaw.py),
-    whatever the batch: the Hopper kernel's two slots a CTA, one wave of
-    CTAs over head blocks of ``hopper.block_heads``."""
+def seesaw_grid(num_heads: int, draft_len: int, sms: int) -> tuple[int, int]:
+    """The paged seesaw kernel's launch (kernel_seesaw.py), whatever the
+    batch: heads a head block (``hopper.block_heads``), and CTAs a head
+    block, one wave of them."""
     block_h = hopper.block_heads(num_heads, draft_len)
-    ctas = hopper.ctas_per_head_block(sms, num_heads, block_h)
+    return block_h, hopper.ctas_per_head_block(sms, num_heads, block_h)
+
+
+def seesaw_partial_rows(num_heads: int, draft_len: int, sms: int) -> int:
+    """Partial rows of that launch: the Hopper kernel's two slots a CTA."""
+    block_h, ctas = seesaw_grid(num_heads, draft_len, sms)
     return hopper.partial_rows(ctas, num_heads, draft_len, block_h)
 
 
