@@ -421,8 +421,9 @@ def _prefix_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    # The value columns in N_CHUNKS chunks of D_CHUNK (1, 2 or 4).
-    D_CHUNK: tl.constexpr = 128 if D_V >= 128 else D_V
+    # The value columns in N_CHUNKS chunks of D_CHUNK (1, 2 or 4); tiles of
+    # 64 rows (wgmma on Hopper) in one, each chunk's dot would wait alone.
+    D_CHUNK: tl.constexpr = 128 if D_V >= 128 and BLOCK_M < 64 else D_V
     N_CHUNKS: tl.constexpr = D_V // D_CHUNK
     tl.static_assert(N_CHUNKS == 1 or N_CHUNKS == 2 or N_CHUNKS == 4)
     DOT_DTYPE: tl.constexpr = tl.float32 if DOT_FP32 else Q.dtype.element_ty
