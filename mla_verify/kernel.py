@@ -350,14 +350,6 @@ def _widen(x, dtype: tl.constexpr, WIDEN_BY_PTX: tl.constexpr):
 
 
 @triton.jit
-def _rows_chunk(ptr, col0, offs_c, mask, dtype: tl.constexpr, WIDEN_BY_PTX: tl.constexpr):
-    # Columns col0 .. col0 + D_CHUNK - 1 of rows ptr [R, 1] (masked rows 0),
-    # in the dot's dtype.
-    x = tl.load(ptr + col0 + offs_c[None, :], mask=mask[:, None], other=0.0)
-    return _widen(x, dtype, WIDEN_BY_PTX)
-
-
-@triton.jit
 def _softmax_step(qk, m_i):
     # One online-softmax step over scores qk [R, N] (log2 domain, -inf where
     # a key is hidden): the rows' new maxima, the rescale factor of what they
@@ -421,13 +413,7 @@ def _prefix_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    # The value columns in N_CHUNKS chunks of D_CHUNK (1, 2 or 4); tiles of
-    # 64 rows (wgmma on Hopper) in one, each chunk's dot would wait alone.
-    D_CHUNK: tl.constexpr = 128 if D_V >= 128 and BLOCK_M < 64 else D_V
-    N_CHUNKS: tl.constexpr = D_V // D_CHUNK
-    tl.static_assert(N_CHUNKS == 1 or N_CHUNKS == 2 or N_CHUNKS == 4)
-    DOT_DTYPE: tl.constexpr = tl.float32 if DOT_FP32 else Q.dtype.element_ty
-    offs_c = tl.arange(0, D_CHUNK)
+    offs_d = tl.arange(0, D_V)
     if D_ROPE > 0:
         offs_r = tl.arange(0, D_ROPE)
     mask_head = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
@@ -448,17 +434,12 @@ def _prefix_kernel(
 
         q_row = (q_start + offs_i).to(tl.int64)
         ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
-        # Q's value columns in chunks of D_CHUNK [M, D_CHUNK]: each dot then
-        # holds one chunk of the KV tile in registers, not all D_V columns.
-        q0 = _rows_chunk(ptr_q, 0, offs_c, mask_m, DOT_DTYPE, False)
-        if N_CHUNKS > 1:
-            q1 = _rows_chunk(ptr_q, D_CHUNK, offs_c, mask_m, DOT_DTYPE, False)
-        if N_CHUNKS > 2:
-            q2 = _rows_chunk(ptr_q, 2 * D_CHUNK, offs_c, mask_m, DOT_DTYPE, False)
-            q3 = _rows_chunk(ptr_q, 3 * D_CHUNK, offs_c, mask_m, DOT_DTYPE, False)
+        q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
+        if DOT_FP32:
+            q_nope = q_nope.to(tl.float32)
         if D_ROPE > 0:
             q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
-            q_pe = q_pe.to(DOT_DTYPE)  # [M, 64]
+            q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
         if PREFIX_MASK:
             # Row i's mask bits: its request's prefix keys, then its drafts.
             mask_row = tl.load(MASK_INDPTR + req).to(tl.int64) + offs_i.to(tl.int64) * (
@@ -467,29 +448,19 @@ def _prefix_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc0 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
-        acc3 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
 
         for start in tl.range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < hi
             slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             ptr_k = K_BUF + slot[:, None] * stride_k_slot
-            k0 = _rows_chunk(ptr_k, 0, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)  # [N, D_CHUNK]
-            qk = tl.dot(q0, tl.trans(k0))  # [M, N]
-            if N_CHUNKS > 1:
-                k1 = _rows_chunk(ptr_k, D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                qk += tl.dot(q1, tl.trans(k1))
-            if N_CHUNKS > 2:
-                k2 = _rows_chunk(ptr_k, 2 * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                qk += tl.dot(q2, tl.trans(k2))
-                k3 = _rows_chunk(ptr_k, 3 * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                qk += tl.dot(q3, tl.trans(k3))
+            kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
+            kv_c = _widen(kv_c, q_nope.dtype, WIDEN_BY_PTX)
+            qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
             if D_ROPE > 0:
                 k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, DOT_DTYPE, WIDEN_BY_PTX)))
+                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, q_nope.dtype, WIDEN_BY_PTX)))
             qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
             if PREFIX_MASK:
                 bits = tl.load(
@@ -501,28 +472,16 @@ def _prefix_kernel(
 
             m_new, alpha, p = _softmax_step(qk, m_i)
             l_i = l_i * alpha + tl.sum(p, 1)
-            p = p.to(DOT_DTYPE)
-            if V_FROM_K:  # V is K's first Dv columns (MLA's latent), already loaded
-                v0 = k0
-                if N_CHUNKS > 1:
-                    v1 = k1
-                if N_CHUNKS > 2:
-                    v2 = k2
-                    v3 = k3
+            if V_FROM_K:
+                v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
             else:
-                ptr_v = V_BUF + slot[:, None] * stride_v_slot
-                v0 = _rows_chunk(ptr_v, 0, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                if N_CHUNKS > 1:
-                    v1 = _rows_chunk(ptr_v, D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                if N_CHUNKS > 2:
-                    v2 = _rows_chunk(ptr_v, 2 * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                    v3 = _rows_chunk(ptr_v, 3 * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-            acc0 = acc0 * alpha[:, None] + tl.dot(p, v0)  # [M, D_CHUNK]
-            if N_CHUNKS > 1:
-                acc1 = acc1 * alpha[:, None] + tl.dot(p, v1)
-            if N_CHUNKS > 2:
-                acc2 = acc2 * alpha[:, None] + tl.dot(p, v2)
-                acc3 = acc3 * alpha[:, None] + tl.dot(p, v3)
+                v = tl.load(
+                    V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
+                    mask=mask_n[:, None],
+                    other=0.0,
+                )
+                v = _widen(v, q_nope.dtype, WIDEN_BY_PTX)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
             m_i = m_new
 
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
@@ -531,15 +490,11 @@ def _prefix_kernel(
         # 0: merged as nothing, never as NaN * 0).
         seen = l_i > 0
         l_i = tl.where(seen, l_i, 1.0)
-        scale = (v_scale / l_i)[:, None]
-        ptr_o = PART_O + part_row[:, None] * D_V + offs_c[None, :]
-        hidden = ~seen[:, None]
-        tl.store(ptr_o, tl.where(hidden, 0.0, acc0 * scale), mask=mask_m[:, None])
-        if N_CHUNKS > 1:
-            tl.store(ptr_o + D_CHUNK, tl.where(hidden, 0.0, acc1 * scale), mask=mask_m[:, None])
-        if N_CHUNKS > 2:
-            tl.store(ptr_o + 2 * D_CHUNK, tl.where(hidden, 0.0, acc2 * scale), mask=mask_m[:, None])
-            tl.store(ptr_o + 3 * D_CHUNK, tl.where(hidden, 0.0, acc3 * scale), mask=mask_m[:, None])
+        tl.store(
+            PART_O + part_row[:, None] * D_V + offs_d[None, :],
+            tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
+            mask=mask_m[:, None],
+        )
         tl.store(
             PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m
         )
