@@ -4,7 +4,9 @@
 
 compiles each shape's stage 1 for sm90 with the config the shipped table
 gives it (``--schedule gluon_sm90_sv``: the Hopper kernel's tile on that
-schedule instead), as its launch would (``aot.compile_stage1``), disassembles it
+schedule instead; ``--triton``: the portable Triton kernel's own config,
+``block_config(..., kernel="triton")``, what AMD GPUs run), as its launch
+would (``aot.compile_stage1``), disassembles it
 with the ``nvdisasm`` that ships with Triton (``aot.sass``), and prints its
 instructions, registers and stack, then each loop that issues wgmma or
 cp.async: its first instruction, nesting depth and size, and how many
@@ -228,16 +230,23 @@ def overwritten_register_a(instructions: Sequence[str]) -> list[tuple[int, int]]
     return found
 
 
-def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
+def report(spec: bench.ShapeSpec, schedule: str | None = None, triton: bool = False) -> str:
     """One shape's stage 1: its config, size, registers and loops. The
     config is the shipped table's, or with ``schedule`` (one of
-    ``HOPPER_KERNELS``) the Hopper kernel's tile on that schedule."""
-    if schedule is None:
-        config = lookup.block_config(
-            spec.num_heads, spec.draft_len, spec.batch_size, spec.kv_dtype, arch="sm90"
-        )
-    else:
+    ``HOPPER_KERNELS``) the Hopper kernel's tile on that schedule, or with
+    ``triton`` the portable Triton kernel's own."""
+    if schedule is not None:
         config = hopper_config(spec.num_heads, spec.draft_len, spec.batch_size, schedule)
+    else:
+        config = lookup.block_config(
+            spec.num_heads,
+            spec.draft_len,
+            spec.batch_size,
+            spec.kv_dtype,
+            arch="sm90",
+            kernel="triton" if triton else None,
+            head_dims=spec.head_dims,
+        )
     paged = spec.page_size > 0 and hopper.tiles_in_pages(spec.page_size)
     options = dict(mask=_MASKS[spec.mask], ragged=spec.ragged, paged=paged)
     compiled = aot.compile_stage1(
@@ -249,8 +258,11 @@ def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
     # A Hopper config runs the Triton kernel where the Hopper one does not
     # take the call (hopper.supports), as its launch would.
     kernel = config.kernel if compiled.name == "_prefix_kernel_sm90" else "triton"
+    tile = f"BLOCK_H {config.BLOCK_H}"
+    if kernel == "triton":  # the rest of its tile is its own
+        tile += f", BLOCK_N {config.BLOCK_N}, {config.num_warps} warps, {config.num_stages} stages"
     lines = [
-        f"{spec.name}: {kernel}, BLOCK_H {config.BLOCK_H}; {len(instructions)} "
+        f"{spec.name}: {kernel}, {tile}; {len(instructions)} "
         f"instructions, {resources.registers} registers, stack {resources.scratch} bytes, "
         f"{local} local-memory accesses",
         "  loop (first, depth)     size  wgmma  waits  cp.async  local  barrier",
@@ -269,10 +281,16 @@ def report(spec: bench.ShapeSpec, schedule: str | None = None) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = Parser(prog="sass_report.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("shapes", nargs="+", type=bench.parse_shape, help="bench.py shape names")
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
         "--schedule",
         choices=HOPPER_KERNELS,
         help="compile the Hopper kernel's tile on this schedule, not the table's config",
+    )
+    which.add_argument(
+        "--triton",
+        action="store_true",
+        help="compile the portable Triton kernel with its own config (what AMD GPUs run)",
     )
     return parser.parse_args(argv)
 
@@ -280,7 +298,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     for spec in args.shapes:
-        print(report(spec, args.schedule))
+        print(report(spec, args.schedule, args.triton))
     return 0
 
 

@@ -123,6 +123,28 @@ def test_a_schedule_replaces_the_tables_config(monkeypatch):
         sass_report.parse_args(["H16L4B8C2048", "--schedule", "triton"])
 
 
+def test_triton_compiles_the_portable_kernels_own_config(monkeypatch):
+    # --triton: the config block_config(..., kernel="triton") gives the
+    # shape (its head dims included), and the header names its whole tile.
+    from mla_verify import lookup
+
+    calls = _fake_compiles(monkeypatch, kernel_name="_prefix_kernel")
+    args = sass_report.parse_args(["--triton", "H8L4B32C16384", "H8L4B32C16384-d256"])
+    headers = [sass_report.report(spec, args.schedule, args.triton) for spec in args.shapes]
+    expected = [
+        lookup.block_config(8, 4, 32, "bf16", arch="sm90", kernel="triton", head_dims=dims)
+        for dims in ((576, 512), (256, 256))
+    ]
+    assert [config for config, _ in calls] == expected
+    tile = expected[0]
+    assert headers[0].startswith(
+        f"H8L4B32C16384: triton, BLOCK_H {tile.BLOCK_H}, BLOCK_N {tile.BLOCK_N}, "
+        f"{tile.num_warps} warps, {tile.num_stages} stages;"
+    )
+    with pytest.raises(SystemExit):
+        sass_report.parse_args(["H8L4B32C16384", "--triton", "--schedule", "gluon_sm90"])
+
+
 def test_the_header_names_the_kernel_that_compiled(monkeypatch):
     # A Hopper config the Hopper kernel does not take (fp8 KV with triton
     # 3.7: hopper.FP8_LOWERS) compiles the Triton kernel, and says so.
