@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import sass_report  # noqa: E402  (scripts/ is not a package)
 
+from mla_verify import lookup  # noqa: E402
+
 # Two nested loops (headers .L_x_0 and .L_x_1), a cold block that branches
 # back into the main path (no loop: its target does not dominate it), and
 # code after the exit that nothing reaches, branching into the outer loop
@@ -126,8 +128,6 @@ def test_a_schedule_replaces_the_tables_config(monkeypatch):
 def test_triton_compiles_the_portable_kernels_own_config(monkeypatch):
     # --triton: the config block_config(..., kernel="triton") gives the
     # shape (its head dims included), and the header names its whole tile.
-    from mla_verify import lookup
-
     calls = _fake_compiles(monkeypatch, kernel_name="_prefix_kernel")
     args = sass_report.parse_args(["--triton", "H8L4B32C16384", "H8L4B32C16384-d256"])
     headers = [sass_report.report(spec, args.schedule, args.triton) for spec in args.shapes]
