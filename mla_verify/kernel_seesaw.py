@@ -119,15 +119,23 @@ HANDS = gl.constexpr(5)
 
 
 @gluon.jit
-def _issue(src, tile, group: gl.constexpr, ring, ready):
-    # One column group of the segment's tile `tile` into its stage (tile %
-    # 2) by TMA: 64 rows of one page, from the slot of its first token.
-    table_row, page_size, slots_per_block, first, descs = src
-    nope_ring, rope_ring = ring
-    nope_desc, rope_desc = descs
-    stage = tile % 2
+def _slot(src, tile):
+    # The pool row of the first token of the segment's tile `tile`: pages
+    # of 2^page_shift tokens (64 or 128), so a shift and a mask.
+    table_row, page_shift, slots_per_block, first, _ = src
     pos = first + tile * TOKENS
-    slot = gl.load(table_row + pos // page_size) * slots_per_block + pos % page_size
+    return gl.load(table_row + (pos >> page_shift)) * slots_per_block + (
+        pos & ((1 << page_shift) - 1)
+    )
+
+
+@gluon.jit
+def _issue(src, slot, tile, group: gl.constexpr, ring, ready):
+    # One column group of the segment's tile `tile` (its first token's
+    # slot: _slot) into its stage (tile % 2) by TMA: 64 rows of one page.
+    nope_ring, rope_ring = ring
+    nope_desc, rope_desc = src[4]
+    stage = tile % 2
     bar = ready.index(stage * GROUPS + group)
     if group == 2:
         mbarrier.expect(bar, TOKENS * D_ROPE * 2)
@@ -246,7 +254,7 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
     # sequence's end n), where its tiles come from (_issue), and the rest
     # of _segment's answer.
     kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
-    BLOCK_TABLE, stride_table, page_size, slots_per_block, descs = pages
+    BLOCK_TABLE, stride_table, page_shift, slots_per_block, descs = pages
     prefix = request[2]
     seq_end = prefix + DRAFT_LEN
     end = gl.where(with_drafts, seq_end, hi)
@@ -254,12 +262,22 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
     n_tiles = (end - first + TOKENS - 1) // TOKENS
     visible_to = gl.where(with_drafts, prefix + 1, hi)
     window = (lo, visible_to, with_drafts.to(gl.int32), seq_end)
-    table_row = BLOCK_TABLE + request[3].to(gl.int64) * stride_table
-    src = (table_row, page_size, slots_per_block, first, descs)
+    # int32 (paged.py sends no table of 2^31 entries): no 64-bit stride
+    # held across the segment, where registers are short.
+    table_row = BLOCK_TABLE + request[3] * stride_table
+    src = (table_row, page_shift, slots_per_block, first, descs)
     return first, n_tiles, window, src, whole, request, base
 
 
 # --- the two warpgroups ----------------------------------------------------------------
+#
+# Each segment's pairs but the last run in a loop that never meets the
+# sequence's end: every pair has a B, and no row needs zeroing. The last
+# pair (LAST) is compiled apart, after the loop, with the tail's checks.
+# Kept out of the loop, the zeroing's code (half the loop's instructions
+# inline) no longer sits between the pair's hot instructions: inline, the
+# kernel stalled for instructions ten times as often as the probe
+# (RESULTS.md, "The seesaw's last pair, peeled").
 
 
 @gluon.jit
@@ -267,22 +285,20 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
     share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
-    nope_ring, rope_ring = ring
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
-    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
     pairs_done = 0  # of earlier segments: the hand-overs' phases
     b_done = 0  # B tiles of earlier segments: stage 1's and P_B's phases
     for b in range(b0, b1 + 1):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        seq_end = window[3]
         # Both stages are free (the right's last products are done: SUMS).
         for t in gl.static_range(2):
             if t < n_tiles:
+                slot = _slot(src, t)
                 for group in gl.static_range(GROUPS):
-                    _issue(src, t, group, ring, ready)
+                    _issue(src, slot, t, group, ring, ready)
         _stage_q(
             q_nope.index(0).slice(0, HALF, dim=1),
             q_args,
@@ -298,58 +314,12 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=S_ROWS)
         l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
+        seg = (first, n_tiles, window, src, pairs_done, b_done, scale, zero)
         pairs = (n_tiles + 1) // 2
-        for pair in range(pairs):
-            a = 2 * pair
-            # z = 0, but a value of the loop to ptxas: the wgmma descriptors
-            # of q and of the stages, hoisted out of the loop where their
-            # stage is a constant, spilled 30-40 registers a pair.
-            z = pair & zero
-            tile_a = first + a * TOKENS
-            phase = (pairs_done + pair) & 1
-            s = _tile_scores(
-                (q_nope.index(z), q_rope.index(z)),
-                ring,
-                ready,
-                z,
-                phase,
-                zero_s,
-                window,
-                tile_a,
-                DRAFT_LEN,
-            )
-            m_a = gl.maximum(m_i, gl.max(s, 1) * scale)
-            alpha = gl.exp2(m_i - m_a)
-            p = gl.exp2(s * scale - m_a[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            p_bf16 = p.to(gl.bfloat16)
-            # P_A at A's max into A's spent rope rows; the right rescales it.
-            rope_ring.index(z).store(p_bf16)
-            xchg.index(0).store(m_a)
-            xchg.index(1).store(alpha)
-            _warps_barrier()
-            mbarrier.arrive(hand.index(SCALE_A), count=1)
-            acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
-            a_left = nope_ring.index(z).slice(0, HALF, dim=1)
-            if tile_a + TOKENS > seq_end:
-                _zero_rows_from(a_left, seq_end - tile_a)
-            acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), a_left, acc)
-            if a + 2 < n_tiles:  # A_L is free
-                _issue(src, a + 2, 0, ring, ready)
-            mbarrier.wait(hand.index(SCALE_B), phase)
-            m_i = xchg.index(2).load(S_ROWS)
-            beta = xchg.index(3).load(S_ROWS)
-            l_i = l_i * beta
-            acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
-            if a + 1 < n_tiles:
-                mbarrier.wait(hand.index(P_B), (b_done + pair) & 1)
-                b_left = nope_ring.index(z + 1).slice(0, HALF, dim=1)
-                if tile_a + 2 * TOKENS > seq_end:
-                    _zero_rows_from(b_left, seq_end - tile_a - TOKENS)
-                acc = warpgroup_mma(rope_ring.index(z + 1), b_left, acc)
-                if a + 3 < n_tiles:  # B_L and B's rope rows (P_B) are free
-                    _issue(src, a + 3, 0, ring, ready)
-                    _issue(src, a + 3, 2, ring, ready)
+        for pair in range(pairs - 1):
+            acc, m_i, l_i = _left_pair(acc, m_i, l_i, pair, seg, bufs, False, DRAFT_LEN)
+        if pairs > 0:
+            acc, m_i, l_i = _left_pair(acc, m_i, l_i, pairs - 1, seg, bufs, True, DRAFT_LEN)
         pairs_done += pairs
         b_done += n_tiles // 2
         # The right's row sums are at the same max: add them.
@@ -365,21 +335,81 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
 
 
 @gluon.jit
+def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.constexpr):
+    # The left's part of one pair: S_A and its softmax, P_A A_L, then
+    # P_B B_L once the right hands over B's max and P_B.
+    first, n_tiles, window, src, pairs_done, b_done, scale, zero = seg
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
+    nope_ring, rope_ring = ring
+    seq_end = window[3]
+    a = 2 * pair
+    # z = 0, but a value of the loop to ptxas: the wgmma descriptors of q
+    # and of the stages, hoisted out of the loop where their stage is a
+    # constant, spilled 30-40 registers a pair.
+    z = pair & zero
+    tile_a = first + a * TOKENS
+    phase = (pairs_done + pair) & 1
+    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
+    s = _tile_scores(
+        (q_nope.index(z), q_rope.index(z)),
+        ring,
+        ready,
+        z,
+        phase,
+        zero_s,
+        window,
+        tile_a,
+        DRAFT_LEN,
+    )
+    m_a = gl.maximum(m_i, gl.max(s, 1) * scale)
+    alpha = gl.exp2(m_i - m_a)
+    p = gl.exp2(s * scale - m_a[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    p_bf16 = p.to(gl.bfloat16)
+    # P_A at A's max into A's spent rope rows; the right rescales it.
+    rope_ring.index(z).store(p_bf16)
+    xchg.index(0).store(m_a)
+    xchg.index(1).store(alpha)
+    _warps_barrier()
+    mbarrier.arrive(hand.index(SCALE_A), count=1)
+    acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
+    a_left = nope_ring.index(z).slice(0, HALF, dim=1)
+    if LAST and tile_a + TOKENS > seq_end:
+        _zero_rows_from(a_left, seq_end - tile_a)
+    acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), a_left, acc)
+    if not LAST:  # A_L is free, and the segment has a tile a + 2
+        _issue(src, _slot(src, a + 2), a + 2, 0, ring, ready)
+    mbarrier.wait(hand.index(SCALE_B), phase)
+    m_i = xchg.index(2).load(S_ROWS)
+    beta = xchg.index(3).load(S_ROWS)
+    l_i = l_i * beta
+    acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
+    if (not LAST) or (a + 1 < n_tiles):
+        mbarrier.wait(hand.index(P_B), (b_done + pair) & 1)
+        b_left = nope_ring.index(z + 1).slice(0, HALF, dim=1)
+        if LAST and tile_a + 2 * TOKENS > seq_end:
+            _zero_rows_from(b_left, seq_end - tile_a - TOKENS)
+        acc = warpgroup_mma(rope_ring.index(z + 1), b_left, acc)
+        if not LAST and a + 3 < n_tiles:  # B_L and B's rope rows (P_B) are free
+            slot = _slot(src, a + 3)
+            _issue(src, slot, a + 3, 0, ring, ready)
+            _issue(src, slot, a + 3, 2, ring, ready)
+    return acc, m_i, l_i
+
+
+@gluon.jit
 def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 256-511; tile B of each pair.
     share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
-    nope_ring, rope_ring = ring
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
-    zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
     pairs_done = 0
     b_done = 0
     for b in range(b0, b1 + 1):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        seq_end = window[3]
         _stage_q(
             q_nope.index(0).slice(HALF, HALF, dim=1),
             q_args,
@@ -405,57 +435,12 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         _q_ready(hand, b - b0)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
+        seg = (first, n_tiles, window, src, pairs_done, b_done, scale, zero)
         pairs = (n_tiles + 1) // 2
-        for pair in range(pairs):
-            a = 2 * pair
-            z = pair & zero  # 0 (_left)
-            tile_a = first + a * TOKENS
-            phase = (pairs_done + pair) & 1
-            tiles = (ring, ready, src, a, n_tiles, z, tile_a, seq_end)
-            if a + 1 < n_tiles:
-                s = _tile_scores(
-                    (q_nope.index(z), q_rope.index(z)),
-                    ring,
-                    ready,
-                    z + 1,
-                    (b_done + pair) & 1,
-                    zero_s,
-                    window,
-                    tile_a + TOKENS,
-                    DRAFT_LEN,
-                )
-                mbarrier.wait(hand.index(SCALE_A), phase)
-                m_a = xchg.index(0).load(S_ROWS)
-                alpha = xchg.index(1).load(S_ROWS)
-                m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
-                beta = gl.exp2(m_a - m_b)
-                p = gl.exp2(s * scale - m_b[:, None])
-                xchg.index(2).store(m_b)
-                xchg.index(3).store(beta)
-                _warps_barrier()
-                mbarrier.arrive(hand.index(SCALE_B), count=1)
-                l_i = l_i * (alpha * beta) + gl.sum(p, 1)
-                p_bf16 = p.to(gl.bfloat16)
-                rope_ring.index(z + 1).store(p_bf16)  # B's rope rows are spent
-                fence_async_shared()
-                _warps_barrier()
-                mbarrier.arrive(hand.index(P_B), count=1)
-                acc = acc * gl.convert_layout(alpha * beta, O_ROWS)[:, None]
-                # A first: all of tile A is free by mid-pair.
-                acc = _right_adds_a(acc, beta, tiles)
-                acc = _right_adds_b(acc, p_bf16, tiles)
-            else:  # a pair with no B: m_B = m_A
-                mbarrier.wait(hand.index(SCALE_A), phase)
-                m_a = xchg.index(0).load(S_ROWS)
-                alpha = xchg.index(1).load(S_ROWS)
-                beta = gl.full([ROWS], 1.0, gl.float32, layout=S_ROWS)
-                xchg.index(2).store(m_a)
-                xchg.index(3).store(beta)
-                _warps_barrier()
-                mbarrier.arrive(hand.index(SCALE_B), count=1)
-                l_i = l_i * alpha
-                acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
-                acc = _right_adds_a(acc, beta, tiles)
+        for pair in range(pairs - 1):
+            acc, l_i = _right_pair(acc, l_i, pair, seg, bufs, False, DRAFT_LEN)
+        if pairs > 0:
+            acc, l_i = _right_pair(acc, l_i, pairs - 1, seg, bufs, True, DRAFT_LEN)
         pairs_done += pairs
         b_done += n_tiles // 2
         xchg.index(4).store(l_i)
@@ -469,7 +454,67 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
 
 
 @gluon.jit
-def _right_adds_a(acc, beta, tiles):
+def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.constexpr):
+    # The right's part of one pair: S_B and its softmax at A's max handed
+    # over, then P_A A_R and P_B B_R; a last pair with no B adds P_A A_R.
+    first, n_tiles, window, src, pairs_done, b_done, scale, zero = seg
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
+    nope_ring, rope_ring = ring
+    a = 2 * pair
+    z = pair & zero  # 0 (_left_pair)
+    tile_a = first + a * TOKENS
+    phase = (pairs_done + pair) & 1
+    tiles = (ring, ready, src, a, n_tiles, z, tile_a, window[3])
+    if (not LAST) or (a + 1 < n_tiles):
+        zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
+        s = _tile_scores(
+            (q_nope.index(z), q_rope.index(z)),
+            ring,
+            ready,
+            z + 1,
+            (b_done + pair) & 1,
+            zero_s,
+            window,
+            tile_a + TOKENS,
+            DRAFT_LEN,
+        )
+        mbarrier.wait(hand.index(SCALE_A), phase)
+        m_a = xchg.index(0).load(S_ROWS)
+        alpha = xchg.index(1).load(S_ROWS)
+        m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
+        beta = gl.exp2(m_a - m_b)
+        p = gl.exp2(s * scale - m_b[:, None])
+        xchg.index(2).store(m_b)
+        xchg.index(3).store(beta)
+        _warps_barrier()
+        mbarrier.arrive(hand.index(SCALE_B), count=1)
+        l_i = l_i * (alpha * beta) + gl.sum(p, 1)
+        p_bf16 = p.to(gl.bfloat16)
+        rope_ring.index(z + 1).store(p_bf16)  # B's rope rows are spent
+        fence_async_shared()
+        _warps_barrier()
+        mbarrier.arrive(hand.index(P_B), count=1)
+        acc = acc * gl.convert_layout(alpha * beta, O_ROWS)[:, None]
+        # A first: all of tile A is free by mid-pair.
+        acc = _right_adds_a(acc, beta, tiles, LAST)
+        acc = _right_adds_b(acc, p_bf16, tiles, LAST)
+    else:  # a last pair with no B: m_B = m_A
+        mbarrier.wait(hand.index(SCALE_A), phase)
+        m_a = xchg.index(0).load(S_ROWS)
+        alpha = xchg.index(1).load(S_ROWS)
+        beta = gl.full([ROWS], 1.0, gl.float32, layout=S_ROWS)
+        xchg.index(2).store(m_a)
+        xchg.index(3).store(beta)
+        _warps_barrier()
+        mbarrier.arrive(hand.index(SCALE_B), count=1)
+        l_i = l_i * alpha
+        acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
+        acc = _right_adds_a(acc, beta, tiles, LAST)
+    return acc, l_i
+
+
+@gluon.jit
+def _right_adds_a(acc, beta, tiles, LAST: gl.constexpr):
     # O_R += P_A e^(m_A - m_B) A_R, P_A (the left's, at A's max) taken to
     # B's max as the register A operand; then A_R and A's rope rows (P_A)
     # are free.
@@ -478,33 +523,34 @@ def _right_adds_a(acc, beta, tiles):
     p_a = rope_ring.index(z).load(P_LAYOUT).to(gl.float32)
     p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
     a_right = nope_ring.index(z).slice(HALF, HALF, dim=1)
-    if tile_a + TOKENS > seq_end:
+    if LAST and tile_a + TOKENS > seq_end:
         _zero_rows_from(a_right, seq_end - tile_a)
     acc = warpgroup_mma(p_a, a_right, acc)
-    if a + 2 < n_tiles:
-        _issue(src, a + 2, 1, ring, ready)
-        _issue(src, a + 2, 2, ring, ready)
+    if not LAST:  # the segment has a tile a + 2
+        slot = _slot(src, a + 2)
+        _issue(src, slot, a + 2, 1, ring, ready)
+        _issue(src, slot, a + 2, 2, ring, ready)
     return acc
 
 
 @gluon.jit
-def _right_adds_b(acc, p_bf16, tiles):
+def _right_adds_b(acc, p_bf16, tiles, LAST: gl.constexpr):
     # O_R += P_B B_R; then B_R is free.
     ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
     nope_ring, rope_ring = ring
     b_right = nope_ring.index(z + 1).slice(HALF, HALF, dim=1)
-    if tile_a + 2 * TOKENS > seq_end:
+    if LAST and tile_a + 2 * TOKENS > seq_end:
         _zero_rows_from(b_right, seq_end - tile_a - TOKENS)
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), b_right, acc)
-    if a + 3 < n_tiles:
-        _issue(src, a + 3, 1, ring, ready)
+    if not LAST and a + 3 < n_tiles:
+        _issue(src, _slot(src, a + 3), a + 3, 1, ring, ready)
     return acc
 
 
 # --- the kernel --------------------------------------------------------------------
 
 
-@gluon.jit(do_not_specialize=["batch_size", "min_share", "page_size", "slots_per_block"])
+@gluon.jit(do_not_specialize=["batch_size", "min_share", "page_shift", "slots_per_block"])
 def _seesaw_kernel(
     Q,
     O,
@@ -520,7 +566,7 @@ def _seesaw_kernel(
     stride_o_tok,
     stride_o_head,
     stride_table,
-    page_size,
+    page_shift,
     slots_per_block,
     num_heads,
     batch_size,
@@ -598,7 +644,7 @@ def _seesaw_kernel(
         fence_async_shared()
         _warps_barrier()
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
-        pages = (BLOCK_TABLE, stride_table, page_size, slots_per_block, (nope_desc, rope_desc))
+        pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
         both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
         gl.warp_specialize(
             [(_left, (both, BLOCK_H, DRAFT_LEN)), (_right, (both, BLOCK_H, DRAFT_LEN))],
@@ -660,6 +706,8 @@ def launch(
     ``q`` [bs * L, H, 576] and ``o`` [bs * L, H, 512]; ``kv_indptr`` holds
     the prefix lengths (cache_seqlens - L) prefix-summed. ``score_scale``
     is in the log2 domain."""
+    if page_size & (page_size - 1):  # the kernel finds pages by a shift
+        raise ValueError(f"page_size: expected a power of two, got {page_size}")
     head_blocks = hopper.head_blocks(q.shape[1], block_h)
     nope_desc, rope_desc = page_descriptors(pool)
     _seesaw_kernel[(head_blocks, ctas)](
@@ -677,7 +725,7 @@ def launch(
         o.stride(0),
         o.stride(1),
         block_table.stride(0),
-        page_size,
+        page_size.bit_length() - 1,  # page_shift
         slots_per_block,
         q.shape[1],
         batch_size,

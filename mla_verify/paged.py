@@ -270,7 +270,8 @@ def paged_forward(
     views = get_workspace(q.device).paged_views(
         bs, draft_len, max_tokens, q.dtype, separate_v=v_scale != 1.0
     )
-    seesaw = seesaw_serves(q, kv_cache)
+    # The seesaw kernel offsets into the block table in int32.
+    seesaw = seesaw_serves(q, kv_cache) and block_table.numel() < 2**31
     num_chunks = 1 if seesaw else max(1, min(triton.cdiv(max_tokens, BLOCK_P), MAX_CHUNKS))
     slot_stride, slots_per_block, _ = pool_layout(kv_cache)
     _translate_kernel[(num_chunks, bs)](
