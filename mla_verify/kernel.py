@@ -350,6 +350,14 @@ def _widen(x, dtype: tl.constexpr, WIDEN_BY_PTX: tl.constexpr):
 
 
 @triton.jit
+def _rows_chunk(ptr, col0, offs_c, mask, dtype: tl.constexpr, WIDEN_BY_PTX: tl.constexpr):
+    # Columns col0 .. col0 + D_CHUNK - 1 of rows ptr [R, 1] (masked rows 0),
+    # in the dot's dtype.
+    x = tl.load(ptr + col0 + offs_c[None, :], mask=mask[:, None], other=0.0)
+    return _widen(x, dtype, WIDEN_BY_PTX)
+
+
+@triton.jit
 def _softmax_step(qk, m_i):
     # One online-softmax step over scores qk [R, N] (log2 domain, -inf where
     # a key is hidden): the rows' new maxima, the rescale factor of what they
@@ -413,7 +421,13 @@ def _prefix_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    offs_d = tl.arange(0, D_V)
+    # Tiles of 64 rows or more (a warpgroup's wgmma on Hopper) take the value
+    # columns in chunks of 128, one dot a chunk, so a dot holds one chunk of
+    # the KV tile in registers; smaller tiles ran slower so (RESULTS.md).
+    D_CHUNK: tl.constexpr = 128 if BLOCK_M >= 64 and D_V > 128 else D_V
+    N_CHUNKS: tl.constexpr = D_V // D_CHUNK
+    DOT_DTYPE: tl.constexpr = tl.float32 if DOT_FP32 else Q.dtype.element_ty
+    offs_c = tl.arange(0, D_CHUNK)
     if D_ROPE > 0:
         offs_r = tl.arange(0, D_ROPE)
     mask_head = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
@@ -434,12 +448,14 @@ def _prefix_kernel(
 
         q_row = (q_start + offs_i).to(tl.int64)
         ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
-        q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
-        if DOT_FP32:
-            q_nope = q_nope.to(tl.float32)
+        # Q's value columns in chunks of D_CHUNK [M, D_CHUNK]: each dot then
+        # holds one chunk of the KV tile in registers, not all D_V columns.
+        qs = ()
+        for c in tl.static_range(N_CHUNKS):
+            qs = qs + (_rows_chunk(ptr_q, c * D_CHUNK, offs_c, mask_m, DOT_DTYPE, False),)
         if D_ROPE > 0:
             q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
-            q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
+            q_pe = q_pe.to(DOT_DTYPE)  # [M, 64]
         if PREFIX_MASK:
             # Row i's mask bits: its request's prefix keys, then its drafts.
             mask_row = tl.load(MASK_INDPTR + req).to(tl.int64) + offs_i.to(tl.int64) * (
@@ -448,19 +464,24 @@ def _prefix_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+        accs = ()
+        for _ in tl.static_range(N_CHUNKS):
+            accs = accs + (tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32),)
 
         for start in tl.range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < hi
             slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             ptr_k = K_BUF + slot[:, None] * stride_k_slot
-            kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
-            kv_c = _widen(kv_c, q_nope.dtype, WIDEN_BY_PTX)
-            qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
+            ks = ()
+            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for c in tl.static_range(N_CHUNKS):
+                k_c = _rows_chunk(ptr_k, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
+                qk = tl.dot(qs[c], tl.trans(k_c), qk)
+                ks = ks + (k_c,)
             if D_ROPE > 0:
                 k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, q_nope.dtype, WIDEN_BY_PTX)))
+                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, DOT_DTYPE, WIDEN_BY_PTX)))
             qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
             if PREFIX_MASK:
                 bits = tl.load(
@@ -472,16 +493,16 @@ def _prefix_kernel(
 
             m_new, alpha, p = _softmax_step(qk, m_i)
             l_i = l_i * alpha + tl.sum(p, 1)
-            if V_FROM_K:
-                v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
-            else:
-                v = tl.load(
-                    V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
-                    mask=mask_n[:, None],
-                    other=0.0,
-                )
-                v = _widen(v, q_nope.dtype, WIDEN_BY_PTX)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
+            p = p.to(DOT_DTYPE)
+            new_accs = ()
+            for c in tl.static_range(N_CHUNKS):
+                if V_FROM_K:  # V is K's first Dv columns (MLA's latent), already loaded
+                    v_c = ks[c]
+                else:
+                    ptr_v = V_BUF + slot[:, None] * stride_v_slot
+                    v_c = _rows_chunk(ptr_v, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
+                new_accs = new_accs + (tl.dot(p, v_c, accs[c] * alpha[:, None]),)
+            accs = new_accs
             m_i = m_new
 
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
@@ -490,11 +511,13 @@ def _prefix_kernel(
         # 0: merged as nothing, never as NaN * 0).
         seen = l_i > 0
         l_i = tl.where(seen, l_i, 1.0)
-        tl.store(
-            PART_O + part_row[:, None] * D_V + offs_d[None, :],
-            tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
-            mask=mask_m[:, None],
-        )
+        scale = (v_scale / l_i)[:, None]
+        ptr_o = PART_O + part_row[:, None] * D_V + offs_c[None, :]
+        hidden = ~seen[:, None]
+        for c in tl.static_range(N_CHUNKS):
+            tl.store(
+                ptr_o + c * D_CHUNK, tl.where(hidden, 0.0, accs[c] * scale), mask=mask_m[:, None]
+            )
         tl.store(
             PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m
         )
