@@ -74,7 +74,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from . import fp8, hopper
-from .config import COMPILE_OPTIONS, rows_per_program
+from .config import COMPILE_OPTIONS, rows_per_program, value_chunk
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -397,6 +397,7 @@ def _prefix_kernel(
     BLOCK_B: tl.constexpr,
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
+    V_CHUNK: tl.constexpr,
     V_FROM_K: tl.constexpr,
     PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -421,10 +422,13 @@ def _prefix_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    # Tiles of 64 rows or more (a warpgroup's wgmma on Hopper) take the value
-    # columns in chunks of 128, one dot a chunk, so a dot holds one chunk of
-    # the KV tile in registers; smaller tiles ran slower so (RESULTS.md).
-    D_CHUNK: tl.constexpr = 128 if BLOCK_M >= 64 and D_V > 128 else D_V
+    # The value columns in chunks of V_CHUNK (the config's), one dot a chunk,
+    # so a dot holds one chunk of the KV tile in registers. Without one, tiles
+    # of 64 rows or more (a warpgroup's wgmma on Hopper) take chunks of 128;
+    # smaller tiles ran slower so (RESULTS.md).
+    D_CHUNK: tl.constexpr = (
+        V_CHUNK if V_CHUNK > 0 else (128 if BLOCK_M >= 64 and D_V > 128 else D_V)
+    )
     N_CHUNKS: tl.constexpr = D_V // D_CHUNK
     DOT_DTYPE: tl.constexpr = tl.float32 if DOT_FP32 else Q.dtype.element_ty
     offs_c = tl.arange(0, D_CHUNK)
@@ -1088,6 +1092,7 @@ def launch(
         BLOCK_B=PLAN_BLOCK,
         D_V=d_v,
         D_ROPE=d_qk - d_v,
+        V_CHUNK=value_chunk(config, d_v),
         V_FROM_K=plan.v_from_k,
         PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,

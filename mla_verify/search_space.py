@@ -36,6 +36,13 @@ NVIDIA_ROWS = (16, 32, 64)
 # H200, and 8 won a few buckets (tuning/README.md).
 MIN_SHARE_CANDIDATES = (2, 8)
 
+# Value-column chunks the NVIDIA search tries (VerifyConfig.V_CHUNK) on tiles
+# of fewer than 64 rows, beside the kernel's rule (all columns at once there):
+# chunks of 64 ran H8 L4's 32-row MLA tiles 1.27x faster on an H100, and
+# slower elsewhere (RESULTS.md). AMD keeps the rule: chunks of 64 spill on
+# gfx942 (tests/test_aot.py), and its tables come from a model.
+SMALL_TILE_V_CHUNKS = (None, 64)
+
 # AMD compiler options tried on the fastest tiles, beside Triton's own
 # choice (None): occupancy hint, MFMA shape (16 or 32 rows), and operand
 # packing. Triton resets kpack to 1 on gfx950 (with a warning), so only
@@ -90,7 +97,8 @@ def triton_tiles(
     accumulator over more than 128 words a thread spills on any GPU. On
     NVIDIA also a KV ring that leaves a known arch's shared memory less than
     7 KB; on AMD, LDS and spills are left to the compile check, which knows
-    each arch's limits."""
+    each arch's limits. On NVIDIA a tile of fewer than 64 rows is tried
+    with value chunks of 64 too (``SMALL_TILE_V_CHUNKS``)."""
     amd = is_amd_arch(arch)
     wave = 64 if amd else 32
     row_targets = AMD_ROWS if amd else NVIDIA_ROWS
@@ -106,6 +114,11 @@ def triton_tiles(
         rows = rows_per_program(block_h, draft_len)
         if rows > max(row_targets):
             continue
+        chunks = (
+            (None,)
+            if amd or rows >= 64
+            else tuple(c for c in SMALL_TILE_V_CHUNKS if c is None or c < v)
+        )
         for block_n in block_ns:
             for num_warps in (4, 8):
                 if rows * v // (wave * num_warps) > 128:
@@ -120,14 +133,16 @@ def triton_tiles(
                     limit = SHARED_MEMORY.get(arch)
                     if not amd and limit is not None and ring > limit - 7 * 1024:
                         continue
-                    out.append(
+                    out.extend(
                         VerifyConfig(
                             BLOCK_H=block_h,
                             BLOCK_N=block_n,
                             NUM_KV_SPLITS=1,
                             num_warps=num_warps,
                             num_stages=num_stages,
+                            V_CHUNK=v_chunk,
                         )
+                        for v_chunk in chunks
                     )
     return out
 

@@ -114,6 +114,34 @@ CPU_CASES = [
         SMALL,
     ),
     ("d128_lookup_config", 4, 2, [30, 5], {"head_dims": (128, 128), "separate_v": True}, None),
+    # The value columns in chunks of V_CHUNK, one dot a chunk, each chunk
+    # its own accumulator: MLA's 512 in 8 and 2, 256 in 4 (separate V: each
+    # chunk its own V load), 128 in 1 (the chunk capped at all columns).
+    ("mla_v_chunk_64", 4, 2, [30, 0, 12], {}, dataclasses.replace(SMALL, V_CHUNK=64)),
+    (
+        "mla_64_rows_v_chunk_256_fp8",
+        16,
+        4,
+        [40, 9],
+        {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 1.5},
+        dataclasses.replace(SMALL, BLOCK_H=16, V_CHUNK=256),
+    ),
+    (
+        "d256_v_separate_v_chunk_64",
+        4,
+        2,
+        [30, 12],
+        {"head_dims": (256, 256), "separate_v": True},
+        dataclasses.replace(SMALL, V_CHUNK=64),
+    ),
+    (
+        "d128_v_chunk_256",
+        3,
+        3,
+        [25, 0],
+        {"head_dims": (128, 128)},
+        dataclasses.replace(SMALL, V_CHUNK=256),
+    ),
     # Ragged drafts: request b has draft_counts[b] rows, 1..L.
     (
         "ragged_counts_empty_prefixes",
@@ -965,6 +993,26 @@ def test_gpu_every_tile_candidate_is_correct():
             out = batch.new_output()
             batch.run(out, cand.with_splits(splits))
             check_close(out, ref, what=str(cand))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 1.5}],
+    ids=["bf16", "fp8"],
+)
+def test_gpu_value_chunks_are_correct(kwargs):
+    """Every tile the NVIDIA search tries with value chunks of its own
+    (V_CHUNK), on the GPU: MLA's 512 columns in chunks of 64."""
+    batch = make_batch(8, 4, [3000, 64, 1], device="cuda", **kwargs)
+    ref = batch.reference()
+    chunked = [c for c in tile_candidates(8, 4, "sm90", kernel="triton") if c.V_CHUNK]
+    assert chunked
+    for cand in chunked:
+        _poison_workspace("cuda")
+        out = batch.new_output()
+        assert batch.run(out, cand.with_splits(7)) is True
+        check_close(out, ref, what=str(cand))
 
 
 @pytest.mark.gpu
