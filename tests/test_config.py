@@ -110,20 +110,27 @@ def test_v_chunk_round_trips_and_is_capped_at_the_value_columns():
     assert value_chunk(unset, 512) == 0  # the kernel's rule
 
 
-def test_nvidia_search_tries_value_chunks_of_64_below_64_rows_only():
-    for heads, draft_len, head_dims in [
-        (8, 4, (576, 512)),
-        (16, 4, (256, 256)),
-        (64, 2, (576, 512)),
-    ]:
-        tiles = tile_candidates(heads, draft_len, "sm80", "bf16", head_dims)
-        by_chunk = {}
-        for c in tiles:
-            by_chunk.setdefault(c.V_CHUNK, set()).add(rows_per_program(c.BLOCK_H, draft_len))
-        assert by_chunk[None] >= {16, 32}
-        assert by_chunk[64] == by_chunk[None] - {64}
-    for arch in ("gfx942", "gfx950"):
-        assert {c.V_CHUNK for c in tile_candidates(8, 4, arch, "bf16")} == {None}
+def _rows_by_chunk(arch, heads, draft_len, head_dims):
+    by_chunk = {}
+    for c in tile_candidates(heads, draft_len, arch, "bf16", head_dims, kernel="triton"):
+        by_chunk.setdefault(c.V_CHUNK, set()).add(rows_per_program(c.BLOCK_H, draft_len))
+    return by_chunk
+
+
+@pytest.mark.parametrize("arch", ["sm80", "gfx950"])
+@pytest.mark.parametrize(
+    "heads,draft_len,head_dims", [(8, 4, (576, 512)), (16, 4, (256, 256)), (64, 2, (576, 512))]
+)
+def test_search_tries_value_chunks_below_64_rows_only(arch, heads, draft_len, head_dims):
+    rows = _rows_by_chunk(arch, heads, draft_len, head_dims)
+    assert rows[None] >= {16, 32}
+    assert set(rows) == {None, 128, 64}
+    assert rows[128] == rows[64] == rows[None] - {64, 128}
+
+
+def test_search_tries_no_chunk_as_wide_as_the_value():
+    # 128/128: a chunk of 128 is the whole value, the rule's own choice.
+    assert set(_rows_by_chunk("gfx950", 16, 4, (128, 128))) == {None, 64}
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])

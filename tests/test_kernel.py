@@ -115,9 +115,10 @@ CPU_CASES = [
     ),
     ("d128_lookup_config", 4, 2, [30, 5], {"head_dims": (128, 128), "separate_v": True}, None),
     # The value columns in chunks of V_CHUNK, one dot a chunk, each chunk
-    # its own accumulator: MLA's 512 in 8 and 2, 256 in 4 (separate V: each
-    # chunk its own V load), 128 in 1 (the chunk capped at all columns).
+    # its own accumulator: MLA's 512 in 8, 4 and 2, 256 in 4 (separate V:
+    # each chunk its own V load), 128 in 1 (the chunk capped at all columns).
     ("mla_v_chunk_64", 4, 2, [30, 0, 12], {}, dataclasses.replace(SMALL, V_CHUNK=64)),
+    ("mla_v_chunk_128", 3, 3, [21, 40], {}, dataclasses.replace(SMALL, V_CHUNK=128)),
     (
         "mla_64_rows_v_chunk_256_fp8",
         16,
@@ -1003,7 +1004,7 @@ def test_gpu_every_tile_candidate_is_correct():
 )
 def test_gpu_value_chunks_are_correct(kwargs):
     """Every tile the NVIDIA search tries with value chunks of its own
-    (V_CHUNK), on the GPU: MLA's 512 columns in chunks of 64."""
+    (V_CHUNK), on the GPU: MLA's 512 columns in chunks of 128 and of 64."""
     batch = make_batch(8, 4, [3000, 64, 1], device="cuda", **kwargs)
     ref = batch.reference()
     chunked = [c for c in tile_candidates(8, 4, "sm90", kernel="triton") if c.V_CHUNK]
