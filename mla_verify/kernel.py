@@ -748,19 +748,20 @@ def _merge_shares_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     block = tl.program_id(2)
-    if WIDE_BLOCKS > 0:
-        # A block past the wide ones merges only a request of more than
-        # WIDE_PIECES pieces; where a bound from four loads rules that
-        # out, it ends before the plan.
-        cuts = share_ctas
-        if RAGGED:
-            # Or the aligned plan's (_head_block_shares): one share length
-            # for all head blocks, at least all their positions over
-            # head_blocks * share_ctas - head_blocks.
-            cuts = tl.maximum(cuts, tl.maximum(head_blocks * share_ctas - head_blocks, 1))
-        few = _pieces_at_most(KV_INDPTR, req, batch_size, cuts, TOKENS) <= WIDE_PIECES
-        if few & (block >= WIDE_BLOCKS):
-            return
+    if WIDE_BLOCKS > 0:  # noqa: SIM102 (a constexpr test first, then a runtime one)
+        if block >= WIDE_BLOCKS:
+            # A block past the wide ones merges only a request of more
+            # than WIDE_PIECES pieces; where a bound from four loads rules
+            # that out, it ends before the plan.
+            cuts = share_ctas
+            if RAGGED:
+                # Or the aligned plan's (_head_block_shares): one share
+                # length for all head blocks, at least all their positions
+                # over head_blocks * share_ctas - head_blocks (share_ctas
+                # is 1 or more).
+                cuts = tl.maximum(cuts, head_blocks * share_ctas - head_blocks)
+            if _pieces_at_most(KV_INDPTR, req, batch_size, cuts, TOKENS) <= WIDE_PIECES:
+                return
     q_first = tl.load(QO_INDPTR + req)
     num_rows = (tl.load(QO_INDPTR + req + 1) - q_first).to(tl.int32)  # the request's drafts
     last_rows = _min_rows(head_blocks - 1, num_heads, TILE_ROWS)
