@@ -783,12 +783,15 @@ def _produce(
     empty,
     pages,
     V_EXT_FROM_K: gl.constexpr,
-    KV_FP8: gl.constexpr,
 ):
     # The ring runs on across the share's segments: while the consumers
     # finish one request, the next one's first tiles arrive. Without rope
     # columns (not MLA) the rope rows are the K rows' slots (never used)
     # and V's rows are gathered into the V ring at the same slots.
+    # A warp partition gets its arguments as values, constexprs too: read
+    # from the pool's type, KV_FP8 stays a constant, and the bf16-only
+    # branch below is not built for an fp8 ring (Gluon 3.7 cannot lower it).
+    KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
     nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
     _, b0, b1, base, _, _, _ = share
@@ -1976,7 +1979,6 @@ def _prefix_kernel_sm90(
             empty,
             (PAGE_NOPE, PAGE_ROPE),
             V_EXT_FROM_K,
-            KV_FP8,
         )
         if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
