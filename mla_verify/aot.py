@@ -371,7 +371,7 @@ def _compile_hopper_kernel(
     src = _signature(
         fn,
         pointers,
-        {"score_scale", "draft_scale", "v_scale"},
+        {"score_scale", "draft_scale", "prefix_v_scale", "draft_v_scale"},
         constexprs,
         _launch_aligned(fn, pointers),
     )

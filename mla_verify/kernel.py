@@ -608,6 +608,7 @@ def _merge_extend_kernel(
     batch_size,
     num_kv_splits,
     ext_scale,
+    ext_v_scale,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -678,6 +679,7 @@ def _merge_extend_kernel(
         stride_ke_tok,
         stride_ve_tok,
         ext_scale,
+        ext_v_scale,
         acc,
         m_i,
         l_i,
@@ -932,6 +934,7 @@ def _add_drafts(
     stride_ke_tok,
     stride_ve_tok,
     ext_scale,
+    ext_v_scale,
     acc,
     m_i,
     l_i,
@@ -944,7 +947,8 @@ def _add_drafts(
     # Adds the request's own drafts (rows q_row, num_rows of them) to the
     # online softmax (acc, m_i, l_i); returns (acc, l). Row i sees draft j
     # where its mask bit MASK[mask_first + i * mask_stride + j] is set, or,
-    # without a mask, where j <= i.
+    # without a mask, where j <= i. The drafts' values count ext_v_scale
+    # times, applied to their P V in fp32: no scaled value is rounded.
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < num_rows
     offs_d = tl.arange(0, D_V)
@@ -978,7 +982,7 @@ def _add_drafts(
 
     m_new, alpha, p = _softmax_step(qk, m_i)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext) * ext_v_scale
     return acc, l_i
 
 
@@ -1004,6 +1008,7 @@ def launch(
     sm_scale: float,
     k_scale: float,
     v_scale: float,
+    v_extend_scale: float = 1.0,
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
 ) -> None:
@@ -1035,6 +1040,7 @@ def launch(
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
             v_scale=v_scale,
+            v_extend_scale=v_extend_scale,
             v_extend_from_k=plan.v_extend_from_k,
             plan_block=PLAN_BLOCK,
             score_value=plan.score_value,
@@ -1114,6 +1120,7 @@ def launch(
         block_n=config.BLOCK_N,
         num_kv_splits=splits,
         sm_scale=sm_scale,
+        v_extend_scale=v_extend_scale,
         dependent=plan.dependent,
         custom_mask=custom_mask if plan.draft_mask else None,
         mask_indptr=mask_indptr if plan.draft_mask else None,
@@ -1135,14 +1142,16 @@ def launch_merge(
     block_n: int,
     num_kv_splits: int,
     sm_scale: float,
+    v_extend_scale: float = 1.0,
     dependent: bool,
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
 ) -> None:
     """Stage 2 after the Triton kernel, writes ``o``: merges each request's
     unit partials (the plan of stage 1 with ``block_n``) and adds the
-    drafts, causally or as ``custom_mask`` says (its draft block; uint8,
-    with ``mask_indptr``). ``dependent``: a programmatic dependent launch
+    drafts (their values times ``v_extend_scale``), causally or as
+    ``custom_mask`` says (its draft block; uint8, with ``mask_indptr``).
+    ``dependent``: a programmatic dependent launch
     (``plan.dependent_launch``)."""
     num_heads = q.shape[1]
     d_v = v_ext.shape[-1]
@@ -1168,6 +1177,7 @@ def launch_merge(
         batch_size,
         num_kv_splits,
         sm_scale * LOG2E,
+        v_extend_scale,
         DRAFT_LEN=draft_len,
         L_PAD=triton.next_power_of_2(draft_len),
         BLOCK_L=max(16, triton.next_power_of_2(draft_len)),

@@ -1237,7 +1237,7 @@ def _consume(
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    score_scale, draft_scale, v_scale = scales
+    score_scale, draft_scale, prefix_v_scale, draft_v_scale = scales
     wide_nope, wide_rope, wide_v = wide  # read with fp8 KV only
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
@@ -1296,8 +1296,10 @@ def _consume(
             if not KV_FP8:
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
-        # The KV cache's value scale applies to the prefix alone.
-        acc = acc * v_scale
+        # The prefix's values times v_scale / v_extend_scale here, every
+        # value times v_extend_scale in the normalisation: the drafts'
+        # values count v_extend_scale times, in fp32 (launch_prefix).
+        acc = acc * prefix_v_scale
 
         if with_drafts:
             if KV_FP8:
@@ -1347,7 +1349,8 @@ def _consume(
 
         l_i = _row_sums(gl.sum(l_elem, 1), PREFIX_MASK or DRAFT_MASK)
         dest = _dest(out_args, b, b0, whole, request)
-        _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
+        l_out = gl.convert_layout(l_i / draft_v_scale, o_rows)
+        _store_out(acc / l_out[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
 
@@ -1403,7 +1406,7 @@ def _consume_scores(
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     ready, empty, p_bar, sums_bar, sums_free, wide_bar = bars
-    score_scale, draft_scale, v_scale = scales
+    score_scale, draft_scale, prefix_v_scale, draft_v_scale = scales
     K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
     wide_nope, _, p_smem = wide
     wide_left = wide_nope.slice(0, HALF_V, dim=1)
@@ -1471,8 +1474,8 @@ def _consume_scores(
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
-        # The KV cache's value scale applies to the prefix alone.
-        acc = acc * v_scale
+        # The prefix's values times v_scale / v_extend_scale (as _consume).
+        acc = acc * prefix_v_scale
 
         if with_drafts:
             # The drafts' K (and V unless it is a view of K): with bf16 KV
@@ -1535,7 +1538,7 @@ def _consume_scores(
         _warps_barrier()
         mbarrier.arrive(sums_bar, count=1)
         dest = _dest(out_args, b, b0, whole, request)
-        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        out = acc / gl.convert_layout(l_i / draft_v_scale, o_rows)[:, None]
         _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN, WIDE=True)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
@@ -1585,7 +1588,7 @@ def _consume_values(
     wide,
     xchg,
     bars,
-    v_scale,
+    v_scales,
     out_args,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
@@ -1629,7 +1632,8 @@ def _consume_values(
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
-        acc = acc * v_scale
+        prefix_v_scale, draft_v_scale = v_scales  # as _consume
+        acc = acc * prefix_v_scale
         if with_drafts:
             if KV_FP8:
                 stage = h0 % STAGES
@@ -1667,7 +1671,7 @@ def _consume_values(
         _warps_barrier()  # every warp has read the sums
         mbarrier.arrive(sums_free, count=1)
         dest = _dest(out_args, b, b0, whole, request)
-        _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
+        _store_out(acc / (l_i / draft_v_scale)[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
 
 @constexpr_function
@@ -1796,7 +1800,8 @@ def _prefix_kernel_sm90(
     min_share,
     score_scale,
     draft_scale,
-    v_scale,
+    prefix_v_scale,
+    draft_v_scale,
     PAGE_NOPE,
     PAGE_ROPE,
     DRAFT_LEN: gl.constexpr,
@@ -1916,7 +1921,7 @@ def _prefix_kernel_sm90(
         share = (share_block, b0, b1, base0, s0, s1, drafts)
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
-        scales = (score_scale, draft_scale, v_scale)
+        scales = (score_scale, draft_scale, prefix_v_scale, draft_v_scale)
         masks = (MASK, MASK_INDPTR)
         out_args = (
             O,
@@ -2049,7 +2054,7 @@ def _prefix_kernel_sm90(
                             wide,
                             xchg,
                             bars,
-                            v_scale,
+                            (prefix_v_scale, draft_v_scale),
                             out_args,
                             BLOCK_H,
                             DRAFT_LEN,
@@ -2140,6 +2145,7 @@ def launch_prefix(
     score_scale: float,
     draft_scale: float,
     v_scale: float,
+    v_extend_scale: float,
     v_extend_from_k: bool,
     plan_block: int,
     score_value: bool,
@@ -2153,7 +2159,8 @@ def launch_prefix(
     many as their aligned shares need), shares of at least ``min_share``
     positions (fewer shares on a small batch): writes the output of every request a
     share holds whole, and the partials (prefix values scaled by
-    ``v_scale``, drafts included) of the others, ``part_o`` / ``part_lse``
+    ``v_scale``, the drafts' by ``v_extend_scale``, nonzero, in fp32;
+    drafts included) of the others, ``part_o`` / ``part_lse``
     rows ``(slot, head, draft)``, or ``(slot, tile row)`` in the RAGGED
     module (``hopper.partial_rows``). Request b has
     ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most ``draft_len``.
@@ -2208,7 +2215,8 @@ def launch_prefix(
         min_share,
         score_scale,
         draft_scale,
-        v_scale,
+        v_scale / v_extend_scale,  # exactly v_scale for SGLang's calls (1.0)
+        v_extend_scale,
         *pages,
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,

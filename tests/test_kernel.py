@@ -93,6 +93,16 @@ CPU_CASES = [
         SMALL,
     ),
     ("sm_scale_custom", 4, 2, [30], {"sm_scale": 0.11}, SMALL),
+    # The drafts' values scaled apart from the prefix's (verify_mla_paged's
+    # drafts live in the scaled cache).
+    (
+        "v_extend_scaled",
+        4,
+        2,
+        [30, 0, 12],
+        {"v_extend_from_k": True, "v_scale": 1.5, "v_extend_scale": 0.7},
+        SMALL,
+    ),
     ("lookup_config", 4, 2, [30, 5], {}, None),
     # Ordinary attention: one KV head, q/k = v = 256 or 128, no rope part.
     ("d256_v_view", 4, 2, [30, 12], {"head_dims": (256, 256)}, SMALL),
@@ -898,13 +908,23 @@ def _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch):
 
 # How a call hands its drafts to the Hopper kernel: v_extend a tensor of its
 # own (SGLang) or a view of k_extend; k_scale and v_scale scale the prefix
-# only; with fp8 KV the consumers load the drafts themselves.
+# only, v_extend_scale the drafts' values; with fp8 KV the consumers load
+# the drafts themselves.
 DRAFT_VARIANTS = {
     "v_extend_view": {"v_extend_from_k": True},
     "k_scale": {"k_scale": 0.5},
     "v_scale": {"v_scale": 1.5},
     "view_and_scales": {"v_extend_from_k": True, "k_scale": 0.75, "v_scale": 1.25},
     "fp8_kv": {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.25},
+    "v_extend_scale": {"v_scale": 1.5, "v_extend_scale": 0.7},
+    "paged_scales": {"v_extend_from_k": True, "v_scale": 1.3, "v_extend_scale": 1.3},
+    "fp8_paged_scales": {
+        "kv_dtype": torch.float8_e4m3fn,
+        "v_extend_from_k": True,
+        "k_scale": 0.75,
+        "v_scale": 1.3,
+        "v_extend_scale": 1.3,
+    },
 }
 
 
