@@ -378,6 +378,29 @@ def _positions(
 
 
 @gluon.jit
+def _share(share_block, batch_size, drafts, s0, s1, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+    # A CTA's share, positions s0 .. s1 - 1 of the head block: the first
+    # request with work in it (its drafts' first position at s0 or later),
+    # the one that holds position s1 - 1, and where the first one's
+    # positions begin. b1 < b0: the range holds drafts' later positions
+    # alone, and nothing to do. Requests with no heads in the head block
+    # hold no positions: neither b0 nor b1 is one.
+    b0 = 0
+    base0 = 0
+    b1 = 0
+    done = 0
+    for start in range(0, batch_size, BLOCK_B):
+        positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, layout)
+        ends = done + gl.associative_scan(positions, 0, _add)
+        before = ends - drafts < s0
+        b0 += gl.sum(before.to(gl.int32), 0)
+        base0 += gl.sum(gl.where(before, positions, 0), 0)
+        b1 += gl.sum((ends < s1).to(gl.int32), 0)
+        done += gl.sum(positions, 0)
+    return (share_block, b0, b1, base0, s0, s1, drafts)
+
+
+@gluon.jit
 def _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts):
     # Positions of requests offs (0 where not mask, and for a request
     # with fewer than min_rows drafts: no rows in the head block): one
@@ -1900,25 +1923,7 @@ def _prefix_kernel_sm90(
         else:
             s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
             s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
-        # The first request with work in the range (its drafts' first
-        # position at s0 or later), the one that holds position s1 - 1,
-        # and where the first one's positions begin (Gluon scans only in
-        # the kernel body). b1 < b0: the range holds drafts' later
-        # positions alone, and nothing to do. Requests with no heads in
-        # the head block hold no positions: neither b0 nor b1 is one.
-        b0 = 0
-        base0 = 0
-        b1 = 0
-        done = 0
-        for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, plan_layout)
-            ends = done + gl.associative_scan(positions, 0, _add)
-            before = ends - drafts < s0
-            b0 += gl.sum(before.to(gl.int32), 0)
-            base0 += gl.sum(gl.where(before, positions, 0), 0)
-            b1 += gl.sum((ends < s1).to(gl.int32), 0)
-            done += gl.sum(positions, 0)
-        share = (share_block, b0, b1, base0, s0, s1, drafts)
+        share = _share(share_block, batch_size, drafts, s0, s1, BLOCK_B, plan_layout)
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
         scales = (score_scale, draft_scale, prefix_v_scale, draft_v_scale)
