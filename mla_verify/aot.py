@@ -42,6 +42,7 @@ from .config import (
     VerifyConfig,
     rows_per_program,
     runs_score_value,
+    value_chunk,
 )
 from .device import arch_shared_memory
 from .problem import MLA_HEAD_DIMS, check_head_dims
@@ -190,6 +191,7 @@ def compile_stage1(
         BLOCK_B=kernel.PLAN_BLOCK,
         D_V=v,
         D_ROPE=qk - v,
+        V_CHUNK=value_chunk(config, v),
         V_FROM_K=v_from_k,
         PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
@@ -369,7 +371,7 @@ def _compile_hopper_kernel(
     src = _signature(
         fn,
         pointers,
-        {"score_scale", "draft_scale", "v_scale"},
+        {"score_scale", "draft_scale", "prefix_v_scale", "draft_v_scale"},
         constexprs,
         _launch_aligned(fn, pointers),
     )

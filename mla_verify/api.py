@@ -333,7 +333,7 @@ def _check_values(
         _expect(end <= length, "mask_indptr[-1]", f"<= {length} (custom_mask's length)", end)
 
 
-def _as_scale(value: float, name: str, *, positive: bool = False) -> float:
+def _as_scale(value: float, name: str, *, positive: bool = False, nonzero: bool = False) -> float:
     _expect(
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
         name,
@@ -343,6 +343,8 @@ def _as_scale(value: float, name: str, *, positive: bool = False) -> float:
     # The Hopper kernel scales each row's score maximum, not every score
     # before the maximum: the same only for a positive score scale.
     _expect(not positive or value > 0, name, "a positive score scale", repr(value))
+    # The kernels divide by a drafts' value scale (kernel_sm90.launch_prefix).
+    _expect(not nonzero or value != 0, name, "a nonzero value scale", repr(value))
     return float(value)
 
 
@@ -373,6 +375,7 @@ def verify_mla_fwd(
     *,
     config: VerifyConfig | None = None,
     page_size: int = 1,
+    v_extend_scale: float = 1.0,
 ) -> bool:
     """Target-verify attention with one shared KV head; a drop-in for
     SGLang's extend attention (and its verify launcher's newer signature).
@@ -409,6 +412,10 @@ def verify_mla_fwd(
     value sizes the workspace for every batch up to it, as
     ``prepare_workspace`` does, so later calls (captured ones included)
     allocate nothing; during capture it is not acted on.
+
+    ``v_extend_scale`` (nonzero) multiplies the drafts' values, in float32:
+    1.0 is SGLang's convention; ``verify_mla_paged``, whose drafts live in
+    the scaled cache, passes its ``v_scale``.
 
     Returns False, writing nothing, where ``can_handle`` refuses (sinks,
     sliding window, logit cap, non-causal without a mask, ...); the caller
@@ -457,6 +464,7 @@ def verify_mla_fwd(
     _expect(isinstance(page_size, int) and page_size >= 1, "page_size", "an int >= 1", page_size)
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale")
+    v_extend_scale = _as_scale(v_extend_scale, "v_extend_scale", nonzero=True)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q_extend.shape[-1])
     sm_scale = _as_scale(sm_scale, "sm_scale", positive=True)
@@ -515,6 +523,7 @@ def verify_mla_fwd(
         sm_scale=sm_scale,
         k_scale=k_scale,
         v_scale=v_scale,
+        v_extend_scale=v_extend_scale,
         # The kernels read mask bytes; a bool mask is the same bytes.
         custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
         mask_indptr=mask_indptr,

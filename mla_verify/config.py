@@ -35,6 +35,9 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}
 # schedules of the Hopper kernel (kernel_sm90's docstring).
 HOPPER_KERNELS = ("gluon_sm90", "gluon_sm90_sv")
 KERNELS = ("triton", *HOPPER_KERNELS)
+# Value-column chunks the Triton kernel's dots may take (VerifyConfig.V_CHUNK):
+# tl.dot needs 16 columns or more, and a chunk divides the power-of-two D_V.
+V_CHUNKS = (32, 64, 128, 256)
 # Known NVIDIA archs where Triton compiles stage 1's products for tcgen05
 # (datacenter Blackwell). The 64-row MLA tile of 64 tokens takes 352816
 # bytes of shared memory as triton 3.6, 3.7 and 3.8 build it for sm100
@@ -89,6 +92,10 @@ class VerifyConfig:
                    batch holds at least; on a small batch a higher floor
                    runs fewer CTAs and leaves fewer partials to merge, a
                    lower one more. None: the kernel's default (4)
+    V_CHUNK        Triton kernel only: value columns each of its dots takes
+                   (the rest in further dots, one a chunk). None: the
+                   kernel's rule, chunks of 128 in tiles of 64 rows or more
+                   and all columns at once below (``value_chunk``)
     """
 
     BLOCK_H: int
@@ -101,6 +108,7 @@ class VerifyConfig:
     kpack: int | None = None
     kernel: str = "triton"
     MIN_SHARE: int | None = None
+    V_CHUNK: int | None = None
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, expected: str) -> None:
@@ -132,6 +140,11 @@ class VerifyConfig:
                 and 1 <= self.MIN_SHARE <= 1024
             ),
             f"None, or an int in 1..1024 with kernel in {HOPPER_KERNELS}",
+        )
+        check(
+            "V_CHUNK",
+            self.V_CHUNK is None or (self.kernel == "triton" and self.V_CHUNK in V_CHUNKS),
+            f"None, or one of {V_CHUNKS} with kernel='triton'",
         )
         if self.kernel in HOPPER_KERNELS:
             # The Hopper kernel's tile is fixed; the fields say so, and they
@@ -172,6 +185,12 @@ class VerifyConfig:
 
     def with_min_share(self, min_share: int | None) -> VerifyConfig:
         return dataclasses.replace(self, MIN_SHARE=min_share)
+
+
+def value_chunk(config: VerifyConfig, d_v: int) -> int:
+    """The Triton kernel's V_CHUNK constexpr: the config's chunk of value
+    columns, at most all ``d_v`` of them; 0 leaves it to the kernel's rule."""
+    return min(config.V_CHUNK, d_v) if config.V_CHUNK else 0
 
 
 def kernel_family(kernel: VerifyConfig | str) -> str:

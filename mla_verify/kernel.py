@@ -74,7 +74,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from . import fp8, hopper
-from .config import COMPILE_OPTIONS, rows_per_program
+from .config import COMPILE_OPTIONS, rows_per_program, value_chunk
 
 LOG2E = 1.4426950408889634
 PLAN_BLOCK = 128  # requests the work plan reads per step
@@ -350,6 +350,14 @@ def _widen(x, dtype: tl.constexpr, WIDEN_BY_PTX: tl.constexpr):
 
 
 @triton.jit
+def _rows_chunk(ptr, col0, offs_c, mask, dtype: tl.constexpr, WIDEN_BY_PTX: tl.constexpr):
+    # Columns col0 .. col0 + D_CHUNK - 1 of rows ptr [R, 1] (masked rows 0),
+    # in the dot's dtype.
+    x = tl.load(ptr + col0 + offs_c[None, :], mask=mask[:, None], other=0.0)
+    return _widen(x, dtype, WIDEN_BY_PTX)
+
+
+@triton.jit
 def _softmax_step(qk, m_i):
     # One online-softmax step over scores qk [R, N] (log2 domain, -inf where
     # a key is hidden): the rows' new maxima, the rescale factor of what they
@@ -389,6 +397,7 @@ def _prefix_kernel(
     BLOCK_B: tl.constexpr,
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
+    V_CHUNK: tl.constexpr,
     V_FROM_K: tl.constexpr,
     PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -413,7 +422,16 @@ def _prefix_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
     offs_i = offs_m % DRAFT_LEN
-    offs_d = tl.arange(0, D_V)
+    # The value columns in chunks of V_CHUNK (the config's), one dot a chunk,
+    # so a dot holds one chunk of the KV tile in registers. Without one, tiles
+    # of 64 rows or more (a warpgroup's wgmma on Hopper) take chunks of 128;
+    # smaller tiles ran slower so (RESULTS.md).
+    D_CHUNK: tl.constexpr = (
+        V_CHUNK if V_CHUNK > 0 else (128 if BLOCK_M >= 64 and D_V > 128 else D_V)
+    )
+    N_CHUNKS: tl.constexpr = D_V // D_CHUNK
+    DOT_DTYPE: tl.constexpr = tl.float32 if DOT_FP32 else Q.dtype.element_ty
+    offs_c = tl.arange(0, D_CHUNK)
     if D_ROPE > 0:
         offs_r = tl.arange(0, D_ROPE)
     mask_head = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads)
@@ -434,12 +452,14 @@ def _prefix_kernel(
 
         q_row = (q_start + offs_i).to(tl.int64)
         ptr_q = Q + q_row[:, None] * stride_q_tok + offs_h[:, None] * stride_q_head
-        q_nope = tl.load(ptr_q + offs_d[None, :], mask=mask_m[:, None], other=0.0)  # [M, Dv]
-        if DOT_FP32:
-            q_nope = q_nope.to(tl.float32)
+        # Q's value columns in chunks of D_CHUNK [M, D_CHUNK]: each dot then
+        # holds one chunk of the KV tile in registers, not all D_V columns.
+        qs = ()
+        for c in tl.static_range(N_CHUNKS):
+            qs = qs + (_rows_chunk(ptr_q, c * D_CHUNK, offs_c, mask_m, DOT_DTYPE, False),)
         if D_ROPE > 0:
             q_pe = tl.load(ptr_q + D_V + offs_r[None, :], mask=mask_m[:, None], other=0.0)
-            q_pe = q_pe.to(q_nope.dtype)  # [M, 64]
+            q_pe = q_pe.to(DOT_DTYPE)  # [M, 64]
         if PREFIX_MASK:
             # Row i's mask bits: its request's prefix keys, then its drafts.
             mask_row = tl.load(MASK_INDPTR + req).to(tl.int64) + offs_i.to(tl.int64) * (
@@ -448,19 +468,24 @@ def _prefix_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+        accs = ()
+        for _ in tl.static_range(N_CHUNKS):
+            accs = accs + (tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32),)
 
         for start in tl.range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < hi
             slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             ptr_k = K_BUF + slot[:, None] * stride_k_slot
-            kv_c = tl.load(ptr_k + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, Dv]
-            kv_c = _widen(kv_c, q_nope.dtype, WIDEN_BY_PTX)
-            qk = tl.dot(q_nope, tl.trans(kv_c))  # [M, N]
+            ks = ()
+            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for c in tl.static_range(N_CHUNKS):
+                k_c = _rows_chunk(ptr_k, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
+                qk = tl.dot(qs[c], tl.trans(k_c), qk)
+                ks = ks + (k_c,)
             if D_ROPE > 0:
                 k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, q_nope.dtype, WIDEN_BY_PTX)))
+                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, DOT_DTYPE, WIDEN_BY_PTX)))
             qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
             if PREFIX_MASK:
                 bits = tl.load(
@@ -472,16 +497,16 @@ def _prefix_kernel(
 
             m_new, alpha, p = _softmax_step(qk, m_i)
             l_i = l_i * alpha + tl.sum(p, 1)
-            if V_FROM_K:
-                v = kv_c  # V is K's first Dv columns (MLA's latent), already loaded
-            else:
-                v = tl.load(
-                    V_BUF + slot[:, None] * stride_v_slot + offs_d[None, :],
-                    mask=mask_n[:, None],
-                    other=0.0,
-                )
-                v = _widen(v, q_nope.dtype, WIDEN_BY_PTX)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [M, Dv]
+            p = p.to(DOT_DTYPE)
+            new_accs = ()
+            for c in tl.static_range(N_CHUNKS):
+                if V_FROM_K:  # V is K's first Dv columns (MLA's latent), already loaded
+                    v_c = ks[c]
+                else:
+                    ptr_v = V_BUF + slot[:, None] * stride_v_slot
+                    v_c = _rows_chunk(ptr_v, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
+                new_accs = new_accs + (tl.dot(p, v_c, accs[c] * alpha[:, None]),)
+            accs = new_accs
             m_i = m_new
 
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
@@ -490,11 +515,13 @@ def _prefix_kernel(
         # 0: merged as nothing, never as NaN * 0).
         seen = l_i > 0
         l_i = tl.where(seen, l_i, 1.0)
-        tl.store(
-            PART_O + part_row[:, None] * D_V + offs_d[None, :],
-            tl.where(seen[:, None], acc * (v_scale / l_i[:, None]), 0.0),
-            mask=mask_m[:, None],
-        )
+        scale = (v_scale / l_i)[:, None]
+        ptr_o = PART_O + part_row[:, None] * D_V + offs_c[None, :]
+        hidden = ~seen[:, None]
+        for c in tl.static_range(N_CHUNKS):
+            tl.store(
+                ptr_o + c * D_CHUNK, tl.where(hidden, 0.0, accs[c] * scale), mask=mask_m[:, None]
+            )
         tl.store(
             PART_LSE + part_row, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=mask_m
         )
@@ -581,6 +608,7 @@ def _merge_extend_kernel(
     batch_size,
     num_kv_splits,
     ext_scale,
+    ext_v_scale,
     DRAFT_LEN: tl.constexpr,
     L_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -651,6 +679,7 @@ def _merge_extend_kernel(
         stride_ke_tok,
         stride_ve_tok,
         ext_scale,
+        ext_v_scale,
         acc,
         m_i,
         l_i,
@@ -721,19 +750,20 @@ def _merge_shares_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     block = tl.program_id(2)
-    if WIDE_BLOCKS > 0:
-        # A block past the wide ones merges only a request of more than
-        # WIDE_PIECES pieces; where a bound from four loads rules that
-        # out, it ends before the plan.
-        cuts = share_ctas
-        if RAGGED:
-            # Or the aligned plan's (_head_block_shares): one share length
-            # for all head blocks, at least all their positions over
-            # head_blocks * share_ctas - head_blocks.
-            cuts = tl.maximum(cuts, tl.maximum(head_blocks * share_ctas - head_blocks, 1))
-        few = _pieces_at_most(KV_INDPTR, req, batch_size, cuts, TOKENS) <= WIDE_PIECES
-        if few & (block >= WIDE_BLOCKS):
-            return
+    if WIDE_BLOCKS > 0:  # noqa: SIM102 (a constexpr test first, then a runtime one)
+        if block >= WIDE_BLOCKS:
+            # A block past the wide ones merges only a request of more
+            # than WIDE_PIECES pieces; where a bound from four loads rules
+            # that out, it ends before the plan.
+            cuts = share_ctas
+            if RAGGED:
+                # Or the aligned plan's (_head_block_shares): one share
+                # length for all head blocks, at least all their positions
+                # over head_blocks * share_ctas - head_blocks (share_ctas
+                # is 1 or more).
+                cuts = tl.maximum(cuts, head_blocks * share_ctas - head_blocks)
+            if _pieces_at_most(KV_INDPTR, req, batch_size, cuts, TOKENS) <= WIDE_PIECES:
+                return
     q_first = tl.load(QO_INDPTR + req)
     num_rows = (tl.load(QO_INDPTR + req + 1) - q_first).to(tl.int32)  # the request's drafts
     last_rows = _min_rows(head_blocks - 1, num_heads, TILE_ROWS)
@@ -904,6 +934,7 @@ def _add_drafts(
     stride_ke_tok,
     stride_ve_tok,
     ext_scale,
+    ext_v_scale,
     acc,
     m_i,
     l_i,
@@ -916,7 +947,8 @@ def _add_drafts(
     # Adds the request's own drafts (rows q_row, num_rows of them) to the
     # online softmax (acc, m_i, l_i); returns (acc, l). Row i sees draft j
     # where its mask bit MASK[mask_first + i * mask_stride + j] is set, or,
-    # without a mask, where j <= i.
+    # without a mask, where j <= i. The drafts' values count ext_v_scale
+    # times, applied to their P V in fp32: no scaled value is rounded.
     offs_i = tl.arange(0, BLOCK_L)
     mask_i = offs_i < num_rows
     offs_d = tl.arange(0, D_V)
@@ -950,7 +982,7 @@ def _add_drafts(
 
     m_new, alpha, p = _softmax_step(qk, m_i)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v_ext.dtype), v_ext) * ext_v_scale
     return acc, l_i
 
 
@@ -976,6 +1008,7 @@ def launch(
     sm_scale: float,
     k_scale: float,
     v_scale: float,
+    v_extend_scale: float = 1.0,
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
 ) -> None:
@@ -1007,6 +1040,7 @@ def launch(
             score_scale=sm_scale * k_scale * LOG2E,
             draft_scale=sm_scale * LOG2E,
             v_scale=v_scale,
+            v_extend_scale=v_extend_scale,
             v_extend_from_k=plan.v_extend_from_k,
             plan_block=PLAN_BLOCK,
             score_value=plan.score_value,
@@ -1065,6 +1099,7 @@ def launch(
         BLOCK_B=PLAN_BLOCK,
         D_V=d_v,
         D_ROPE=d_qk - d_v,
+        V_CHUNK=value_chunk(config, d_v),
         V_FROM_K=plan.v_from_k,
         PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,
@@ -1085,6 +1120,7 @@ def launch(
         block_n=config.BLOCK_N,
         num_kv_splits=splits,
         sm_scale=sm_scale,
+        v_extend_scale=v_extend_scale,
         dependent=plan.dependent,
         custom_mask=custom_mask if plan.draft_mask else None,
         mask_indptr=mask_indptr if plan.draft_mask else None,
@@ -1106,14 +1142,16 @@ def launch_merge(
     block_n: int,
     num_kv_splits: int,
     sm_scale: float,
+    v_extend_scale: float = 1.0,
     dependent: bool,
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
 ) -> None:
     """Stage 2 after the Triton kernel, writes ``o``: merges each request's
     unit partials (the plan of stage 1 with ``block_n``) and adds the
-    drafts, causally or as ``custom_mask`` says (its draft block; uint8,
-    with ``mask_indptr``). ``dependent``: a programmatic dependent launch
+    drafts (their values times ``v_extend_scale``), causally or as
+    ``custom_mask`` says (its draft block; uint8, with ``mask_indptr``).
+    ``dependent``: a programmatic dependent launch
     (``plan.dependent_launch``)."""
     num_heads = q.shape[1]
     d_v = v_ext.shape[-1]
@@ -1139,6 +1177,7 @@ def launch_merge(
         batch_size,
         num_kv_splits,
         sm_scale * LOG2E,
+        v_extend_scale,
         DRAFT_LEN=draft_len,
         L_PAD=triton.next_power_of_2(draft_len),
         BLOCK_L=max(16, triton.next_power_of_2(draft_len)),

@@ -70,12 +70,11 @@ from . import hopper, problem
 from .config import COMPILE_OPTIONS
 from .kernel import PLAN_BLOCK
 from .kernel_sm90 import (
-    _add,
     _dest,
     _launch_dependents,
-    _positions,
     _request_positions,
     _segment,
+    _share,
     _share_count,
     _store_lse,
     _store_out,
@@ -603,19 +602,7 @@ def _seesaw_kernel(
     if cta < ctas:
         s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
         s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
-        b0 = 0
-        base0 = 0
-        b1 = 0
-        done = 0
-        for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, plan_layout)
-            ends = done + gl.associative_scan(positions, 0, _add)
-            before = ends - drafts < s0
-            b0 += gl.sum(before.to(gl.int32), 0)
-            base0 += gl.sum(gl.where(before, positions, 0), 0)
-            b1 += gl.sum((ends < s1).to(gl.int32), 0)
-            done += gl.sum(positions, 0)
-        share = (share_block, b0, b1, base0, s0, s1, drafts)
+        share = _share(share_block, batch_size, drafts, s0, s1, BLOCK_B, plan_layout)
         q_args = (Q, stride_q_tok, stride_q_head)
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
 

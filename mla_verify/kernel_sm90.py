@@ -378,6 +378,29 @@ def _positions(
 
 
 @gluon.jit
+def _share(share_block, batch_size, drafts, s0, s1, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+    # A CTA's share, positions s0 .. s1 - 1 of the head block: the first
+    # request with work in it (its drafts' first position at s0 or later),
+    # the one that holds position s1 - 1, and where the first one's
+    # positions begin. b1 < b0: the range holds drafts' later positions
+    # alone, and nothing to do. Requests with no heads in the head block
+    # hold no positions: neither b0 nor b1 is one.
+    b0 = 0
+    base0 = 0
+    b1 = 0
+    done = 0
+    for start in range(0, batch_size, BLOCK_B):
+        positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, layout)
+        ends = done + gl.associative_scan(positions, 0, _add)
+        before = ends - drafts < s0
+        b0 += gl.sum(before.to(gl.int32), 0)
+        base0 += gl.sum(gl.where(before, positions, 0), 0)
+        b1 += gl.sum((ends < s1).to(gl.int32), 0)
+        done += gl.sum(positions, 0)
+    return (share_block, b0, b1, base0, s0, s1, drafts)
+
+
+@gluon.jit
 def _request_positions(KV_INDPTR, QO_INDPTR, offs, mask, min_rows, drafts):
     # Positions of requests offs (0 where not mask, and for a request
     # with fewer than min_rows drafts: no rows in the head block): one
@@ -783,12 +806,15 @@ def _produce(
     empty,
     pages,
     V_EXT_FROM_K: gl.constexpr,
-    KV_FP8: gl.constexpr,
 ):
     # The ring runs on across the share's segments: while the consumers
     # finish one request, the next one's first tiles arrive. Without rope
     # columns (not MLA) the rope rows are the K rows' slots (never used)
     # and V's rows are gathered into the V ring at the same slots.
+    # A warp partition gets its arguments as values, constexprs too: read
+    # from the pool's type, KV_FP8 stays a constant, and the bf16-only
+    # branch below is not built for an fp8 ring (Gluon 3.7 cannot lower it).
+    KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
     nope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, D_NOPE, PRODUCER_WARPS)
     rope_layout: gl.constexpr = _copy_layout(K_BUF.dtype.element_ty, RING_ROPE, PRODUCER_WARPS)
     _, b0, b1, base, _, _, _ = share
@@ -1234,7 +1260,7 @@ def _consume(
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
-    score_scale, draft_scale, v_scale = scales
+    score_scale, draft_scale, prefix_v_scale, draft_v_scale = scales
     wide_nope, wide_rope, wide_v = wide  # read with fp8 KV only
     _, b0, b1, base, _, _, _ = share
     # b1 < b0: nothing to do (_prefix_kernel_sm90), and no request to read.
@@ -1293,8 +1319,10 @@ def _consume(
             if not KV_FP8:
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
-        # The KV cache's value scale applies to the prefix alone.
-        acc = acc * v_scale
+        # The prefix's values times v_scale / v_extend_scale here, every
+        # value times v_extend_scale in the normalisation: the drafts'
+        # values count v_extend_scale times, in fp32 (launch_prefix).
+        acc = acc * prefix_v_scale
 
         if with_drafts:
             if KV_FP8:
@@ -1344,7 +1372,8 @@ def _consume(
 
         l_i = _row_sums(gl.sum(l_elem, 1), PREFIX_MASK or DRAFT_MASK)
         dest = _dest(out_args, b, b0, whole, request)
-        _store_out(acc / gl.convert_layout(l_i, o_rows)[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
+        l_out = gl.convert_layout(l_i / draft_v_scale, o_rows)
+        _store_out(acc / l_out[:, None], 0, dest, BLOCK_H, DRAFT_LEN)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
 
@@ -1400,7 +1429,7 @@ def _consume_scores(
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=s_layout)
     ready, empty, p_bar, sums_bar, sums_free, wide_bar = bars
-    score_scale, draft_scale, v_scale = scales
+    score_scale, draft_scale, prefix_v_scale, draft_v_scale = scales
     K_EXT, V_EXT, stride_ke_tok, stride_ve_tok = ext
     wide_nope, _, p_smem = wide
     wide_left = wide_nope.slice(0, HALF_V, dim=1)
@@ -1468,8 +1497,8 @@ def _consume_scores(
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
-        # The KV cache's value scale applies to the prefix alone.
-        acc = acc * v_scale
+        # The prefix's values times v_scale / v_extend_scale (as _consume).
+        acc = acc * prefix_v_scale
 
         if with_drafts:
             # The drafts' K (and V unless it is a view of K): with bf16 KV
@@ -1532,7 +1561,7 @@ def _consume_scores(
         _warps_barrier()
         mbarrier.arrive(sums_bar, count=1)
         dest = _dest(out_args, b, b0, whole, request)
-        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        out = acc / gl.convert_layout(l_i / draft_v_scale, o_rows)[:, None]
         _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN, WIDE=True)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
 
@@ -1582,7 +1611,7 @@ def _consume_values(
     wide,
     xchg,
     bars,
-    v_scale,
+    v_scales,
     out_args,
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
@@ -1626,7 +1655,8 @@ def _consume_values(
                 mbarrier.arrive(empty.index(stage), count=1)
         t0 += prefix_tiles
         h0 += prefix_tiles
-        acc = acc * v_scale
+        prefix_v_scale, draft_v_scale = v_scales  # as _consume
+        acc = acc * prefix_v_scale
         if with_drafts:
             if KV_FP8:
                 stage = h0 % STAGES
@@ -1664,7 +1694,7 @@ def _consume_values(
         _warps_barrier()  # every warp has read the sums
         mbarrier.arrive(sums_free, count=1)
         dest = _dest(out_args, b, b0, whole, request)
-        _store_out(acc / l_i[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
+        _store_out(acc / (l_i / draft_v_scale)[:, None], HALF_V, dest, BLOCK_H, DRAFT_LEN)
 
 
 @constexpr_function
@@ -1793,7 +1823,8 @@ def _prefix_kernel_sm90(
     min_share,
     score_scale,
     draft_scale,
-    v_scale,
+    prefix_v_scale,
+    draft_v_scale,
     PAGE_NOPE,
     PAGE_ROPE,
     DRAFT_LEN: gl.constexpr,
@@ -1892,28 +1923,10 @@ def _prefix_kernel_sm90(
         else:
             s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
             s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
-        # The first request with work in the range (its drafts' first
-        # position at s0 or later), the one that holds position s1 - 1,
-        # and where the first one's positions begin (Gluon scans only in
-        # the kernel body). b1 < b0: the range holds drafts' later
-        # positions alone, and nothing to do. Requests with no heads in
-        # the head block hold no positions: neither b0 nor b1 is one.
-        b0 = 0
-        base0 = 0
-        b1 = 0
-        done = 0
-        for start in range(0, batch_size, BLOCK_B):
-            positions = _positions(share_block, start, batch_size, drafts, BLOCK_B, plan_layout)
-            ends = done + gl.associative_scan(positions, 0, _add)
-            before = ends - drafts < s0
-            b0 += gl.sum(before.to(gl.int32), 0)
-            base0 += gl.sum(gl.where(before, positions, 0), 0)
-            b1 += gl.sum((ends < s1).to(gl.int32), 0)
-            done += gl.sum(positions, 0)
-        share = (share_block, b0, b1, base0, s0, s1, drafts)
+        share = _share(share_block, batch_size, drafts, s0, s1, BLOCK_B, plan_layout)
         q_args = (Q, stride_q_tok, stride_q_head)
         ext = (K_EXT, V_EXT, stride_ke_tok, stride_ve_tok)
-        scales = (score_scale, draft_scale, v_scale)
+        scales = (score_scale, draft_scale, prefix_v_scale, draft_v_scale)
         masks = (MASK, MASK_INDPTR)
         out_args = (
             O,
@@ -1976,7 +1989,6 @@ def _prefix_kernel_sm90(
             empty,
             (PAGE_NOPE, PAGE_ROPE),
             V_EXT_FROM_K,
-            KV_FP8,
         )
         if SCORE_VALUE:
             # Per stage the rescale factors of the P handed over, then
@@ -2047,7 +2059,7 @@ def _prefix_kernel_sm90(
                             wide,
                             xchg,
                             bars,
-                            v_scale,
+                            (prefix_v_scale, draft_v_scale),
                             out_args,
                             BLOCK_H,
                             DRAFT_LEN,
@@ -2138,6 +2150,7 @@ def launch_prefix(
     score_scale: float,
     draft_scale: float,
     v_scale: float,
+    v_extend_scale: float,
     v_extend_from_k: bool,
     plan_block: int,
     score_value: bool,
@@ -2151,7 +2164,8 @@ def launch_prefix(
     many as their aligned shares need), shares of at least ``min_share``
     positions (fewer shares on a small batch): writes the output of every request a
     share holds whole, and the partials (prefix values scaled by
-    ``v_scale``, drafts included) of the others, ``part_o`` / ``part_lse``
+    ``v_scale``, the drafts' by ``v_extend_scale``, nonzero, in fp32;
+    drafts included) of the others, ``part_o`` / ``part_lse``
     rows ``(slot, head, draft)``, or ``(slot, tile row)`` in the RAGGED
     module (``hopper.partial_rows``). Request b has
     ``qo_indptr[b + 1] - qo_indptr[b]`` drafts, at most ``draft_len``.
@@ -2206,7 +2220,8 @@ def launch_prefix(
         min_share,
         score_scale,
         draft_scale,
-        v_scale,
+        v_scale / v_extend_scale,  # exactly v_scale for SGLang's calls (1.0)
+        v_extend_scale,
         *pages,
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,

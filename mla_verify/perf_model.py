@@ -23,7 +23,9 @@ what the compiler reports (LDS and VGPRs a program, hence programs a CU):
 over a uniform batch, the geometric mean over the bucket's contexts. A
 tile whose second stage compiled to nothing (the same registers and LDS as
 with one: Triton's pipeliner left the loop alone, as on gfx942) counts once,
-at one stage: the model credits no stage the compiler did not build.
+at one stage: the model credits no stage the compiler did not build. Value
+chunks (V_CHUNK) count only through what they hold: a chunked tile whose
+estimate ties the kernel's rule's loses to it.
 """
 
 from __future__ import annotations
@@ -173,10 +175,11 @@ def best_config(
                 for ctx in contexts
             ]
             if all(math.isfinite(t) for t in times):
-                scored.append((statistics.geometric_mean(times), repr(config), config))
+                estimate = statistics.geometric_mean(times)
+                scored.append((estimate, _chunk_rank(config), repr(config), config))
     if not scored:
         raise ValueError(f"no config fits {gpu.arch} for H{num_heads} L{draft_len}")
-    estimate, _, config = min(scored)
+    estimate, _, _, config = min(scored)
     return config, estimate
 
 
@@ -193,3 +196,9 @@ def _distinct_kernels(
             seen.add(kernel)
             out.append((tile, resources))
     return out
+
+
+def _chunk_rank(config: VerifyConfig) -> tuple[bool, int]:
+    """Ties go to the kernel's rule (V_CHUNK None), then to wider chunks
+    (fewer dots): the model credits a chunk only through what it holds."""
+    return config.V_CHUNK is not None, -(config.V_CHUNK or 0)

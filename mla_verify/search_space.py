@@ -36,6 +36,15 @@ NVIDIA_ROWS = (16, 32, 64)
 # H200, and 8 won a few buckets (tuning/README.md).
 MIN_SHARE_CANDIDATES = (2, 8)
 
+# Value-column chunks (VerifyConfig.V_CHUNK) tried on tiles of fewer than 64
+# rows, beside the kernel's rule (all columns at once there). On an H100,
+# searched over 27 small-tile MLA buckets, chunks of 64 won 13 (H8 L4 1.25x
+# its default tile) and chunks of 128 won 10, mostly 32-row tiles (H32 L2
+# 1.23-1.28x) (RESULTS.md). On AMD the whole 512 columns spill on many small
+# tiles that fit in chunks (32 rows on 4 waves: 9 of 18 fit gfx950 whole, 15
+# in chunks of 128); the compile check drops what still spills.
+SMALL_TILE_V_CHUNKS = (None, 128, 64)
+
 # AMD compiler options tried on the fastest tiles, beside Triton's own
 # choice (None): occupancy hint, MFMA shape (16 or 32 rows), and operand
 # packing. Triton resets kpack to 1 on gfx950 (with a warning), so only
@@ -90,7 +99,8 @@ def triton_tiles(
     accumulator over more than 128 words a thread spills on any GPU. On
     NVIDIA also a KV ring that leaves a known arch's shared memory less than
     7 KB; on AMD, LDS and spills are left to the compile check, which knows
-    each arch's limits."""
+    each arch's limits. A tile of fewer than 64 rows is tried with value
+    chunks too (``SMALL_TILE_V_CHUNKS``)."""
     amd = is_amd_arch(arch)
     wave = 64 if amd else 32
     row_targets = AMD_ROWS if amd else NVIDIA_ROWS
@@ -106,6 +116,9 @@ def triton_tiles(
         rows = rows_per_program(block_h, draft_len)
         if rows > max(row_targets):
             continue
+        chunks = (
+            (None,) if rows >= 64 else tuple(c for c in SMALL_TILE_V_CHUNKS if c is None or c < v)
+        )
         for block_n in block_ns:
             for num_warps in (4, 8):
                 if rows * v // (wave * num_warps) > 128:
@@ -120,14 +133,16 @@ def triton_tiles(
                     limit = SHARED_MEMORY.get(arch)
                     if not amd and limit is not None and ring > limit - 7 * 1024:
                         continue
-                    out.append(
+                    out.extend(
                         VerifyConfig(
                             BLOCK_H=block_h,
                             BLOCK_N=block_n,
                             NUM_KV_SPLITS=1,
                             num_warps=num_warps,
                             num_stages=num_stages,
+                            V_CHUNK=v_chunk,
                         )
+                        for v_chunk in chunks
                     )
     return out
 

@@ -41,6 +41,7 @@ class VerifyBatch:
     sm_scale: float
     k_scale: float = 1.0
     v_scale: float = 1.0
+    v_extend_scale: float = 1.0  # the drafts' values' (verify_mla_fwd)
     custom_mask: torch.Tensor | None = None  # flat, SGLang's layout
     mask_indptr: torch.Tensor | None = None  # [bs+1] int32
     skip_prefix_custom_mask: bool = True
@@ -68,7 +69,9 @@ class VerifyBatch:
     ) -> bool:
         """``fwd`` on this batch, writing ``o``, as SGLang calls it. ``fwd``:
         another revision's ``verify_mla_fwd`` where the benchmark times one
-        beside this package (``scripts/bench.py``, ``rev:`` contenders)."""
+        beside this package (``scripts/bench.py``, ``rev:`` contenders),
+        which may not know ``v_extend_scale``: passed only where not 1."""
+        drafts = {} if self.v_extend_scale == 1.0 else {"v_extend_scale": self.v_extend_scale}
         return fwd(
             self.q,
             self.k_extend,
@@ -88,13 +91,14 @@ class VerifyBatch:
             sm_scale=self.sm_scale,
             skip_prefix_custom_mask=self.skip_prefix_custom_mask,
             config=config,
+            **drafts,
         )
 
     def reference(self) -> torch.Tensor:
         return verify_mla_reference(
             self.q,
             self.k_extend,
-            self.v_extend,
+            self.v_extend.float() * self.v_extend_scale,
             self.k_buffer,
             self.v_buffer,
             self.qo_indptr,
@@ -124,6 +128,7 @@ def make_batch(
     strided_q: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    v_extend_scale: float = 1.0,
     sm_scale: float | None = None,
     seed: int | None = None,
     kv_slots: torch.Tensor | None = None,
@@ -226,6 +231,7 @@ def make_batch(
         sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(qk_dim),
         k_scale=k_scale,
         v_scale=v_scale,
+        v_extend_scale=v_extend_scale,
         custom_mask=custom_mask,
         mask_indptr=mask_indptr,
         skip_prefix_custom_mask=skip_prefix_custom_mask,

@@ -113,12 +113,11 @@ class Workspace:
         draft_len: int,
         max_tokens: int,
         dtype: torch.dtype,
-        separate_v: bool,
     ) -> PagedViews:
         """The token-indexed form of one paged call, carved from the paged
         buffers: kv_indices first, then the two indptrs (each 16-byte
         aligned, so the kernels' pointer specialisation never changes); the
-        drafts' K rows, then (``separate_v``) their V rows, in ``dtype``."""
+        drafts' K rows in ``dtype``, V their view."""
         index_numel, draft_bytes = paged_numel(batch_size, draft_len, max_tokens)
         self.reserve_paged(index_numel, draft_bytes)
         if capturing(self.device):
@@ -128,18 +127,12 @@ class Workspace:
         rows = batch_size * draft_len
         k_bytes = rows * QK_HEAD_DIM * dtype.itemsize
         k_extend = self.paged_drafts[:k_bytes].view(dtype).view(rows, 1, QK_HEAD_DIM)
-        if separate_v:
-            v_bytes = rows * V_HEAD_DIM * dtype.itemsize
-            v_extend = self.paged_drafts[k_bytes : k_bytes + v_bytes].view(dtype)
-            v_extend = v_extend.view(rows, 1, V_HEAD_DIM)
-        else:
-            v_extend = k_extend[..., :V_HEAD_DIM]
         return PagedViews(
             kv_indices=self.paged_index[: batch_size * max_tokens],
             qo_indptr=self.paged_index[qo_start : qo_start + batch_size + 1],
             kv_indptr=self.paged_index[kv_start : kv_start + batch_size + 1],
             k_extend=k_extend,
-            v_extend=v_extend,
+            v_extend=k_extend[..., :V_HEAD_DIM],
         )
 
 
@@ -161,10 +154,9 @@ def _round_up(n: int, multiple: int) -> int:
 def paged_numel(batch_size: int, draft_len: int, max_tokens: int) -> tuple[int, int]:
     """(int32 indices, draft bytes) of a paged call's translation:
     ``max_tokens`` = block-table columns x page size bounds each sequence,
-    so kv_indices takes batch x max_tokens; draft rows are sized for 16-bit
-    K and a V of their own whatever the call passes."""
+    so kv_indices takes batch x max_tokens; the drafts' rows are 16-bit."""
     index_numel = _round_up(batch_size * max_tokens, 4) + 2 * _round_up(batch_size + 1, 4)
-    draft_bytes = batch_size * draft_len * (QK_HEAD_DIM + V_HEAD_DIM) * 2
+    draft_bytes = batch_size * draft_len * QK_HEAD_DIM * 2
     return index_numel, draft_bytes
 
 

@@ -3,6 +3,8 @@ the tuner's search space."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mla_verify import hopper
@@ -17,6 +19,7 @@ from mla_verify.config import (
     rows_per_program,
     runs_score_value,
     triton_default_config,
+    value_chunk,
 )
 from mla_verify.plan import for_separate_v
 from mla_verify.search_space import (
@@ -73,6 +76,61 @@ def test_to_dict_round_trips_and_leaves_out_the_default_kernel():
     assert score_value.to_dict()["kernel"] == "gluon_sm90_sv"
     for config in (triton_config, hopper, score_value):
         assert VerifyConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    "v_chunk,kernel,expected",
+    [
+        (48, "triton", r"None, or one of \(32, 64, 128, 256\) with kernel='triton', got 48"),
+        (64, "gluon_sm90", r".* with kernel='triton', got 64"),
+    ],
+)
+def test_v_chunk_is_validated_and_named(v_chunk, kernel, expected):
+    with pytest.raises(ValueError, match=f"VerifyConfig.V_CHUNK: expected {expected}"):
+        VerifyConfig(
+            BLOCK_H=8,
+            BLOCK_N=64,
+            NUM_KV_SPLITS=1,
+            num_warps=8,
+            num_stages=2,
+            kernel=kernel,
+            V_CHUNK=v_chunk,
+        )
+
+
+def test_v_chunk_round_trips_and_is_capped_at_the_value_columns():
+    config = VerifyConfig(
+        BLOCK_H=8, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=4, num_stages=2, V_CHUNK=256
+    )
+    assert config.to_dict()["V_CHUNK"] == 256
+    assert VerifyConfig.from_dict(config.to_dict()) == config
+    unset = dataclasses.replace(config, V_CHUNK=None)
+    assert "V_CHUNK" not in unset.to_dict()  # tables from before the field read the same
+    assert [value_chunk(config, d_v) for d_v in (512, 256, 128)] == [256, 256, 128]
+    assert value_chunk(unset, 512) == 0  # the kernel's rule
+
+
+def _rows_by_chunk(arch, heads, draft_len, head_dims):
+    by_chunk = {}
+    for c in tile_candidates(heads, draft_len, arch, "bf16", head_dims, kernel="triton"):
+        by_chunk.setdefault(c.V_CHUNK, set()).add(rows_per_program(c.BLOCK_H, draft_len))
+    return by_chunk
+
+
+@pytest.mark.parametrize("arch", ["sm80", "gfx950"])
+@pytest.mark.parametrize(
+    "heads,draft_len,head_dims", [(8, 4, (576, 512)), (16, 4, (256, 256)), (64, 2, (576, 512))]
+)
+def test_search_tries_value_chunks_below_64_rows_only(arch, heads, draft_len, head_dims):
+    rows = _rows_by_chunk(arch, heads, draft_len, head_dims)
+    assert rows[None] >= {16, 32}
+    assert set(rows) == {None, 128, 64}
+    assert rows[128] == rows[64] == rows[None] - {64, 128}
+
+
+def test_search_tries_no_chunk_as_wide_as_the_value():
+    # 128/128: a chunk of 128 is the whole value, the rule's own choice.
+    assert set(_rows_by_chunk("gfx950", 16, 4, (128, 128))) == {None, 64}
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])

@@ -93,6 +93,16 @@ CPU_CASES = [
         SMALL,
     ),
     ("sm_scale_custom", 4, 2, [30], {"sm_scale": 0.11}, SMALL),
+    # The drafts' values scaled apart from the prefix's (verify_mla_paged's
+    # drafts live in the scaled cache).
+    (
+        "v_extend_scaled",
+        4,
+        2,
+        [30, 0, 12],
+        {"v_extend_from_k": True, "v_scale": 1.5, "v_extend_scale": 0.7},
+        SMALL,
+    ),
     ("lookup_config", 4, 2, [30, 5], {}, None),
     # Ordinary attention: one KV head, q/k = v = 256 or 128, no rope part.
     ("d256_v_view", 4, 2, [30, 12], {"head_dims": (256, 256)}, SMALL),
@@ -114,6 +124,35 @@ CPU_CASES = [
         SMALL,
     ),
     ("d128_lookup_config", 4, 2, [30, 5], {"head_dims": (128, 128), "separate_v": True}, None),
+    # The value columns in chunks of V_CHUNK, one dot a chunk, each chunk
+    # its own accumulator: MLA's 512 in 8, 4 and 2, 256 in 4 (separate V:
+    # each chunk its own V load), 128 in 1 (the chunk capped at all columns).
+    ("mla_v_chunk_64", 4, 2, [30, 0, 12], {}, dataclasses.replace(SMALL, V_CHUNK=64)),
+    ("mla_v_chunk_128", 3, 3, [21, 40], {}, dataclasses.replace(SMALL, V_CHUNK=128)),
+    (
+        "mla_64_rows_v_chunk_256_fp8",
+        16,
+        4,
+        [40, 9],
+        {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 1.5},
+        dataclasses.replace(SMALL, BLOCK_H=16, V_CHUNK=256),
+    ),
+    (
+        "d256_v_separate_v_chunk_64",
+        4,
+        2,
+        [30, 12],
+        {"head_dims": (256, 256), "separate_v": True},
+        dataclasses.replace(SMALL, V_CHUNK=64),
+    ),
+    (
+        "d128_v_chunk_256",
+        3,
+        3,
+        [25, 0],
+        {"head_dims": (128, 128)},
+        dataclasses.replace(SMALL, V_CHUNK=256),
+    ),
     # Ragged drafts: request b has draft_counts[b] rows, 1..L.
     (
         "ragged_counts_empty_prefixes",
@@ -869,13 +908,23 @@ def _check_share_plan(batch, ref, schedule, sms, min_share, monkeypatch):
 
 # How a call hands its drafts to the Hopper kernel: v_extend a tensor of its
 # own (SGLang) or a view of k_extend; k_scale and v_scale scale the prefix
-# only; with fp8 KV the consumers load the drafts themselves.
+# only, v_extend_scale the drafts' values; with fp8 KV the consumers load
+# the drafts themselves.
 DRAFT_VARIANTS = {
     "v_extend_view": {"v_extend_from_k": True},
     "k_scale": {"k_scale": 0.5},
     "v_scale": {"v_scale": 1.5},
     "view_and_scales": {"v_extend_from_k": True, "k_scale": 0.75, "v_scale": 1.25},
     "fp8_kv": {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.25},
+    "v_extend_scale": {"v_scale": 1.5, "v_extend_scale": 0.7},
+    "paged_scales": {"v_extend_from_k": True, "v_scale": 1.3, "v_extend_scale": 1.3},
+    "fp8_paged_scales": {
+        "kv_dtype": torch.float8_e4m3fn,
+        "v_extend_from_k": True,
+        "k_scale": 0.75,
+        "v_scale": 1.3,
+        "v_extend_scale": 1.3,
+    },
 }
 
 
@@ -965,6 +1014,26 @@ def test_gpu_every_tile_candidate_is_correct():
             out = batch.new_output()
             batch.run(out, cand.with_splits(splits))
             check_close(out, ref, what=str(cand))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 1.5}],
+    ids=["bf16", "fp8"],
+)
+def test_gpu_value_chunks_are_correct(kwargs):
+    """Every tile the NVIDIA search tries with value chunks of its own
+    (V_CHUNK), on the GPU: MLA's 512 columns in chunks of 128 and of 64."""
+    batch = make_batch(8, 4, [3000, 64, 1], device="cuda", **kwargs)
+    ref = batch.reference()
+    chunked = [c for c in tile_candidates(8, 4, "sm90", kernel="triton") if c.V_CHUNK]
+    assert chunked
+    for cand in chunked:
+        _poison_workspace("cuda")
+        out = batch.new_output()
+        assert batch.run(out, cand.with_splits(7)) is True
+        check_close(out, ref, what=str(cand))
 
 
 @pytest.mark.gpu

@@ -13,9 +13,16 @@ GFX950 = MODELS["gfx950"]
 FITS = Resources(shared=36864, registers=283, spills=0, scratch=0)  # 4 waves: one a CU
 
 
-def tile(block_h: int, block_n: int = 16, warps: int = 4, stages: int = 2) -> VerifyConfig:
+def tile(
+    block_h: int, block_n: int = 16, warps: int = 4, stages: int = 2, v_chunk: int | None = None
+) -> VerifyConfig:
     return VerifyConfig(
-        BLOCK_H=block_h, BLOCK_N=block_n, NUM_KV_SPLITS=1, num_warps=warps, num_stages=stages
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        NUM_KV_SPLITS=1,
+        num_warps=warps,
+        num_stages=stages,
+        V_CHUNK=v_chunk,
     )
 
 
@@ -70,6 +77,25 @@ def test_a_stage_the_compiler_did_not_build_earns_nothing():
     built = [(tile(8, stages=1), FITS), (tile(8, stages=2), ring)]
     config, pipelined = best_config(built, GFX950, 8, 1, 256, [2048, 4096], 2)
     assert config.num_stages == 2 and pipelined < alike
+
+
+def test_value_chunks_count_only_through_what_they_hold():
+    # Chunks with less LDS but the same programs a CU tie the rule's
+    # estimate: the rule (None) keeps the bucket.
+    less_lds = Resources(shared=8192, registers=FITS.registers, spills=0, scratch=0)
+    alike = [(tile(8, v_chunk=64), less_lds), (tile(8, v_chunk=128), less_lds), (tile(8), FITS)]
+    config, _ = best_config(alike, GFX950, 8, 1, 256, [2048, 4096], 2)
+    assert config.V_CHUNK is None
+    # Chunks that hold fewer registers: two programs a CU, twice the bytes in
+    # flight of a one-stage tile, so they win; of two such, the wider chunk.
+    fewer = Resources(shared=FITS.shared, registers=200, spills=0, scratch=0)
+    held = [
+        (tile(8, stages=1), FITS),
+        (tile(8, stages=1, v_chunk=64), fewer),
+        (tile(8, stages=1, v_chunk=128), fewer),
+    ]
+    config, _ = best_config(held, GFX950, 8, 1, 256, [2048, 4096], 2)
+    assert config.V_CHUNK == 128
 
 
 def test_no_fitting_tile_is_an_error():
