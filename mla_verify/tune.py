@@ -1211,18 +1211,22 @@ def print_summary(results: list[BucketResult]) -> None:
     if not results:
         print("nothing tuned (every bucket already in the table; --redo re-tunes)")
         return
+    by_context = [
+        " ".join(f"{d / t:.2f}" for t, d in zip(r.tuned.per_context, r.default.per_context))
+        for r in results
+    ]
+    # Columns as wide as their longest cell: keys with head dims and three
+    # or more contexts would otherwise run into the next column.
+    key_width = max(16, *(len(r.key) + 2 for r in results))
+    context_width = max(14, *(len(text) + 2 for text in by_context))
     print(
-        f"{'entry':<16}{'batch':>6}{'tuned us':>11}{'default us':>12}{'speed-up':>10}"
-        f"  {'by context':<14}config"
+        f"{'entry':<{key_width}}{'batch':>6}{'tuned us':>11}{'default us':>12}{'speed-up':>10}"
+        f"  {'by context':<{context_width}}config"
     )
-    for r in results:
-        cfg = r.config.to_dict()
-        by_context = " ".join(
-            f"{d / t:.2f}" for t, d in zip(r.tuned.per_context, r.default.per_context)
-        )
+    for r, contexts in zip(results, by_context):
         print(
-            f"{r.key:<16}{r.batch_size:>6}{r.tuned_us:>11.1f}{r.default_us:>12.1f}"
-            f"{r.speedup:>9.2f}x  {by_context:<14}{cfg}"
+            f"{r.key:<{key_width}}{r.batch_size:>6}{r.tuned_us:>11.1f}{r.default_us:>12.1f}"
+            f"{r.speedup:>9.2f}x  {contexts:<{context_width}}{r.config.to_dict()}"
         )
     geo = statistics.geometric_mean(r.speedup for r in results)
     print(f"geometric-mean speed-up over the default: {geo:.3f}x ({len(results)} buckets)")

@@ -1001,3 +1001,27 @@ def test_check_runs_each_config_with_a_progress_bar(device, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "FAILED H4_L2_bf16 bucket 1: H4_L2_bf16 bucket 1: off" in out
     assert "FAILED H4_L2_bf16 bucket 2" in out
+
+
+def test_the_summary_keeps_its_columns_for_long_keys_and_three_contexts(capsys):
+    # A 256/256 fp8 key (20 characters) and three contexts' ratios are wider
+    # than the columns' usual widths; each column must still start where its
+    # heading does.
+    config = VerifyConfig(BLOCK_H=16, BLOCK_N=64, NUM_KV_SPLITS=1, num_warps=4, num_stages=3)
+    result = tune.BucketResult(
+        num_heads=16,
+        draft_len=4,
+        kv_dtype="fp8_e4m3",
+        batch_size=256,
+        config=config,
+        tuned=tune.Timing((100.0, 200.0, 400.0)),
+        default=tune.Timing((165.0, 330.0, 700.0)),
+        contexts=[2048, 16384, 65536],
+        head_dims=(256, 256),
+    )
+    tune.print_summary([result])
+    heading, row = capsys.readouterr().out.splitlines()[:2]
+    assert row.startswith("H16_L4_fp8_e4m3_D256 ")
+    assert row.index(" 256 ") + len(" 256") == heading.index("batch") + len("batch")
+    assert row.index("1.65 1.65 1.75 ") == heading.index("by context")
+    assert row.index("{'BLOCK_H': 16") == heading.index("config")
