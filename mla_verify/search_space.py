@@ -37,12 +37,13 @@ NVIDIA_ROWS = (16, 32, 64)
 MIN_SHARE_CANDIDATES = (2, 8)
 
 # Value-column chunks (VerifyConfig.V_CHUNK) tried on tiles of fewer than 64
-# rows, beside the kernel's rule (all columns at once there). On an H100,
-# searched over 27 small-tile MLA buckets, chunks of 64 won 13 (H8 L4 1.25x
-# its default tile) and chunks of 128 won 10, mostly 32-row tiles (H32 L2
-# 1.23-1.28x) (RESULTS.md). On AMD the whole 512 columns spill on many small
-# tiles that fit in chunks (32 rows on 4 waves: 9 of 18 fit gfx950 whole, 15
-# in chunks of 128); the compile check drops what still spills.
+# rows, beside the kernel's rule (all columns at once there). In the sm90
+# table's search (H200, 2026-12-05) chunks took 61 of the 114 Triton
+# buckets: chunks of 128 48 (MLA: H8-H32 at L1 and L2, H64 L1), of 64 13
+# (MLA: H8 L4, whose bucket at batch 32 then ran 1.37x faster) (RESULTS.md).
+# On AMD the whole 512 columns spill on many small tiles that fit in chunks
+# (32 rows on 4 waves: 9 of 18 fit gfx950 whole, 15 in chunks of 128); the
+# compile check drops what still spills.
 SMALL_TILE_V_CHUNKS = (None, 128, 64)
 
 # AMD compiler options tried on the fastest tiles, beside Triton's own
