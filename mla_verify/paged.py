@@ -36,7 +36,8 @@ apply to the drafts' P V in fp32: no scaled value is rounded before the
 output. (Drafts' rows scaled and rounded to q's dtype put an output past
 the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
-Batch 1 on bf16 pages of 64 or 128 tokens on the H200 runs a native
+On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, or of 256
+query rows a sequence or more (heads x drafts) at any batch, run a native
 paged kernel instead (``seesaw_serves``, kernel_seesaw.py): the
 translation then writes the indptrs alone, the seesaw kernel reads the
 pages and the drafts' rows where the cache holds them (v_scale scales its
@@ -315,21 +316,32 @@ def paged_forward(
     return out
 
 
-# The largest batch whose bf16 calls on pages of 64 or 128 tokens run the
-# seesaw kernel (kernel_seesaw.py). Side by side on the H200 (RESULTS.md,
-# "The seesaw kernel on pages"), against the translated call on the same
-# pages: 1.05x at batch 1 (geometric mean over 18 shapes, 1.00-1.13x),
-# 1.00x at batch 8, 0.97x at 32 and 64.
+# Which bf16 calls on pages of 64 or 128 tokens run the seesaw kernel
+# (kernel_seesaw.py): at most SEESAW_MAX_BATCH sequences, or sequences of
+# SEESAW_MIN_ROWS query rows or more (heads x drafts) at any batch. Side by
+# side against the translated call on the same pages: at batch 1 1.05x on
+# the H200 (RESULTS.md, "The seesaw kernel on pages": 18 shapes,
+# 1.00-1.13x); at batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at
+# every batch"), 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x
+# with 16K-64K contexts, 0.97-1.00x with 2K), 0.974x over the 23 of 32-128.
+# The context is not known on the host, so the rule cannot weigh it.
 SEESAW_MAX_BATCH = 1
+SEESAW_MIN_ROWS = 256
+
+
+def seesaw_shape(batch_size: int, rows: int) -> bool:
+    """The rule's part that reads the shape alone: a batch of
+    ``batch_size`` sequences of ``rows`` query rows each (heads x drafts)."""
+    return batch_size <= SEESAW_MAX_BATCH or rows >= SEESAW_MIN_ROWS
 
 
 def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether the seesaw kernel (kernel_seesaw.py) computes this paged
-    call: at most SEESAW_MAX_BATCH sequences, on a compiled Hopper device,
-    bf16 q and cache, pages of a multiple of 64 tokens, rows TMA can copy.
-    Metadata only."""
+    call: its shape admitted by ``seesaw_shape``, on a compiled Hopper
+    device, bf16 q and cache, pages of a multiple of 64 tokens, rows TMA can
+    copy. Metadata only."""
     return (
-        q.shape[0] <= SEESAW_MAX_BATCH
+        seesaw_shape(q.shape[0], q.shape[1] * q.shape[2])
         and hopper.available()
         and not INTERPRETED
         and q.dtype == torch.bfloat16

@@ -24,9 +24,10 @@ Measures, in one run on one GPU:
   rate on random 8192^3 operands;
 - per shape, the contenders: ``tuned`` (the shipped table, launched as an
   engine launches it), ``paged`` (``verify_mla_paged`` on a paged copy of
-  the same values, -page rows only), ``paged_seesaw`` (the same, with the
-  seesaw kernel at any batch size where it serves the call:
-  ``paged.SEESAW_MAX_BATCH``), ``default`` (the built-in default config),
+  the same values, -page rows only), ``paged_seesaw`` and
+  ``paged_translated`` (the same with the seesaw kernel at any batch size
+  where it can serve the call, and never: ``paged.seesaw_shape``'s rule
+  opened or closed), ``default`` (the built-in default config),
   ``triton`` (the tuned tile on the package's portable Triton kernel),
   ``mha`` (the Triton kernel with BLOCK_H=1, the MHA-style baseline),
   ``torch_ref`` (the float32 reference on the GPU), ``flashinfer``
@@ -175,6 +176,7 @@ CONTENDERS = (
     "tuned",
     "paged",
     "paged_seesaw",
+    "paged_translated",
     "default",
     "triton",
     "mha",
@@ -1336,14 +1338,15 @@ def paged_contender(
     package=mla_verify,
     name: str = "paged",
     given: str = "",
-    seesaw: bool = False,
+    seesaw: bool | None = None,
 ) -> Contender:
     """``verify_mla_paged`` (this package's, or a revision's for ``rev:``
     contenders) on each rotation set's paged cache (``batch.paged``: the
     token-indexed contenders' values, drafts as each sequence's last L
-    positions); the tables' config, as ``tuned``. ``seesaw``: the seesaw
-    kernel at every batch size where it serves the call
-    (``paged.SEESAW_MAX_BATCH`` opened while each launch is captured)."""
+    positions); the tables' config, as ``tuned``. ``seesaw``: None, the
+    package's rule (``paged.seesaw_shape``); True, the seesaw kernel at
+    every batch size where it can serve the call; False, never (the
+    translated call). The rule is set while each launch is captured."""
     s = batch.spec
     bs, L, H = s.batch_size, s.draft_len, s.num_heads
     q = batch.q.view(bs, L, H, Q_DIM)
@@ -1357,15 +1360,18 @@ def paged_contender(
                 q, kv_cache, block_table, seqlens, sm_scale=batch.sm_scale, out=out4
             )
 
-        def launch_seesaw() -> None:
-            rule = mla_verify.paged.SEESAW_MAX_BATCH
-            mla_verify.paged.SEESAW_MAX_BATCH = bs
+        def launch_ruled() -> None:
+            paged = mla_verify.paged
+            rule = paged.SEESAW_MAX_BATCH, paged.SEESAW_MIN_ROWS
+            paged.SEESAW_MAX_BATCH, paged.SEESAW_MIN_ROWS = (
+                (bs, rule[1]) if seesaw else (0, sys.maxsize)
+            )
             try:
                 launch()
             finally:
-                mla_verify.paged.SEESAW_MAX_BATCH = rule
+                paged.SEESAW_MAX_BATCH, paged.SEESAW_MIN_ROWS = rule
 
-        return launch_seesaw if seesaw else launch
+        return launch if seesaw is None else launch_ruled
 
     return Contender(
         name,
@@ -1690,7 +1696,9 @@ def _with_config(row: dict[str, Any], contender: Contender) -> None:
         row["config"] = json.dumps({k: v for k, v in fields.items() if v is not None})
 
 
-PAGED_CONTENDERS = ("paged", "paged_seesaw", "tuned", "flashmla")
+# verify_mla_paged as shipped, with the seesaw kernel forced on, and off.
+PAGED_CALLS = {"paged": None, "paged_seesaw": True, "paged_translated": False}
+PAGED_CONTENDERS = (*PAGED_CALLS, "tuned", "flashmla")
 
 
 # The contenders timed on bf16 KV alone (their builds or their gates).
@@ -1726,7 +1734,7 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
         if name == "paged_seesaw" and spec.page_size % 64:
             return "the seesaw kernel reads pages of a multiple of 64 tokens"
         return None
-    if name in ("paged", "paged_seesaw"):
+    if name in PAGED_CALLS:
         return "only on -page<N> rows"
     if kind and name in ("flashinfer", "flashmla", "mha"):
         return f"not this call ({kind})"
@@ -1745,8 +1753,8 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
         return kernel_contender(name, batch, ctx.arch)
     if name.startswith(REV_PREFIX):
         return rev_contender(_revisions[name], batch, ctx.arch)
-    if name in ("paged", "paged_seesaw"):
-        return paged_contender(batch, ctx.arch, name=name, seesaw=name == "paged_seesaw")
+    if name in PAGED_CALLS:
+        return paged_contender(batch, ctx.arch, name=name, seesaw=PAGED_CALLS[name])
     if name == "torch_ref":
         tokens = sum(batch.prefix_lens)
         if tokens > ctx.torch_ref_max_tokens:

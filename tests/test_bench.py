@@ -453,7 +453,7 @@ SMOKE = {
     "H2L2B2C9-treefull": ("tuned", "torch_ref"),
     "H2L2B2C9-d256": ("tuned", "torch_ref"),
     "H2L2B2C9-d128-fp8": ("tuned",),
-    "H2L2B2Rlong70x3-page64": ("tuned", "paged", "paged_seesaw"),
+    "H2L2B2Rlong70x3-page64": ("tuned", "paged", "paged_seesaw", "paged_translated"),
     "H2L2B2C5-page1": ("paged",),
 }
 
@@ -614,7 +614,7 @@ def test_contenders_run_only_where_they_compute_the_call():
         return {c for c in bench.CONTENDERS if bench.not_applicable(c, spec) is None}
 
     package = {"tuned", "default", "triton", "torch_ref"}
-    paged = {"paged", "paged_seesaw"}
+    paged = {"paged", "paged_seesaw", "paged_translated"}
     assert runs("H16L4B32C16K") == set(bench.CONTENDERS) - paged
     bf16_only = {"flashinfer", "flashmla", "sglang"}
     assert runs("H16L4B32C16K-fp8") == set(bench.CONTENDERS) - paged - bf16_only
@@ -626,7 +626,7 @@ def test_contenders_run_only_where_they_compute_the_call():
     assert runs("H16L4B32C16K-page64") == paged | {"tuned", "flashmla"}
     assert runs("H16L4B32C16K-page128") == paged | {"tuned"}
     for page in (1, 16, 32):
-        assert runs(f"H16L4B32C16K-page{page}") == {"paged", "tuned"}
+        assert runs(f"H16L4B32C16K-page{page}") == {"paged", "paged_translated", "tuned"}
     for text in ("H16L4B32C16K", "H16L4B32C16K-tree-ragged", "H4L4B32C16K-d256", *KINDS):
         spec = bench.parse_shape(text)  # another revision's tuned: where tuned runs
         assert bench.not_applicable("rev:0123456789ab", spec) == bench.not_applicable("tuned", spec)

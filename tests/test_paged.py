@@ -355,6 +355,26 @@ SEESAW_SHAPES = [
 ]
 
 
+def test_seesaw_rule_takes_batch_one_and_sequences_of_256_rows():
+    """paged.seesaw_shape: batch 1 at any size, any batch whose sequences
+    hold 256 query rows (heads x drafts) or more, nothing else."""
+    assert paged.seesaw_shape(1, 1) and paged.seesaw_shape(1, 128)
+    assert paged.seesaw_shape(8, 256) and paged.seesaw_shape(64, 1024)
+    assert not paged.seesaw_shape(2, 255) and not paged.seesaw_shape(64, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the seesaw kernel runs on sm90")
+def test_gpu_seesaw_serves_by_the_rule():
+    """On Hopper the shipped rule sends a batch of 256-row sequences to the
+    seesaw kernel and a batch of 64-row ones to the translated call."""
+    wide = make_paged_batch(64, 4, [300] * 8, page_size=64, device="cuda")
+    narrow = make_paged_batch(16, 4, [300] * 8, page_size=64, device="cuda")
+    assert paged.seesaw_serves(wide.q, wide.kv_cache)
+    assert not paged.seesaw_serves(narrow.q, narrow.kv_cache)
+    _check(wide, "H64 L4 batch 8 by the rule")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the seesaw kernel runs on sm90")
 @pytest.mark.parametrize("scales", [{}, {"k_scale": 0.75, "v_scale": 1.3}], ids=["", "scaled"])
@@ -367,7 +387,8 @@ def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales,
     """bf16 pages of 64 and 128 run the seesaw kernel (kernel_seesaw.py) at
     any batch size where asked (paged.SEESAW_MAX_BATCH): the cache's rows
     past each sequence are NaN, and the output is poisoned. Then the same
-    batch on the translated path, where the rule leaves such a batch."""
+    batch on the translated path, where the rule (its batch bound and its
+    rows bound both closed) leaves such a batch."""
     batch = make_paged_batch(
         heads, draft_len, lens, page_size=page_size, device="cuda", seed=5, **scales
     )
@@ -375,6 +396,7 @@ def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales,
     assert paged.seesaw_serves(batch.q, batch.kv_cache)
     _check(batch, f"seesaw H{heads} L{draft_len} page {page_size}")
     monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", len(lens) - 1)
+    monkeypatch.setattr(paged, "SEESAW_MIN_ROWS", heads * draft_len + 1)
     assert not paged.seesaw_serves(batch.q, batch.kv_cache)
     _check(batch, f"translated H{heads} L{draft_len} page {page_size}")
 
