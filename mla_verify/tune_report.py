@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import torch
@@ -100,6 +101,7 @@ def check(args: argparse.Namespace) -> int:
                 print(f"  configs not run ({not_run_reason})")
                 not_run.append(path.name)
                 continue
+            compile_ahead(table, arch, args.jobs or min(16, os.cpu_count() or 1))
             table_ran, table_failures = run_configs(table, path.name)
             print(f"  {table_ran} configs run against the reference, {table_failures} failed")
             ran += table_ran
@@ -114,6 +116,29 @@ def check(args: argparse.Namespace) -> int:
         summary.append(f"made with another kernel or software: {', '.join(differ)}")
     print("check: " + "; ".join(summary))
     return 1 if failures or unreadable else 0
+
+
+def compile_ahead(table: dict, arch: str, workers: int) -> None:
+    """Compile every config of ``table`` (this GPU's arch) in ``workers``
+    parallel processes, as the tuner does before it times (tune.precompile),
+    so that run_configs, which runs them one at a time, finds its kernels in
+    Triton's cache. An sm90 table's 918 configs compiled in turn ran at
+    about 1.5 configs a second on an H100."""
+    from . import tune
+
+    entries = [
+        (
+            entry["num_heads"],
+            entry["draft_len"],
+            entry["kv_dtype"],
+            tuple(entry.get("head_dims", MLA_HEAD_DIMS)),
+            (),  # no kernel's default and no search: the table's configs alone
+            (),
+            [VerifyConfig.from_dict(bucket["config"]) for bucket in entry["buckets"].values()],
+        )
+        for entry in table["entries"].values()
+    ]
+    tune.precompile(entries, arch, workers)
 
 
 def run_configs(table: dict, name: str, device: str = "cuda") -> tuple[int, int]:

@@ -976,6 +976,40 @@ def test_other_head_dims_default_to_shared_kv_heads():
     assert tune.parse_args(["--head-dims", "256", "--heads", "32"]).heads == [32]
 
 
+def test_check_compiles_the_tables_configs_ahead(monkeypatch):
+    """--check's compile step: each distinct kernel of the table's configs
+    (splits aside, as a launch compiles them) once, with the entry's head
+    dims, and no config the table does not hold."""
+    from mla_verify import tune_report
+
+    compiled = []
+    monkeypatch.setattr(tune, "_compile_worker", lambda jobs: compiled.extend(jobs) or len(jobs))
+    small = {"BLOCK_H": 4, "BLOCK_N": 16, "NUM_KV_SPLITS": 2, "num_warps": 4, "num_stages": 1}
+    wide = {**small, "BLOCK_N": 32, "NUM_KV_SPLITS": 8}
+    table = {
+        "entries": {
+            "H4_L2_bf16": {
+                "num_heads": 4,
+                "draft_len": 2,
+                "kv_dtype": "bf16",
+                "buckets": {"1": {"config": small}, "2": {"config": {**small, "NUM_KV_SPLITS": 4}}},
+            },
+            "H8_L4_fp8_e4m3_D256": {
+                "num_heads": 8,
+                "draft_len": 4,
+                "kv_dtype": "fp8_e4m3",
+                "head_dims": [256, 256],
+                "buckets": {"4": {"config": wide}},
+            },
+        }
+    }
+    tune_report.compile_ahead(table, "sm90", workers=1)
+    got = sorted(
+        (h, d, k, VerifyConfig.from_dict(c).BLOCK_N, tuple(dims)) for h, d, k, c, dims in compiled
+    )
+    assert got == [(4, 2, "bf16", 16, (576, 512)), (8, 4, "fp8_e4m3", 32, (256, 256))]
+
+
 def test_check_runs_each_config_with_a_progress_bar(device, monkeypatch, capsys):
     """--check's run of a table: every bucket's config against the
     reference (here a small Triton config, under the interpreter without a
