@@ -270,30 +270,6 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
     return first, n_tiles, window, src, whole, request, base
 
 
-@gluon.jit
-def _next_segment(following, DRAFT_LEN: gl.constexpr):
-    # The share's segment after b (its positions from base on): whether
-    # there is one, where its tiles come from and how many it has, for its
-    # first tiles' copies in b's last pair. Segment b1 stands in where
-    # there is none, so nothing is read past the share's requests.
-    share, b, b1, base, pages = following
-    _, n_tiles, _, src, _, _, _ = _segment_window(
-        share, gl.minimum(b + 1, b1), base, pages, DRAFT_LEN
-    )
-    return b < b1, src, n_tiles
-
-
-@gluon.jit
-def _issue_next(nxt, tile: gl.constexpr, group: gl.constexpr, ring, ready):
-    # Column group `group` of the next segment's tile `tile` (0 or 1, its
-    # stage), where there is one: issued as the group's last reader in
-    # this segment is done with the stage, so the copy runs under this
-    # segment's end and the next one's query staging.
-    has_next, src, n_tiles = nxt
-    if has_next and tile < n_tiles:
-        _issue(src, _slot(src, tile), tile, group, ring, ready)
-
-
 # --- the two warpgroups ----------------------------------------------------------------
 #
 # Each segment's pairs but the last run in a loop that never meets the
@@ -314,19 +290,16 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     _, b0, b1, base, _, _, _ = share
     pairs_done = 0  # of earlier segments: the hand-overs' phases
     b_done = 0  # B tiles of earlier segments: stage 1's and P_B's phases
-    ahead = b0 - 1  # the segment whose first tiles are in flight (none yet)
     for b in range(b0, b1 + 1):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        # The segment's first tiles, unless the last pair of the one
-        # before issued them (_issue_next): both stages are free.
-        if ahead != b:
-            for t in gl.static_range(2):
-                if t < n_tiles:
-                    slot = _slot(src, t)
-                    for group in gl.static_range(GROUPS):
-                        _issue(src, slot, t, group, ring, ready)
+        # Both stages are free (the right's last products are done: SUMS).
+        for t in gl.static_range(2):
+            if t < n_tiles:
+                slot = _slot(src, t)
+                for group in gl.static_range(GROUPS):
+                    _issue(src, slot, t, group, ring, ready)
         _stage_q(
             q_nope.index(0).slice(0, HALF, dim=1),
             q_args,
@@ -345,11 +318,9 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         seg = (first, n_tiles, window, src, pairs_done, b_done, scale, zero)
         pairs = (n_tiles + 1) // 2
         for pair in range(pairs - 1):
-            acc, m_i, l_i = _left_pair(acc, m_i, l_i, pair, seg, bufs, None, False, DRAFT_LEN)
+            acc, m_i, l_i = _left_pair(acc, m_i, l_i, pair, seg, bufs, False, DRAFT_LEN)
         if pairs > 0:
-            nxt = _next_segment((share, b, b1, base, pages), DRAFT_LEN)
-            acc, m_i, l_i = _left_pair(acc, m_i, l_i, pairs - 1, seg, bufs, nxt, True, DRAFT_LEN)
-            ahead = b + 1
+            acc, m_i, l_i = _left_pair(acc, m_i, l_i, pairs - 1, seg, bufs, True, DRAFT_LEN)
         pairs_done += pairs
         b_done += n_tiles // 2
         # The right's row sums are at the same max: add them.
@@ -365,11 +336,9 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
 
 
 @gluon.jit
-def _left_pair(acc, m_i, l_i, pair, seg, bufs, nxt, LAST: gl.constexpr, DRAFT_LEN: gl.constexpr):
+def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # The left's part of one pair: S_A and its softmax, P_A A_L, then
-    # P_B B_L once the right hands over B's max and P_B. The last pair
-    # issues the next segment's (nxt) first tiles where this one's were
-    # read: A_L, then B_L and B's rope rows.
+    # P_B B_L once the right hands over B's max and P_B.
     first, n_tiles, window, src, pairs_done, b_done, scale, zero = seg
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     nope_ring, rope_ring = ring
@@ -411,11 +380,6 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, nxt, LAST: gl.constexpr, DRAFT_LE
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), a_left, acc)
     if not LAST:  # A_L is free, and the segment has a tile a + 2
         _issue(src, _slot(src, a + 2), a + 2, 0, ring, ready)
-    else:
-        _issue_next(nxt, 0, 0, ring, ready)
-        if a + 1 >= n_tiles:  # no B: stage 1's last products are done
-            _issue_next(nxt, 1, 0, ring, ready)
-            _issue_next(nxt, 1, 2, ring, ready)
     mbarrier.wait(hand.index(SCALE_B), phase)
     m_i = xchg.index(2).load(S_ROWS)
     beta = xchg.index(3).load(S_ROWS)
@@ -431,9 +395,6 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, nxt, LAST: gl.constexpr, DRAFT_LE
             slot = _slot(src, a + 3)
             _issue(src, slot, a + 3, 0, ring, ready)
             _issue(src, slot, a + 3, 2, ring, ready)
-        if LAST:
-            _issue_next(nxt, 1, 0, ring, ready)
-            _issue_next(nxt, 1, 2, ring, ready)
     return acc, m_i, l_i
 
 
@@ -478,10 +439,9 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         seg = (first, n_tiles, window, src, pairs_done, b_done, scale, zero)
         pairs = (n_tiles + 1) // 2
         for pair in range(pairs - 1):
-            acc, l_i = _right_pair(acc, l_i, pair, seg, bufs, None, False, DRAFT_LEN)
+            acc, l_i = _right_pair(acc, l_i, pair, seg, bufs, False, DRAFT_LEN)
         if pairs > 0:
-            nxt = _next_segment((share, b, b1, base, pages), DRAFT_LEN)
-            acc, l_i = _right_pair(acc, l_i, pairs - 1, seg, bufs, nxt, True, DRAFT_LEN)
+            acc, l_i = _right_pair(acc, l_i, pairs - 1, seg, bufs, True, DRAFT_LEN)
         pairs_done += pairs
         b_done += n_tiles // 2
         xchg.index(4).store(l_i)
@@ -495,11 +455,9 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
 
 
 @gluon.jit
-def _right_pair(acc, l_i, pair, seg, bufs, nxt, LAST: gl.constexpr, DRAFT_LEN: gl.constexpr):
+def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # The right's part of one pair: S_B and its softmax at A's max handed
     # over, then P_A A_R and P_B B_R; a last pair with no B adds P_A A_R.
-    # The last pair issues the next segment's (nxt) first tiles where this
-    # one's were read: A_R and A's rope rows, then B_R.
     first, n_tiles, window, src, pairs_done, b_done, scale, zero = seg
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     nope_ring, rope_ring = ring
@@ -507,7 +465,7 @@ def _right_pair(acc, l_i, pair, seg, bufs, nxt, LAST: gl.constexpr, DRAFT_LEN: g
     z = pair & zero  # 0 (_left_pair)
     tile_a = first + a * TOKENS
     phase = (pairs_done + pair) & 1
-    tiles = (ring, ready, src, a, n_tiles, z, tile_a, window[3], nxt)
+    tiles = (ring, ready, src, a, n_tiles, z, tile_a, window[3])
     if (not LAST) or (a + 1 < n_tiles):
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
         s = _tile_scores(
@@ -561,7 +519,7 @@ def _right_adds_a(acc, beta, tiles, LAST: gl.constexpr):
     # O_R += P_A e^(m_A - m_B) A_R, P_A (the left's, at A's max) taken to
     # B's max as the register A operand; then A_R and A's rope rows (P_A)
     # are free.
-    ring, ready, src, a, n_tiles, z, tile_a, seq_end, nxt = tiles
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
     nope_ring, rope_ring = ring
     p_a = rope_ring.index(z).load(P_LAYOUT).to(gl.float32)
     p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
@@ -573,18 +531,13 @@ def _right_adds_a(acc, beta, tiles, LAST: gl.constexpr):
         slot = _slot(src, a + 2)
         _issue(src, slot, a + 2, 1, ring, ready)
         _issue(src, slot, a + 2, 2, ring, ready)
-    else:
-        _issue_next(nxt, 0, 1, ring, ready)
-        _issue_next(nxt, 0, 2, ring, ready)
-        if a + 1 >= n_tiles:  # no B: stage 1's last products are done
-            _issue_next(nxt, 1, 1, ring, ready)
     return acc
 
 
 @gluon.jit
 def _right_adds_b(acc, p_bf16, tiles, LAST: gl.constexpr):
     # O_R += P_B B_R; then B_R is free.
-    ring, ready, src, a, n_tiles, z, tile_a, seq_end, nxt = tiles
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
     nope_ring, rope_ring = ring
     b_right = nope_ring.index(z + 1).slice(HALF, HALF, dim=1)
     if LAST and tile_a + 2 * TOKENS > seq_end:
@@ -592,8 +545,6 @@ def _right_adds_b(acc, p_bf16, tiles, LAST: gl.constexpr):
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), b_right, acc)
     if not LAST and a + 3 < n_tiles:
         _issue(src, _slot(src, a + 3), a + 3, 1, ring, ready)
-    if LAST:
-        _issue_next(nxt, 1, 1, ring, ready)
     return acc
 
 
