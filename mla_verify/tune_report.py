@@ -138,7 +138,10 @@ def compile_ahead(table: dict, arch: str, workers: int) -> None:
         )
         for entry in table["entries"].values()
     ]
-    tune.precompile(entries, arch, workers)
+    try:
+        tune.precompile(entries, arch, workers)
+    except Exception as exc:  # only a head start: run_configs compiles what is missing
+        logger.warning("compiling ahead failed (%s); the configs compile as they run", exc)
 
 
 def run_configs(table: dict, name: str, device: str = "cuda") -> tuple[int, int]:

@@ -976,7 +976,7 @@ def test_other_head_dims_default_to_shared_kv_heads():
     assert tune.parse_args(["--head-dims", "256", "--heads", "32"]).heads == [32]
 
 
-def test_check_compiles_the_tables_configs_ahead(monkeypatch):
+def test_check_compiles_the_tables_configs_ahead(monkeypatch, caplog):
     """--check's compile step: each distinct kernel of the table's configs
     (splits aside, as a launch compiles them) once, with the entry's head
     dims, and no config the table does not hold."""
@@ -1008,6 +1008,14 @@ def test_check_compiles_the_tables_configs_ahead(monkeypatch):
         (h, d, k, VerifyConfig.from_dict(c).BLOCK_N, tuple(dims)) for h, d, k, c, dims in compiled
     )
     assert got == [(4, 2, "bf16", 16, (576, 512)), (8, 4, "fp8_e4m3", 32, (256, 256))]
+
+    def broken(*args):
+        raise RuntimeError("no worker")
+
+    monkeypatch.setattr(tune, "precompile", broken)
+    with caplog.at_level("WARNING", logger="mla_verify.tune"):
+        tune_report.compile_ahead(table, "sm90", workers=2)  # a head start only: no raise
+    assert "compiling ahead failed (no worker)" in caplog.text
 
 
 def test_check_runs_each_config_with_a_progress_bar(device, monkeypatch, capsys):
