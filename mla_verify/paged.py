@@ -323,7 +323,7 @@ def paged_forward(
 # the H200 (RESULTS.md, "The seesaw kernel on pages": 18 shapes,
 # 1.00-1.13x); at batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at
 # every batch"), 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x
-# with 16K-64K contexts, 0.97-1.00x with 2K), 0.974x over the 23 of 32-128.
+# with 16K-64K contexts, 0.97-1.02x with 2K), 0.974x over the 23 of 32-128.
 # The context is not known on the host, so the rule cannot weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
