@@ -12,7 +12,7 @@ warpgroup's softmax with the other's products. Its probe
 kernel's speed on the H200; this kernel, with the plan, the segments, the
 masks and stage 2, runs 0.93-1.13x the translated call (RESULTS.md, "The
 seesaw kernel on pages"); with its last pair peeled, ahead at batch 1 and
-wherever a sequence holds 256 query rows or more, so paged.seesaw_serves
+at batch 8-64 where a sequence holds 256 query rows or more, so paged.seesaw_serves
 sends it those calls (RESULTS.md, "The seesaw kernel at every batch").
 
 Each CTA holds 64 query rows (BLOCK_H heads x L drafts) in two

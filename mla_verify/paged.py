@@ -37,7 +37,7 @@ output. (Drafts' rows scaled and rounded to q's dtype put an output past
 the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
 On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, or of 256
-query rows a sequence or more (heads x drafts) at any batch, run a native
+query rows a sequence or more (heads x drafts) at batch 2-64, run a native
 paged kernel instead (``seesaw_serves``, kernel_seesaw.py): the
 translation then writes the indptrs alone, the seesaw kernel reads the
 pages and the drafts' rows where the cache holds them (v_scale scales its
@@ -318,7 +318,9 @@ def paged_forward(
 
 # Which bf16 calls on pages of 64 or 128 tokens run the seesaw kernel
 # (kernel_seesaw.py): at most SEESAW_MAX_BATCH sequences, or sequences of
-# SEESAW_MIN_ROWS query rows or more (heads x drafts) at any batch. Side by
+# SEESAW_MIN_ROWS query rows or more (heads x drafts) in a batch of at most
+# SEESAW_ROWS_MAX_BATCH, the largest measured (each further sequence a CTA
+# holds starts its ring cold, and 2K contexts lost more at 64 than at 8). Side by
 # side against the translated call on the same pages: at batch 1 1.05x on
 # the H200 (RESULTS.md, "The seesaw kernel on pages": 18 shapes,
 # 1.00-1.13x); at batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at
@@ -327,12 +329,15 @@ def paged_forward(
 # The context is not known on the host, so the rule cannot weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
+SEESAW_ROWS_MAX_BATCH = 64
 
 
 def seesaw_shape(batch_size: int, rows: int) -> bool:
     """The rule's part that reads the shape alone: a batch of
     ``batch_size`` sequences of ``rows`` query rows each (heads x drafts)."""
-    return batch_size <= SEESAW_MAX_BATCH or rows >= SEESAW_MIN_ROWS
+    return batch_size <= SEESAW_MAX_BATCH or (
+        rows >= SEESAW_MIN_ROWS and batch_size <= SEESAW_ROWS_MAX_BATCH
+    )
 
 
 def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -355,12 +355,14 @@ SEESAW_SHAPES = [
 ]
 
 
-def test_seesaw_rule_takes_batch_one_and_sequences_of_256_rows():
-    """paged.seesaw_shape: batch 1 at any size, any batch whose sequences
-    hold 256 query rows (heads x drafts) or more, nothing else."""
+def test_seesaw_rule_takes_batch_one_and_up_to_64_sequences_of_256_rows():
+    """paged.seesaw_shape: batch 1 at any size, batches of up to 64 (the
+    largest measured) whose sequences hold 256 query rows (heads x drafts)
+    or more, nothing else."""
     assert paged.seesaw_shape(1, 1) and paged.seesaw_shape(1, 128)
     assert paged.seesaw_shape(8, 256) and paged.seesaw_shape(64, 1024)
     assert not paged.seesaw_shape(2, 255) and not paged.seesaw_shape(64, 128)
+    assert not paged.seesaw_shape(65, 256) and not paged.seesaw_shape(256, 1024)
 
 
 @pytest.mark.gpu
