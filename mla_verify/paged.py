@@ -326,7 +326,9 @@ def paged_forward(
 # 1.00-1.13x); at batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at
 # every batch"), 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x
 # with 16K-64K contexts, 0.97-1.02x with 2K), 0.974x over the 23 of 32-128.
-# The context is not known on the host, so the rule cannot weigh it.
+# Batches 2-7, not measured, lie between two measured gains (1 and 8) and
+# go with them. The context is not known on the host, so the rule cannot
+# weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
 SEESAW_ROWS_MAX_BATCH = 64
