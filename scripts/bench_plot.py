@@ -2,8 +2,9 @@
 
     python scripts/bench_plot.py DIR        # redraw DIR/roofline*.png from DIR/results.json
 
-Imported by ``bench.py`` as the module beside it; needs matplotlib (the
-import fails without it, and bench.py then skips the plot).
+Imported by ``bench_output.py`` (the benchmark's outputs) as the module
+beside it; needs matplotlib (the import fails without it, and bench.py
+then skips the plot).
 """
 
 from __future__ import annotations

@@ -38,7 +38,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import bench  # scripts/, first on the path when run as a script
+import bench_output  # scripts/, first on the path when run as a script
+import bench_shapes
+import bench_timing
 
 from mla_verify.cli import Parser
 
@@ -159,7 +161,8 @@ def geomeans(table: dict[str, dict[str, dict]]) -> list[str]:
         bound = BELOW[rival]
         below = sum(r < bound for r in by.values())
         lines.append(
-            f"- t_{rival} / t_{BASELINE}: geomean {bench.geomean(list(by.values())):.3f} over "
+            f"- t_{rival} / t_{BASELINE}: geomean "
+            f"{bench_timing.geomean(list(by.values())):.3f} over "
             f"{len(by)} shapes, lowest {by[low]:.2f} ({low}), {below} below {bound}"
         )
     return lines
@@ -193,7 +196,9 @@ def by_batch_and_context(table: dict[str, dict[str, dict]]) -> list[str]:
             got = cells.get((batch, label), {})
             cols.append(
                 " / ".join(
-                    f"{bench.geomean(got[r]):.2f} ({min(got[r]):.2f})" for r in RIVALS if got.get(r)
+                    f"{bench_timing.geomean(got[r]):.2f} ({min(got[r]):.2f})"
+                    for r in RIVALS
+                    if got.get(r)
                 )
             )
         lines.append(f"| {batch} | " + " | ".join(cols) + " |")
@@ -209,8 +214,10 @@ def _context_order(key: tuple[int, str]) -> tuple[int, float]:
 def efficiency(row: dict, copy: float, matmul: float) -> float:
     """The row's share of the roofline at these ceilings (bytes/s, FLOP/s),
     as the bench takes it at its own."""
-    work = bench.Work(int(float(row["bytes"])), int(float(row["flops"])))
-    shares = bench.metrics(float(row["median_us"]), work, bench.Ceilings(copy, matmul))
+    work = bench_shapes.Work(int(float(row["bytes"])), int(float(row["flops"])))
+    shares = bench_timing.metrics(
+        float(row["median_us"]), work, bench_timing.Ceilings(copy, matmul)
+    )
     return shares["frac_roofline"]
 
 
@@ -245,7 +252,7 @@ def every_kind(table: dict[str, dict[str, dict]], copy: float, matmul: float) ->
 
 
 def report(rows: Sequence[dict], matmul: float, copy: float) -> str:
-    table = bench._by_shape(rows)  # shape -> contender -> row
+    table = bench_output._by_shape(rows)  # shape -> contender -> row
     parts = [
         rates(table, matmul),
         fastest(table),

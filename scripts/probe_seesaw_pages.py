@@ -47,7 +47,7 @@ from __future__ import annotations
 import argparse
 import math
 
-import bench  # scripts/, first on the path when run as a script
+import bench_timing  # scripts/, first on the path when run as a script
 import model_seesaw
 import torch
 from triton.experimental import gluon
@@ -676,7 +676,7 @@ def main() -> None:
     print(f"check: worst error {worst:.2e}", "ok" if worst < 2e-2 else "FAILED")
 
     # The benchmark's clock: CUDA-graph replays.
-    t_probe = bench.time_graph([call], rep_ms=REP_MS, written=lambda: out).median_us
+    t_probe = bench_timing.time_graph([call], rep_ms=REP_MS, written=lambda: out).median_us
     # The package on the same rows: each request's pages (or tokens) in
     # table order, its last L positions its drafts.
     page_size = 1 if args.gather else 64
@@ -688,12 +688,12 @@ def main() -> None:
     tokens = pages * 64 // args.batch
     seqlens = torch.full((args.batch,), tokens, device=dev, dtype=torch.int32)
     o_paged = torch.empty(args.batch, args.drafts, args.heads, 512, device=dev, dtype=q.dtype)
-    t_package = bench.time_graph(
+    t_package = bench_timing.time_graph(
         [lambda: mla_verify.verify_mla_paged(q_paged, kv_cache, block_table, seqlens, out=o_paged)],
         rep_ms=REP_MS,
         written=lambda: o_paged,
     ).median_us
-    matmul = bench.matmul_rate(torch.device(dev), REP_MS) * 1e12
+    matmul = bench_timing.matmul_rate(torch.device(dev), REP_MS) * 1e12
     flops = head_blocks * ctas * n_tiles * 2 * 64 * 64 * (576 + 512)
     rate = flops / t_probe * 1e6
     package_rate = 2 * rows * args.batch * tokens * (576 + 512) / t_package * 1e6

@@ -32,7 +32,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-import bench  # scripts/, first on the path when run as a script
+import bench_batch  # scripts/, first on the path when run as a script
+import bench_contenders
+import bench_shapes
 import torch
 
 import mla_verify
@@ -60,7 +62,7 @@ def parse_counts(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = Parser(prog="profile_call.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", type=bench.parse_shape, help="a bench.py shape name")
+    parser.add_argument("shape", type=bench_shapes.parse_shape, help="a bench.py shape name")
     parser.add_argument("--calls", type=int, default=4, help="calls to make (default 4)")
     parser.add_argument(
         "--draft-counts", type=parse_counts, help="e.g. 4*31,3 (default: the shape's)"
@@ -83,7 +85,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--draft-counts: expected {spec.batch_size} counts, got {len(counts)}")
         if not all(1 <= e <= spec.draft_len for e in counts):
             parser.error(f"--draft-counts: expected counts in 1..{spec.draft_len}, got {counts}")
-    reason = bench.not_applicable(who, spec)
+    reason = bench_contenders.not_applicable(who, spec)
     if reason is not None:
         parser.error(f"--contender {who}: {spec.name}: {reason}")
     return args
@@ -100,11 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("no CUDA GPU is visible and TRITON_INTERPRET is not 1: nothing was run")
         return 2
     spec = args.shape
-    prefix_lens = bench.prefix_lengths(spec)
-    _, slots = bench.plan_pool(
+    prefix_lens = bench_shapes.prefix_lengths(spec)
+    _, slots = bench_batch.plan_pool(
         prefix_lens, spec.draft_len, l2_bytes=0, pool_min_bytes=0, max_rotations=1
     )
-    batch = bench.build_batch(
+    batch = bench_batch.build_batch(
         spec,
         prefix_lens,
         rotations=1,
@@ -136,15 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _launch(name: str, batch: bench.Batch, device: torch.device, seed: int):
+def _launch(name: str, batch: bench_batch.Batch, device: torch.device, seed: int):
     """One call of the paged entry point or of FlashMLA on the batch's
     first set, as the bench makes it; or why it cannot be made."""
     if name == "paged":
         # The arch only names the config the bench would report beside the
         # call (verify_mla_paged picks its own; on the CPU the built-in one).
         arch = mla_verify.current_arch(device) if device.type == "cuda" else "sm90"
-        return bench.paged_contender(batch, arch).launches[0]
-    flashmla = bench.FlashMLA(enabled=True)
+        return bench_contenders.paged_contender(batch, arch).launches[0]
+    flashmla = bench_contenders.FlashMLA(enabled=True)
     if not flashmla.available:
         return flashmla.reason
     return flashmla.contender(batch, seed).launches[0]

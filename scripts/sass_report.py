@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import bench  # scripts/, first on the path when run as a script
+import bench_shapes  # scripts/, first on the path when run as a script
 
 from mla_verify import aot, hopper, lookup
 from mla_verify.cli import Parser
@@ -230,7 +230,7 @@ def overwritten_register_a(instructions: Sequence[str]) -> list[tuple[int, int]]
     return found
 
 
-def report(spec: bench.ShapeSpec, schedule: str | None = None, triton: bool = False) -> str:
+def report(spec: bench_shapes.ShapeSpec, schedule: str | None = None, triton: bool = False) -> str:
     """One shape's stage 1: its config, size, registers and loops. The
     config is the shipped table's, or with ``schedule`` (one of
     ``HOPPER_KERNELS``) the Hopper kernel's tile on that schedule, or with
@@ -280,7 +280,9 @@ def report(spec: bench.ShapeSpec, schedule: str | None = None, triton: bool = Fa
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = Parser(prog="sass_report.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("shapes", nargs="+", type=bench.parse_shape, help="bench.py shape names")
+    parser.add_argument(
+        "shapes", nargs="+", type=bench_shapes.parse_shape, help="bench.py shape names"
+    )
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
         "--schedule",

@@ -1,13 +1,12 @@
-"""scripts/bench.py on CPU: shape specs, byte counts, the batch every
-contender reads (FlashMLA's paged copy included), the tolerance and the
-tidy CSV's columns. The timings themselves need a GPU and are the
-benchmark's job, not a test's."""
+"""scripts/bench.py and its bench_*.py modules on CPU: shape specs, byte
+counts, the batch every contender reads (FlashMLA's paged copy included),
+the tolerance and the tidy CSV's columns. The timings themselves need a
+GPU and are the benchmark's job, not a test's."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -19,10 +18,14 @@ import pytest
 import torch
 
 BENCH_PATH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
-_spec = importlib.util.spec_from_file_location("mla_verify_bench", BENCH_PATH)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench  # its dataclasses look their module up
-_spec.loader.exec_module(bench)
+sys.path.insert(0, str(BENCH_PATH.parent))
+import bench  # noqa: E402  (scripts/ is not a package)
+import bench_batch  # noqa: E402
+import bench_contenders  # noqa: E402
+import bench_output  # noqa: E402
+import bench_revisions  # noqa: E402
+import bench_shapes  # noqa: E402
+import bench_timing  # noqa: E402
 
 SPECS = {
     "H16L4B32C16K": ("uniform", 16384, "bf16", "H16L4B32C16384"),
@@ -35,27 +38,27 @@ SPECS = {
 @pytest.mark.parametrize("text, expected", SPECS.items(), ids=SPECS.keys())
 def test_shape_spec_names_its_kv_dtype(text, expected):
     kind, ctx, kv_dtype, name = expected
-    spec = bench.parse_shape(text)
+    spec = bench_shapes.parse_shape(text)
     assert (spec.kind, spec.ctx, spec.kv_dtype, spec.name) == expected
-    assert bench.parse_shape(spec.name) == spec  # the name parses back to the shape
+    assert bench_shapes.parse_shape(spec.name) == spec  # the name parses back to the shape
 
 
 @pytest.mark.parametrize("text", ["H16L4B32C16K-fp16", "H16L4B32C16K-", "H16L4B32-fp8"])
 def test_bad_shape_spec_is_refused(text):
     with pytest.raises(ValueError, match="shape"):
-        bench.parse_shape(text)
+        bench_shapes.parse_shape(text)
 
 
 def test_fp8_kv_counts_one_byte_per_cache_element():
     # 1000 prefix tokens of 576 latent values: 2 bytes each in bf16, 1 in
     # fp8; q, the drafts and the output stay bf16 in both.
     lens = [600, 400]
-    bf16 = bench.shape_work(16, 4, lens, kv_bytes=2)
-    fp8 = bench.shape_work(16, 4, lens, kv_bytes=1)
+    bf16 = bench_shapes.shape_work(16, 4, lens, kv_bytes=2)
+    fp8 = bench_shapes.shape_work(16, 4, lens, kv_bytes=1)
     assert bf16.bytes - fp8.bytes == 1000 * 576
     assert bf16.flops == fp8.flops
-    spec = bench.parse_shape("H16L4B2C500-fp8")
-    assert spec.kv_bytes == 1 and bench.parse_shape("H16L4B2C500").kv_bytes == 2
+    spec = bench_shapes.parse_shape("H16L4B2C500-fp8")
+    assert spec.kv_bytes == 1 and bench_shapes.parse_shape("H16L4B2C500").kv_bytes == 2
 
 
 def test_contenders_are_timed_in_rotating_rounds_and_pooled(monkeypatch):
@@ -67,10 +70,10 @@ def test_contenders_are_timed_in_rotating_rounds_and_pooled(monkeypatch):
     def fake_time(contender, batch, ctx, row):
         calls.append(row["contender"])
         base = {"a": 10.0, "b": 20.0, "c": 30.0}[row["contender"]]
-        return bench._summarise([base + len(calls)] * 4, "cudagraph", 1)
+        return bench_timing._summarise([base + len(calls)] * 4, "cudagraph", 1)
 
     monkeypatch.setattr(bench, "time_contender", fake_time)
-    ctx = types.SimpleNamespace(rounds=3, ceilings=bench.Ceilings(None, None))
+    ctx = types.SimpleNamespace(rounds=3, ceilings=bench_timing.Ceilings(None, None))
     rows = [{"contender": n, "status": None, "bytes": 1, "flops": 1} for n in "abc"]
     bench.time_interleaved([(row, object()) for row in rows], batch=None, ctx=ctx)
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
@@ -87,10 +90,10 @@ def test_two_contenders_start_as_many_rounds(monkeypatch):
 
     def fake_time(contender, batch, ctx, row):
         calls.append(row["contender"])
-        return bench._summarise([10.0] * 2, "cudagraph", 1)
+        return bench_timing._summarise([10.0] * 2, "cudagraph", 1)
 
     monkeypatch.setattr(bench, "time_contender", fake_time)
-    ctx = types.SimpleNamespace(rounds=3, ceilings=bench.Ceilings(None, None))
+    ctx = types.SimpleNamespace(rounds=3, ceilings=bench_timing.Ceilings(None, None))
     rows = [{"contender": n, "status": None, "bytes": 1, "flops": 1} for n in "ab"]
     bench.time_interleaved([(row, object()) for row in rows], batch=None, ctx=ctx)
     assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
@@ -108,9 +111,9 @@ def test_balanced_rounds_round_up_to_a_multiple_of_the_contenders(rounds, conten
 
 
 def small_batch(prefix_lens=(5, 0, 70), heads=2, draft_len=3, rotations=2):
-    spec = bench.parse_shape(f"H{heads}L{draft_len}B{len(prefix_lens)}C1")
+    spec = bench_shapes.parse_shape(f"H{heads}L{draft_len}B{len(prefix_lens)}C1")
     per_set = sum(prefix_lens) + len(prefix_lens) * draft_len
-    return bench.build_batch(
+    return bench_batch.build_batch(
         spec,
         list(prefix_lens),
         rotations=rotations,
@@ -146,7 +149,7 @@ def test_flashmla_pages_hold_each_sequence_then_nan(page_size, scattered):
     vb = small_batch().sets[1]
     L = vb.draft_len
     gen = torch.Generator().manual_seed(0) if scattered else None
-    kv_cache, block_table, seqlens = bench.paged_kv_with_drafts(
+    kv_cache, block_table, seqlens = bench_batch.paged_kv_with_drafts(
         vb.k_buffer, vb.kv_indptr, vb.kv_indices, vb.k_extend, L, page_size=page_size, scatter=gen
     )
     assert seqlens.dtype == block_table.dtype == torch.int32
@@ -171,7 +174,7 @@ def test_flashmla_layout_computes_the_verify_function():
     # convention, V = K's first 512 columns) equals the package's reference.
     vb = small_batch(rotations=1).sets[0]
     L, H = vb.draft_len, vb.num_heads
-    kv_cache, block_table, seqlens = bench.paged_kv_with_drafts(
+    kv_cache, block_table, seqlens = bench_batch.paged_kv_with_drafts(
         vb.k_buffer, vb.kv_indptr, vb.kv_indices, vb.k_extend, L, page_size=4
     )
     out = []
@@ -189,7 +192,7 @@ def test_flashmla_layout_computes_the_verify_function():
 def test_flashmla_pages_refuse_fp8():
     vb = small_batch(rotations=1).sets[0]
     with pytest.raises(ValueError, match="bf16 or fp16"):
-        bench.paged_kv_with_drafts(
+        bench_batch.paged_kv_with_drafts(
             vb.k_buffer.to(torch.float8_e4m3fn), vb.kv_indptr, vb.kv_indices, vb.k_extend, 3
         )
 
@@ -202,11 +205,16 @@ def test_triton_contender_runs_the_portable_kernel_config(device):
     sm90 the table's Triton winner (H16 L4 has one), not the Hopper tile."""
     import mla_verify
 
-    spec = bench.parse_shape("H16L4B2C9")
-    batch = bench.build_batch(
-        spec, bench.prefix_lengths(spec), rotations=1, slots=64, device=torch.device(device), seed=1
+    spec = bench_shapes.parse_shape("H16L4B2C9")
+    batch = bench_batch.build_batch(
+        spec,
+        bench_shapes.prefix_lengths(spec),
+        rotations=1,
+        slots=64,
+        device=torch.device(device),
+        seed=1,
     )
-    contender = bench.kernel_contender("triton", batch, "sm90")
+    contender = bench_contenders.kernel_contender("triton", batch, "sm90")
     expected, source = mla_verify.resolve_config(16, 4, 2, arch="sm90", kernel="triton")
     assert contender.config == expected and contender.config.kernel == "triton"
     assert contender.config_source == source and "(triton)" in source
@@ -216,21 +224,21 @@ def test_outputs_are_checked_with_the_package_tolerance():
     from mla_verify.testing import MAX_RELATIVE_ERROR
 
     ref = torch.rand(4, 2, 512) + 0.5
-    assert bench.check_output(ref.bfloat16(), ref).ok
+    assert bench_contenders.check_output(ref.bfloat16(), ref).ok
     # 0.8% off everywhere: inside the old bench's 1e-2, outside the package's 6e-3
-    off = bench.check_output(ref * (1 + 0.8e-2), ref)
+    off = bench_contenders.check_output(ref * (1 + 0.8e-2), ref)
     assert not off.ok and off.rel_err > MAX_RELATIVE_ERROR and "relative error" in off.reason
     nan = ref.clone()
     nan[1, 1, 7] = float("nan")
-    assert not bench.check_output(nan, ref).ok
+    assert not bench_contenders.check_output(nan, ref).ok
 
 
 # --- the tidy CSV ---------------------------------------------------------------------------
 
 
 def ok_row():
-    spec = bench.parse_shape("H16L4B2C500")
-    ceilings = bench.Ceilings(4.2e12, 780e12)
+    spec = bench_shapes.parse_shape("H16L4B2C500")
+    ceilings = bench_timing.Ceilings(4.2e12, 780e12)
     meta = {
         "device": "NVIDIA H200",
         "torch": "2.11.0",
@@ -243,31 +251,33 @@ def ok_row():
         "date_utc": "2026-12-01T00:00:00+00:00",
     }
     ctx = types.SimpleNamespace(ceilings=ceilings, arch="sm90", meta=meta)
-    row = bench._base_row(spec, bench.prefix_lengths(spec), ctx)
+    row = bench._base_row(spec, bench_shapes.prefix_lengths(spec), ctx)
     row["contender"] = "triton"
     from mla_verify.config import hopper_config
 
-    contender = bench.Contender(
+    contender = bench_contenders.Contender(
         "triton",
         [],
         None,
-        config=bench.triton_config(hopper_config(16, 4, 2, "gluon_sm90_sv")),
+        config=bench_contenders.triton_config(hopper_config(16, 4, 2, "gluon_sm90_sv")),
         config_source="sm90.json entry H16_L4_bf16, bucket 2; kernel='triton'",
     )
     bench._with_config(row, contender)
     row.update(rel_err=1.7e-3, max_abs_err=4e-4)
-    bench.record_timing(row, bench._summarise([10.0, 11.0, 12.0, 13.0, 14.0], "cudagraph", 8), ctx)
+    bench.record_timing(
+        row, bench_timing._summarise([10.0, 11.0, 12.0, 13.0, 14.0], "cudagraph", 8), ctx
+    )
     return row
 
 
 def test_csv_rows_carry_run_shape_config_and_rates(tmp_path):
     row = ok_row()
     path = tmp_path / "results" / "results.csv"
-    bench.append_csv([row], path)
-    bench.append_csv([row, row], path)  # a second run appends, no second header
+    bench_output.append_csv([row], path)
+    bench_output.append_csv([row, row], path)  # a second run appends, no second header
     with path.open(newline="") as f:
         lines = list(csv.reader(f))
-    assert tuple(lines[0]) == bench.CSV_FIELDS and len(lines) == 4
+    assert tuple(lines[0]) == bench_output.CSV_FIELDS and len(lines) == 4
     written = dict(zip(lines[0], lines[1]))
     for name in ("device", "torch", "triton", "git_commit", "date_utc", "kernel", "config"):
         assert written[name], name
@@ -288,7 +298,7 @@ def test_csv_with_other_columns_is_refused(tmp_path):
     path = tmp_path / "old.csv"
     path.write_text("shape,contender,pct_roofline\nH8L2B8C2048,tuned,20.1\n")
     with pytest.raises(ValueError, match="columns"):
-        bench.append_csv([ok_row()], path)
+        bench_output.append_csv([ok_row()], path)
     with pytest.raises(SystemExit):  # refused before any GPU time is spent
         bench.parse_args(["--csv", str(path), "--list-shapes"])
     assert path.read_text().count("\n") == 2  # left as it was
@@ -296,7 +306,7 @@ def test_csv_with_other_columns_is_refused(tmp_path):
 
 def test_shipped_results_csv_has_the_bench_columns():
     shipped = BENCH_PATH.parents[1] / "results" / "results.csv"
-    bench.check_csv(shipped)
+    bench_output.check_csv(shipped)
     with shipped.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows and all(r["git_commit"] and r["device"] for r in rows)
@@ -325,9 +335,9 @@ KINDS = {
 
 @pytest.mark.parametrize("text, expected", KINDS.items(), ids=KINDS.keys())
 def test_shape_spec_suffixes_name_the_kind_of_call(text, expected):
-    spec = bench.parse_shape(text)
+    spec = bench_shapes.parse_shape(text)
     assert (spec.name, spec.head_dims, spec.ragged, spec.mask, spec.page_size) == expected
-    assert bench.parse_shape(spec.name) == spec
+    assert bench_shapes.parse_shape(spec.name) == spec
 
 
 BAD_KINDS = {
@@ -350,37 +360,37 @@ BAD_KINDS = {
 @pytest.mark.parametrize("text, match", BAD_KINDS.items(), ids=BAD_KINDS.keys())
 def test_bad_kind_suffix_is_refused(text, match):
     with pytest.raises(ValueError, match="shape") as info:
-        bench.parse_shape(text)
+        bench_shapes.parse_shape(text)
     assert match in str(info.value)
 
 
 def test_extra_set_parses_and_lists(capsys):
     assert bench.main(["--extra", "--list-shapes"]) == 0
     listed = capsys.readouterr().out.split()
-    assert listed == [bench.parse_shape(s).name for s in bench.EXTRA_SHAPES]
-    specs = [bench.parse_shape(s) for s in listed]
+    assert listed == [bench_shapes.parse_shape(s).name for s in bench_shapes.EXTRA_SHAPES]
+    specs = [bench_shapes.parse_shape(s) for s in listed]
     assert {s.mask for s in specs} == {"causal", "tree", "treefull"}
     assert any(s.ragged for s in specs)
     assert {s.head_dims for s in specs if s.num_heads in (4, 8, 16) and not s.mla} == {(256, 256)}
     assert {s.page_size for s in specs} == {0, 1, 64}
     # every tree/ragged row has its plain row in the set: its own, or a -page row's tuned
-    plain = {bench._plain_name(s) for s in specs if s.plain}
-    assert all(bench._plain_name(s) in plain for s in specs if s.mla)
+    plain = {bench_shapes._plain_name(s) for s in specs if s.plain}
+    assert all(bench_shapes._plain_name(s) in plain for s in specs if s.mla)
     with pytest.raises(SystemExit):
         bench.parse_args(["--extra", "--quick"])
 
 
 def test_kinds_share_their_plain_shapes_lengths_and_draw_fixed_ragged_counts():
     for suffix in ("-tree", "-ragged", "-d256", "-page64"):
-        spec = bench.parse_shape(f"H16L4B32Rlognormal2048{suffix}")
-        assert bench.prefix_lengths(spec) == bench.prefix_lengths(
-            bench.parse_shape("H16L4B32Rlognormal2048")
+        spec = bench_shapes.parse_shape(f"H16L4B32Rlognormal2048{suffix}")
+        assert bench_shapes.prefix_lengths(spec) == bench_shapes.prefix_lengths(
+            bench_shapes.parse_shape("H16L4B32Rlognormal2048")
         )
-    ragged = bench.parse_shape("H16L4B32C100-ragged")
-    counts = bench.draft_counts(ragged)
+    ragged = bench_shapes.parse_shape("H16L4B32C100-ragged")
+    counts = bench_shapes.draft_counts(ragged)
     assert len(counts) == 32 and set(counts) <= {1, 2, 3, 4} and len(set(counts)) > 1
-    assert counts == bench.draft_counts(bench.parse_shape("H16L4B32C100-tree-ragged"))
-    assert bench.draft_counts(bench.parse_shape("H16L4B32C100-tree")) == [4] * 32
+    assert counts == bench_shapes.draft_counts(bench_shapes.parse_shape("H16L4B32C100-tree-ragged"))
+    assert bench_shapes.draft_counts(bench_shapes.parse_shape("H16L4B32C100-tree")) == [4] * 32
 
 
 # --- work counts ------------------------------------------------------------------------
@@ -388,47 +398,47 @@ def test_kinds_share_their_plain_shapes_lengths_and_draw_fixed_ragged_counts():
 
 def test_plain_work_is_the_mla_formula():
     lens = [600, 400]
-    work = bench.shape_work(16, 4, lens)
+    work = bench_shapes.shape_work(16, 4, lens)
     tokens = 8
     assert work.bytes == 2 * (1000 * 576 + tokens * 16 * (576 + 512) + tokens * (576 + 512))
     assert work.flops == 2 * 16 * 4 * 1000 * (576 + 512)
-    spec = bench.parse_shape("H16L4B2C500")
-    assert bench.spec_work(spec, [500, 500]) == bench.shape_work(16, 4, [500, 500])
+    spec = bench_shapes.parse_shape("H16L4B2C500")
+    assert bench_shapes.spec_work(spec, [500, 500]) == bench_shapes.shape_work(16, 4, [500, 500])
 
 
 @pytest.mark.parametrize("dims", [(256, 256), (128, 128)], ids=["d256", "d128"])
 def test_head_dims_change_bytes_per_token_and_flops(dims):
     dqk, dv = dims
     lens = [600, 400]
-    work = bench.shape_work(8, 4, lens, head_dims=dims)
+    work = bench_shapes.shape_work(8, 4, lens, head_dims=dims)
     tokens = 8
     # K and V once (V a cache of its own), q and out of the heads, k_extend
     # and v_extend
     kv = 1000 * (dqk + dv)
     assert work.bytes == 2 * (kv + tokens * 8 * (dqk + dv) + tokens * (dqk + dv))
     assert work.flops == 2 * 8 * 4 * 1000 * (dqk + dv)
-    spec = bench.parse_shape(f"H8L4B2C500-d{dqk}-fp8")
-    fp8 = bench.spec_work(spec, [500, 500])
-    assert bench.shape_work(8, 4, [500, 500], 2, head_dims=dims).bytes - fp8.bytes == kv
+    spec = bench_shapes.parse_shape(f"H8L4B2C500-d{dqk}-fp8")
+    fp8 = bench_shapes.spec_work(spec, [500, 500])
+    assert bench_shapes.shape_work(8, 4, [500, 500], 2, head_dims=dims).bytes - fp8.bytes == kv
 
 
 def test_ragged_work_counts_each_requests_drafts():
     lens, counts = [600, 400, 50], [1, 4, 2]
-    work = bench.shape_work(16, 4, lens, draft_counts=counts)
+    work = bench_shapes.shape_work(16, 4, lens, draft_counts=counts)
     rows = 7
     assert work.bytes == 2 * (1050 * 576 + rows * 16 * (576 + 512) + rows * (576 + 512))
     assert work.flops == 2 * 16 * (1 * 600 + 4 * 400 + 2 * 50) * (576 + 512)
-    spec = bench.parse_shape("H16L4B3C50-ragged")
-    assert bench.spec_work(spec, [50] * 3) == bench.shape_work(
-        16, 4, [50] * 3, draft_counts=bench.draft_counts(spec)
+    spec = bench_shapes.parse_shape("H16L4B3C50-ragged")
+    assert bench_shapes.spec_work(spec, [50] * 3) == bench_shapes.shape_work(
+        16, 4, [50] * 3, draft_counts=bench_shapes.draft_counts(spec)
     )
 
 
 def test_tree_work_adds_the_mask_bytes_the_kernel_reads():
     lens, counts = [600, 400], [3, 4]
-    causal = bench.shape_work(16, 4, lens, draft_counts=counts)
-    tree = bench.shape_work(16, 4, lens, draft_counts=counts, mask="tree")
-    full = bench.shape_work(16, 4, lens, draft_counts=counts, mask="treefull")
+    causal = bench_shapes.shape_work(16, 4, lens, draft_counts=counts)
+    tree = bench_shapes.shape_work(16, 4, lens, draft_counts=counts, mask="tree")
+    full = bench_shapes.shape_work(16, 4, lens, draft_counts=counts, mask="treefull")
     assert tree.bytes - causal.bytes == 3 * 3 + 4 * 4  # the draft blocks
     assert full.bytes - causal.bytes == 3 * (600 + 3) + 4 * (400 + 4)  # every row's bits
     assert causal.flops == tree.flops == full.flops
@@ -436,8 +446,8 @@ def test_tree_work_adds_the_mask_bytes_the_kernel_reads():
 
 def test_paged_work_reads_the_drafts_from_the_cache():
     lens = [600, 400]
-    token = bench.shape_work(16, 4, lens)
-    paged = bench.shape_work(16, 4, lens, paged=True)
+    token = bench_shapes.shape_work(16, 4, lens)
+    paged = bench_shapes.shape_work(16, 4, lens, paged=True)
     # 8 drafts: 576 cache elements each instead of k_extend + v_extend (576 + 512)
     assert token.bytes - paged.bytes == 2 * 8 * 512
     assert paged.flops == token.flops
@@ -465,10 +475,10 @@ def test_each_kind_of_call_is_checked_against_the_reference(text, device):
     not admit are skipped with a reason."""
     import mla_verify
 
-    spec = bench.parse_shape(text)
-    lens = bench.prefix_lengths(spec)
+    spec = bench_shapes.parse_shape(text)
+    lens = bench_shapes.prefix_lengths(spec)
     rotations = 2 if spec.page_size else 1
-    batch = bench.build_batch(
+    batch = bench_batch.build_batch(
         spec,
         lens,
         rotations=rotations,
@@ -476,7 +486,7 @@ def test_each_kind_of_call_is_checked_against_the_reference(text, device):
         device=torch.device(device),
         seed=5,
     )
-    assert batch.q.shape[0] == sum(bench.draft_counts(spec))
+    assert batch.q.shape[0] == sum(bench_shapes.draft_counts(spec))
     assert batch.k_buffer.shape[-1] == spec.head_dims[0]
     assert (batch.sets[0].custom_mask is not None) == (spec.mask != "causal")
     assert batch.sets[0].skip_prefix_custom_mask == (spec.mask != "treefull")
@@ -484,15 +494,15 @@ def test_each_kind_of_call_is_checked_against_the_reference(text, device):
     ctx = types.SimpleNamespace(
         device=torch.device(device),
         arch=mla_verify.current_arch() if device == "cuda" else "sm90",
-        flashinfer=bench.FlashInfer(False, None),
-        flashmla=bench.FlashMLA(False),
-        sglang=bench.SGLangVerify(False),
+        flashinfer=bench_contenders.FlashInfer(False, None),
+        flashmla=bench_contenders.FlashMLA(False),
+        sglang=bench_contenders.SGLangVerify(False),
         torch_ref_max_tokens=1 << 20,
         seed=5,
     )
     ref = batch.sets[0].reference()
-    for name in bench.CONTENDERS:
-        if bench.not_applicable(name, spec) is None and name not in SMOKE[text]:
+    for name in bench_contenders.CONTENDERS:
+        if bench_contenders.not_applicable(name, spec) is None and name not in SMOKE[text]:
             continue
         row = {}
         contender = bench.prepare_contender(name, batch, ref, ctx, row)
@@ -504,13 +514,13 @@ def test_each_kind_of_call_is_checked_against_the_reference(text, device):
             for vb, launch in zip(batch.sets[1:], contender.launches[1:], strict=True):
                 contender.out.fill_(float("nan"))
                 launch()
-                assert bench.check_output(contender.output(), vb.reference()).ok
+                assert bench_contenders.check_output(contender.output(), vb.reference()).ok
 
 
 def test_flashmla_reads_the_pages_the_paged_call_reads():
-    spec = bench.parse_shape("H2L2B2C70-page64")
-    lens = bench.prefix_lengths(spec)
-    batch = bench.build_batch(
+    spec = bench_shapes.parse_shape("H2L2B2C70-page64")
+    lens = bench_shapes.prefix_lengths(spec)
+    batch = bench_batch.build_batch(
         spec, lens, rotations=2, slots=2 * (sum(lens) + 4) + 3, device=torch.device("cpu"), seed=1
     )
     seen = []
@@ -519,7 +529,7 @@ def test_flashmla_reads_the_pages_the_paged_call_reads():
         seen.append((kv_cache, block_table, cache_seqlens))
         return torch.zeros(q.shape[:3] + (dv,)), None
 
-    flashmla = bench.FlashMLA(False)
+    flashmla = bench_contenders.FlashMLA(False)
     flashmla.module = types.SimpleNamespace(
         get_mla_metadata=lambda *args: (None, None), flash_mla_with_kvcache=flash_mla_with_kvcache
     )
@@ -550,17 +560,17 @@ def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path):
     """The sglang contender reads verify_mla.py from the folder --sglang-src
     names, its two SGLang imports given their NVIDIA values, sys.modules
     left as it was; it is called as verify_mla_fwd is, less our config."""
-    path = tmp_path / bench.SGLANG_VERIFY
+    path = tmp_path / bench_contenders.SGLANG_VERIFY
     path.parent.mkdir(parents=True)
     path.write_text(FAKE_SGLANG_VERIFY)
     before = set(sys.modules)
-    sglang = bench.SGLangVerify(True, tmp_path)
+    sglang = bench_contenders.SGLangVerify(True, tmp_path)
     assert sglang.available, sglang.reason
     assert not {m for m in set(sys.modules) - before if m.startswith("sglang")}
     assert sglang.version.startswith("verify_mla.py sha256 ")
-    spec = bench.parse_shape("H2L2B2C9")
-    lens = bench.prefix_lengths(spec)
-    batch = bench.build_batch(
+    spec = bench_shapes.parse_shape("H2L2B2C9")
+    lens = bench_shapes.prefix_lengths(spec)
+    batch = bench_batch.build_batch(
         spec, lens, rotations=1, slots=sum(lens) + 9, device=torch.device("cpu"), seed=3
     )
     ref = batch.sets[0].reference()
@@ -573,8 +583,8 @@ def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path):
     # q, k/v extend, o, then the pool, indptrs, indices, mask, causal, mask indptr, L
     assert seen[:3] == (True, {}, 9)
     assert seen[3] == ["k_scale", "skip_prefix_custom_mask", "sm_scale", "v_scale"]
-    fp8 = bench.parse_shape("H2L2B2C9-fp8")
-    fp8_batch = bench.build_batch(
+    fp8 = bench_shapes.parse_shape("H2L2B2C9-fp8")
+    fp8_batch = bench_batch.build_batch(
         fp8, lens, rotations=1, slots=sum(lens) + 9, device=torch.device("cpu"), seed=3
     )
 
@@ -584,7 +594,7 @@ def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path):
 
     refusing = types.SimpleNamespace(fwd=verify_shared_kv_fwd, version="v")
     with pytest.raises(RuntimeError, match="verify_shared_kv_fwd refused the call"):
-        bench.SGLangVerify.contender(refusing, batch).launches[0]()
+        bench_contenders.SGLangVerify.contender(refusing, batch).launches[0]()
     row = {}
     assert bench.prepare_contender("sglang", fp8_batch, ref, ctx, row) is None
     assert row["status"] == "skipped" and "bf16" in row["reason"]
@@ -593,31 +603,37 @@ def test_sglang_kernel_is_loaded_from_its_checkout_alone(tmp_path):
 def test_sglang_contender_skips_a_pool_it_cannot_address():
     """SGLang's kernel computes slot x row stride in int32: a pool of 2^31
     elements or more is skipped with the reason, never launched."""
-    sglang = bench.SGLangVerify(False)
+    sglang = bench_contenders.SGLangVerify(False)
     sglang.fwd = lambda *args, **kwargs: pytest.fail("launched")
     pool = torch.empty(1, dtype=torch.bfloat16).expand(2**31 // 576 + 1, 1, 576)
     vb = types.SimpleNamespace(v_buffer=pool[..., :512])
-    batch = types.SimpleNamespace(spec=bench.parse_shape("H8L2B64C65536"), sets=[vb], k_buffer=pool)
+    batch = types.SimpleNamespace(
+        spec=bench_shapes.parse_shape("H8L2B64C65536"), sets=[vb], k_buffer=pool
+    )
     reason = bench._make_contender("sglang", batch, types.SimpleNamespace(sglang=sglang))
     assert isinstance(reason, str) and "int32" in reason and str(pool.numel()) in reason
 
 
 def test_sglang_contender_says_why_it_is_not_there(tmp_path):
-    assert "--sglang-src" in bench.SGLangVerify(True, None).reason
-    missing = bench.SGLangVerify(True, tmp_path)
+    assert "--sglang-src" in bench_contenders.SGLangVerify(True, None).reason
+    missing = bench_contenders.SGLangVerify(True, tmp_path)
     assert not missing.available and "verify_mla.py" in missing.reason
 
 
 def test_contenders_run_only_where_they_compute_the_call():
     def runs(text):
-        spec = bench.parse_shape(text)
-        return {c for c in bench.CONTENDERS if bench.not_applicable(c, spec) is None}
+        spec = bench_shapes.parse_shape(text)
+        return {
+            c
+            for c in bench_contenders.CONTENDERS
+            if bench_contenders.not_applicable(c, spec) is None
+        }
 
     package = {"tuned", "default", "triton", "torch_ref"}
     paged = {"paged", "paged_seesaw", "paged_translated"}
-    assert runs("H16L4B32C16K") == set(bench.CONTENDERS) - paged
+    assert runs("H16L4B32C16K") == set(bench_contenders.CONTENDERS) - paged
     bf16_only = {"flashinfer", "flashmla", "sglang"}
-    assert runs("H16L4B32C16K-fp8") == set(bench.CONTENDERS) - paged - bf16_only
+    assert runs("H16L4B32C16K-fp8") == set(bench_contenders.CONTENDERS) - paged - bf16_only
     assert runs("H16L4B32C16K-d256-fp8") == package
     for kind in ("-tree", "-treefull", "-ragged"):
         assert runs(f"H16L4B32C16K{kind}") == package, kind
@@ -628,8 +644,10 @@ def test_contenders_run_only_where_they_compute_the_call():
     for page in (1, 16, 32):
         assert runs(f"H16L4B32C16K-page{page}") == {"paged", "paged_translated", "tuned"}
     for text in ("H16L4B32C16K", "H16L4B32C16K-tree-ragged", "H4L4B32C16K-d256", *KINDS):
-        spec = bench.parse_shape(text)  # another revision's tuned: where tuned runs
-        assert bench.not_applicable("rev:0123456789ab", spec) == bench.not_applicable("tuned", spec)
+        spec = bench_shapes.parse_shape(text)  # another revision's tuned: where tuned runs
+        assert bench_contenders.not_applicable(
+            "rev:0123456789ab", spec
+        ) == bench_contenders.not_applicable("tuned", spec)
 
 
 # --- the summary's comparisons --------------------------------------------------------------
@@ -655,17 +673,21 @@ def test_summary_compares_paged_with_flashmla_and_kinds_with_plain_rows():
         _row("H16L4B32C16384-d256", "tuned", 50.0, 0.3),
         _row("H64L4B32C16384-ragged", "tuned", 100.0, 0.6),  # no plain row ran
     ]
-    assert bench.paged_vs_flashmla(rows) == [("H16L4B32C16384-page64", pytest.approx(1.1))]
-    assert bench.kind_vs_plain(rows) == [
+    assert bench_output.paged_vs_flashmla(rows) == [("H16L4B32C16384-page64", pytest.approx(1.1))]
+    assert bench_output.kind_vs_plain(rows) == [
         ("H16L4B32C16384-tree", "H16L4B32C16384-page64", pytest.approx(0.9))
     ]
-    assert "ragged drafts 1..4" in bench.describe_call(bench.parse_shape("H16L4B32C16K-ragged"))
+    assert "ragged drafts 1..4" in bench_output.describe_call(
+        bench_shapes.parse_shape("H16L4B32C16K-ragged")
+    )
 
 
 def test_memory_estimate_counts_each_kinds_tensors():
     def need(text, flashmla=True):
-        spec = bench.parse_shape(text)
-        return bench.estimate_bytes(spec, bench.prefix_lengths(spec), 10_000, 2, flashmla=flashmla)
+        spec = bench_shapes.parse_shape(text)
+        return bench_batch.estimate_bytes(
+            spec, bench_shapes.prefix_lengths(spec), 10_000, 2, flashmla=flashmla
+        )
 
     # FlashMLA's 64-token pages are the -page64 row's own: one paged copy, not two
     assert need("H16L4B32C1000-page64") == need("H16L4B32C1000")
@@ -679,7 +701,7 @@ def test_memory_estimate_counts_each_kinds_tensors():
 
 def test_summary_and_table_render_the_new_kinds():
     base = ok_row()
-    ceilings = bench.Ceilings(4.2e12, 780e12)
+    ceilings = bench_timing.Ceilings(4.2e12, 780e12)
     ctx = types.SimpleNamespace(ceilings=ceilings, arch="sm90", meta={})
     rows = []
     for text, contender, us in [
@@ -689,20 +711,20 @@ def test_summary_and_table_render_the_new_kinds():
         ("H16L4B2C500-d256-ragged-treefull", "tuned", 8.0),
         ("H16L4B2C500-ragged-tree", "tuned", 11.0),
     ]:
-        spec = bench.parse_shape(text)
-        row = bench._base_row(spec, bench.prefix_lengths(spec), ctx)
-        row.update({k: base[k] for k in bench.CONFIG_FIELDS})
+        spec = bench_shapes.parse_shape(text)
+        row = bench._base_row(spec, bench_shapes.prefix_lengths(spec), ctx)
+        row.update({k: base[k] for k in bench_output.CONFIG_FIELDS})
         row.update(contender=contender, rel_err=1e-3, max_abs_err=1e-3)
-        bench.record_timing(row, bench._summarise([us] * 5, "cudagraph", 1), ctx)
+        bench.record_timing(row, bench_timing._summarise([us] * 5, "cudagraph", 1), ctx)
         rows.append(row)
     bench.add_speedups(rows[:3])
     meta = {k: base[k] for k in ("device", "torch", "triton", "cuda", "flashinfer", "flash_mla")}
     meta.update(git_commit="abc1234", date_utc="2026-12-01T00:00:00+00:00")
-    text = bench.summary_markdown(rows, meta, ceilings)
+    text = bench_output.summary_markdown(rows, meta, ceilings)
     assert "| H16L4B2C500-page64 | 1.100 |" in text  # t_flashmla / t_paged
     assert "| H16L4B2C500-ragged-tree | H16L4B2C500-page64 |" in text
     assert "H16L4B2C500-d256-ragged-treefull" in text and "every prefix bit read" in text
-    table = bench.stdout_table(rows, ceilings)
+    table = bench_output.stdout_table(rows, ceilings)
     assert "paged vs FlashMLA (page 64, same pages): t_flashmla / t_paged geomean 1.100" in table
     assert "H16L4B2C500-d256-ragged-treefull " in table
 
@@ -716,12 +738,12 @@ def head_rev(tmp_path_factory):
     load in this process (a commit imports once; the tests below share it),
     with $MLA_VERIFY_CONFIG_DIR set to a value of its own, which the load
     must leave as it was."""
-    if bench._git("rev-parse", "--verify", "HEAD").returncode != 0:
+    if bench_revisions._git("rev-parse", "--verify", "HEAD").returncode != 0:
         pytest.skip("no git history here (a copy of the tree)")
     outside = str(tmp_path_factory.mktemp("outside_tables"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLA_VERIFY_CONFIG_DIR", outside)
-        rev = bench.load_revision("HEAD")
+        rev = bench_revisions.load_revision("HEAD")
         assert outside == os.environ["MLA_VERIFY_CONFIG_DIR"]
     return rev
 
@@ -729,7 +751,7 @@ def head_rev(tmp_path_factory):
 def test_a_revision_imports_beside_the_package_with_its_own_ops_and_tables(head_rev):
     import mla_verify
 
-    commit = bench.resolve_commit("HEAD")
+    commit = bench_revisions.resolve_commit("HEAD")
     name = f"mla_verify_rev_{commit[:12]}"
     assert (head_rev.given, head_rev.commit) == ("HEAD", commit)
     assert head_rev.name == f"rev:{commit[:12]}"
@@ -756,7 +778,7 @@ def test_a_revision_imports_beside_the_package_with_its_own_ops_and_tables(head_
     assert ours and not any(source.startswith(str(export)) for source in ours)
     # its shipped dir too is its export's, not the working tree's package's
     assert package.tables.shipped_table_dir() == export / "configs"
-    assert bench.load_revision(commit) is head_rev  # once per commit, however named
+    assert bench_revisions.load_revision(commit) is head_rev  # once per commit, however named
 
 
 def test_a_revision_can_be_a_directory_exported_beforehand(tmp_path):
@@ -769,14 +791,14 @@ def test_a_revision_can_be_a_directory_exported_beforehand(tmp_path):
     source = tmp_path / "base-copy"
     for part in ("mla_verify", "configs"):
         shutil.copytree(root / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
-    rev = bench.load_revision(str(source))
+    rev = bench_revisions.load_revision(str(source))
     assert rev.name == "rev:base_copy"
     package = rev.module
     assert package.__name__ == "mla_verify_rev_base_copy" and package is not mla_verify
     assert hasattr(torch.ops.mla_verify_rev_base_copy, "verify_mla_paged")
     export = Path(package.__file__).parents[1]
     assert export != source and package.tables.shipped_table_dir() == export / "configs"
-    assert bench.load_revision(str(source)) is rev
+    assert bench_revisions.load_revision(str(source)) is rev
 
 
 def test_a_revision_that_fails_to_import_leaves_the_config_dir_as_it_was(head_rev, monkeypatch):
@@ -784,17 +806,17 @@ def test_a_revision_that_fails_to_import_leaves_the_config_dir_as_it_was(head_re
         raise ImportError(f"{name}: broken")
 
     path = list(sys.path)
-    monkeypatch.setattr(bench, "_revisions", {})
-    monkeypatch.setattr(bench.importlib, "import_module", fail)
+    monkeypatch.setattr(bench_revisions, "_revisions", {})
+    monkeypatch.setattr(bench_revisions.importlib, "import_module", fail)
     monkeypatch.setenv("MLA_VERIFY_CONFIG_DIR", "somewhere")
     with pytest.raises(ImportError, match="broken"):
-        bench.load_revision("HEAD")
+        bench_revisions.load_revision("HEAD")
     assert os.environ["MLA_VERIFY_CONFIG_DIR"] == "somewhere"
     monkeypatch.delenv("MLA_VERIFY_CONFIG_DIR")
     with pytest.raises(ImportError, match="broken"):
-        bench.load_revision("HEAD")
+        bench_revisions.load_revision("HEAD")
     assert "MLA_VERIFY_CONFIG_DIR" not in os.environ
-    assert not bench._revisions and sys.path == path
+    assert not bench_revisions._revisions and sys.path == path
 
 
 def test_contenders_take_revisions_by_commit(head_rev, capsys):
@@ -803,7 +825,7 @@ def test_contenders_take_revisions_by_commit(head_rev, capsys):
     # the same commit named twice is one contender
     args = bench.parse_args(["--contenders", "rev:HEAD", head_rev.name, "--list-shapes"])
     assert args.contenders == [head_rev.name]
-    assert bench.parse_args(["--list-shapes"]).contenders == list(bench.CONTENDERS)
+    assert bench.parse_args(["--list-shapes"]).contenders == list(bench_contenders.CONTENDERS)
     for bad, message in [
         ("rev:no-such-rev", "argument --contenders: rev:no-such-rev: not a commit of"),
         ("fastest", "argument --contenders: 'fastest': expected one of tuned, "),
@@ -834,9 +856,9 @@ def test_a_revision_runs_its_own_verify_mla_fwd_and_tables(head_rev, device, mon
 
     package = head_rev.module
     calls = _record_configs(package, monkeypatch)
-    spec = bench.parse_shape("H2L2B2C9")
-    lens = bench.prefix_lengths(spec)
-    batch = bench.build_batch(
+    spec = bench_shapes.parse_shape("H2L2B2C9")
+    lens = bench_shapes.prefix_lengths(spec)
+    batch = bench_batch.build_batch(
         spec, lens, rotations=2, slots=2 * (sum(lens) + 4) + 5, device=torch.device(device), seed=2
     )
     ctx = types.SimpleNamespace(device=torch.device(device), arch="sm90")
@@ -847,7 +869,7 @@ def test_a_revision_runs_its_own_verify_mla_fwd_and_tables(head_rev, device, mon
     contender.out.fill_(float("nan"))
     contender.launches[1]()
     assert calls == [None, None]
-    assert bench.check_output(contender.output(), batch.sets[1].reference()).ok
+    assert bench_contenders.check_output(contender.output(), batch.sets[1].reference()).ok
     config, source = mla_verify.resolve_config(2, 2, 2, arch="sm90")
     assert dataclasses.asdict(contender.config) == dataclasses.asdict(config)
     assert row["config_source"].endswith("; rev:HEAD") and row["BLOCK_H"] == config.BLOCK_H
@@ -861,11 +883,11 @@ def test_a_revisions_triton_kernel_is_a_contender_of_its_own(head_rev, device, m
     args = bench.parse_args(["--contenders", "rev:HEAD", "rev:HEAD:triton", "--list-shapes"])
     name = f"{head_rev.name}:triton"
     assert args.contenders == [head_rev.name, name]
-    assert bench._revisions[name].module is package
+    assert bench_revisions._revisions[name].module is package
     calls = _record_configs(package, monkeypatch)
-    spec = bench.parse_shape("H2L2B3Rlognormal40")
-    lens = bench.prefix_lengths(spec)
-    batch = bench.build_batch(
+    spec = bench_shapes.parse_shape("H2L2B3Rlognormal40")
+    lens = bench_shapes.prefix_lengths(spec)
+    batch = bench_batch.build_batch(
         spec, lens, rotations=1, slots=sum(lens) + 12, device=torch.device(device), seed=3
     )
     ctx = types.SimpleNamespace(device=torch.device(device), arch="sm90")
@@ -877,7 +899,7 @@ def test_a_revisions_triton_kernel_is_a_contender_of_its_own(head_rev, device, m
 
 
 def test_the_overview_has_a_column_per_revision():
-    ceilings = bench.Ceilings(4.2e12, 780e12)
+    ceilings = bench_timing.Ceilings(4.2e12, 780e12)
     rows = []
     for shape, contender, us in [
         ("H16L4B2C500", "tuned", 10.0),
@@ -889,12 +911,12 @@ def test_the_overview_has_a_column_per_revision():
         row = _row(shape, contender, us)
         row.update(frac_copy_bw=None, tuned_speedup=us / 10.0)
         rows.append(row)
-    assert bench.compared(rows)[-2:] == ["rev:0123456789ab", "rev:ba9876543210"]
-    table = bench.stdout_table(rows, ceilings).splitlines()
+    assert bench_output.compared(rows)[-2:] == ["rev:0123456789ab", "rev:ba9876543210"]
+    table = bench_output.stdout_table(rows, ceilings).splitlines()
     header = table[0]
     assert header.endswith(" rev:0123456789ab/t rev:ba9876543210/t")
     assert table[2].endswith("1.10".rjust(19) + "0.90".rjust(19))
     assert table[3].endswith("1.21".rjust(19) + "-".rjust(19))
-    gm = bench.tuned_geomeans(rows)["rev:0123456789ab"]
+    gm = bench_output.tuned_geomeans(rows)["rev:0123456789ab"]
     assert gm == (pytest.approx(1.1**1.5), 2)
     assert "rev:ba9876543210 0.900 (1 shapes)" in table[-2]

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench  # noqa: E402  (scripts/ is not a package)
+import bench_output  # noqa: E402  (scripts/ is not a package)
 import bench_report  # noqa: E402
+import bench_shapes  # noqa: E402
 
 RUN = "2026-12-04T12:00:00+00:00"
 
 
 def _row(shape, contender, us, *, commit="abc1234", run=RUN, status="ok"):
-    spec = bench.parse_shape(shape)
+    spec = bench_shapes.parse_shape(shape)
     flops = 2.0 * spec.num_heads * spec.draft_len * 16384 * spec.batch_size * 1088
     return {
         "date_utc": run,
@@ -81,7 +82,7 @@ def results(tmp_path):
 def test_picks_the_runs_rows_and_classes_them(results):
     rows = bench_report.load_rows(results, "abc1234", [RUN])
     assert len(rows) == 15
-    table = bench._by_shape(rows)
+    table = bench_output._by_shape(rows)
     assert table["H64L4B32C16384"]["flashmla"]["median_us"] == "80.0"
     classes = {s: bench_report.bound_class(per["tuned"]) for s, per in table.items()}
     assert classes == {
