@@ -69,7 +69,7 @@ class VerifyBatch:
     ) -> bool:
         """``fwd`` on this batch, writing ``o``, as SGLang calls it. ``fwd``:
         another revision's ``verify_mla_fwd`` where the benchmark times one
-        beside this package (``scripts/bench.py``, ``rev:`` contenders),
+        beside this package (``scripts/bench_revisions.py``, ``rev:`` contenders),
         which may not know ``v_extend_scale``: passed only where not 1."""
         drafts = {} if self.v_extend_scale == 1.0 else {"v_extend_scale": self.v_extend_scale}
         return fwd(

@@ -131,11 +131,11 @@ from bench_contenders import (
 from bench_output import (
     CONFIG_FIELDS,
     CSV_FIELDS,
-    _config_text,
-    _fmt,
-    _pct,
     append_csv,
     check_csv,
+    config_text,
+    fmt,
+    pct,
     stdout_table,
     write_outputs,
 )
@@ -143,9 +143,9 @@ from bench_revisions import (
     REPO_ROOT,
     REV_PREFIX,
     REV_TRITON_SUFFIX,
-    _git,
-    _revisions,
     load_revision,
+    loaded_revisions,
+    run_git,
 )
 from bench_shapes import (
     EXTRA_SHAPES,
@@ -241,7 +241,7 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
     if name in ("tuned", "default", "triton", "mha"):
         return kernel_contender(name, batch, ctx.arch)
     if name.startswith(REV_PREFIX):
-        return rev_contender(_revisions[name], batch, ctx.arch)
+        return rev_contender(loaded_revisions[name], batch, ctx.arch)
     if name in PAGED_CALLS:
         return paged_contender(batch, ctx.arch, name=name, seesaw=PAGED_CALLS[name])
     if name == "torch_ref":
@@ -481,9 +481,9 @@ def _log_row(row: dict[str, Any]) -> None:
             row["median_us"],
             row["p20_us"],
             row["p80_us"],
-            _pct(row["frac_roofline"]),
+            pct(row["frac_roofline"]),
             row["rel_err"],
-            _config_text(row),
+            config_text(row),
         )
     else:
         logger.info("  %-10s %s: %s", row["contender"], row["status"], row["reason"])
@@ -498,7 +498,7 @@ def git_commit() -> str:
     if os.environ.get("MLA_VERIFY_COMMIT"):
         return os.environ["MLA_VERIFY_COMMIT"]
     try:
-        result = _git("rev-parse", "--short", "HEAD")
+        result = run_git("rev-parse", "--short", "HEAD")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     commit = result.stdout.decode().strip()
@@ -552,7 +552,7 @@ def contender_arg(text: str) -> str:
             raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
         if kernel is not None:
             revision = dataclasses.replace(revision, kernel=kernel)
-            _revisions[revision.name] = revision
+            loaded_revisions[revision.name] = revision
         return revision.name
     if text not in CONTENDERS:
         raise argparse.ArgumentTypeError(
@@ -735,12 +735,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         " ".join(args.contenders),
     )
     for name in args.contenders:
-        if name in _revisions:
-            rev = _revisions[name]
+        if name in loaded_revisions:
+            rev = loaded_revisions[name]
             logger.info("%s: rev %s, imported as %s", name, rev.given, rev.module.__name__)
 
     ceilings = measure_ceilings(device, args.rep_ms, int(args.copy_mb * 2**20))
-    logger.info("ceilings: %s", ", ".join(f"{k} {_fmt(v)}" for k, v in ceilings.details.items()))
+    logger.info("ceilings: %s", ", ".join(f"{k} {fmt(v)}" for k, v in ceilings.details.items()))
     ctx = RunContext(
         device=device,
         arch=arch,

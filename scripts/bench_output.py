@@ -14,7 +14,7 @@ from typing import Any
 
 from bench_contenders import CONTENDERS
 from bench_revisions import REV_PREFIX
-from bench_shapes import ShapeSpec, _plain_name, draft_counts, parse_shape
+from bench_shapes import ShapeSpec, draft_counts, parse_shape, plain_name
 from bench_timing import Ceilings, geomean
 
 logger = logging.getLogger("bench")
@@ -93,7 +93,7 @@ CONFIG_FIELDS = (
 )
 
 
-def _fmt(value: Any, digits: int = 2) -> str:
+def fmt(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, float):
@@ -101,15 +101,15 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def _pct(fraction: float | None, digits: int = 1) -> str:
-    return _fmt(None if fraction is None else 100.0 * fraction, digits)
+def pct(fraction: float | None, digits: int = 1) -> str:
+    return fmt(None if fraction is None else 100.0 * fraction, digits)
 
 
 def _scaled(value: float | None, scale: float, digits: int = 1) -> str:
-    return _fmt(None if value is None else value / scale, digits)
+    return fmt(None if value is None else value / scale, digits)
 
 
-def _config_text(row: dict[str, Any]) -> str:
+def config_text(row: dict[str, Any]) -> str:
     if row.get("BLOCK_H") is None:
         return ""
     text = "H{BLOCK_H}/N{BLOCK_N}/S{NUM_KV_SPLITS}/w{num_warps}/s{num_stages}".format(**row)
@@ -250,11 +250,11 @@ def kind_vs_plain(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, float]
     for shape, row in tuned.items():
         spec = parse_shape(shape)
         if spec.plain:
-            plain.setdefault(_plain_name(spec), row)
+            plain.setdefault(plain_name(spec), row)
     out = []
     for shape, row in tuned.items():
         spec = parse_shape(shape)
-        base = plain.get(_plain_name(spec))
+        base = plain.get(plain_name(spec))
         if spec.mla and not spec.plain and base is not None:
             ratio = row["frac_roofline"] / base["frac_roofline"]
             out.append((shape, base["shape"], ratio))
@@ -276,7 +276,7 @@ def summary_markdown(
         "CUDA graph, read + write), bf16 matmul "
         f"{_scaled(ceilings.matmul_rate, 1e12, 0)} TFLOP/s "
         "(8192^3 torch.mm). Details: "
-        + ", ".join(f"{k} {_fmt(v)}" for k, v in ceilings.details.items()),
+        + ", ".join(f"{k} {fmt(v)}" for k, v in ceilings.details.items()),
         "",
         "Times are microseconds per launch (median, p20-p80 over CUDA-graph replays; "
         "`eager` rows are per-call event timings). % roofline = max(bytes / copy BW, "
@@ -294,20 +294,20 @@ def summary_markdown(
         "|---|---|---|",
     ]
     for name, (gm, n) in tuned_geomeans(rows).items():
-        lines.append(f"| {name} | {_fmt(gm, 3)} | {n} |")
+        lines.append(f"| {name} | {fmt(gm, 3)} | {n} |")
     pairs = paged_vs_flashmla(rows)
     if pairs:
         lines += [
             "",
             "## Paged: t_flashmla / t_paged on the same pages",
             "",
-            f"Geomean {_fmt(geomean([r for _, r in pairs]), 3)}, "
-            f"lowest {_fmt(min(r for _, r in pairs), 3)} (> 1: verify_mla_paged is faster).",
+            f"Geomean {fmt(geomean([r for _, r in pairs]), 3)}, "
+            f"lowest {fmt(min(r for _, r in pairs), 3)} (> 1: verify_mla_paged is faster).",
             "",
             "| shape | t_flashmla / t_paged |",
             "|---|---|",
         ]
-        lines += [f"| {shape} | {_fmt(ratio, 3)} |" for shape, ratio in pairs]
+        lines += [f"| {shape} | {fmt(ratio, 3)} |" for shape, ratio in pairs]
     kinds = kind_vs_plain(rows)
     if kinds:
         lines += [
@@ -317,7 +317,7 @@ def summary_markdown(
             "| shape | plain row | ratio |",
             "|---|---|---|",
         ]
-        lines += [f"| {shape} | {base} | {_fmt(ratio, 3)} |" for shape, base, ratio in kinds]
+        lines += [f"| {shape} | {base} | {fmt(ratio, 3)} |" for shape, base, ratio in kinds]
     for shape, contenders in _by_shape(rows).items():
         any_row = next(iter(contenders.values()))
         lines += [
@@ -327,7 +327,7 @@ def summary_markdown(
             f"H={any_row['num_heads']} L={any_row['draft_len']} bs={any_row['batch_size']}, "
             f"{any_row['ctx_kind']} prefixes: {any_row['prefix_tokens']} tokens "
             f"(min {any_row['prefix_min']}, max {any_row['prefix_max']}); "
-            f"{_fmt(any_row['bytes'] / 1e6, 1)} MB, {_fmt(any_row['flops'] / 1e12, 3)} TFLOP; "
+            f"{fmt(any_row['bytes'] / 1e6, 1)} MB, {fmt(any_row['flops'] / 1e12, 3)} TFLOP; "
             f"{describe_call(parse_shape(shape))}",
             "",
             "| contender | status | median us | p20-p80 us | % copy BW | TFLOP/s | % roofline "
@@ -337,17 +337,17 @@ def summary_markdown(
         for name, r in contenders.items():
             if r["status"] == "ok":
                 lines.append(
-                    f"| {name} | ok ({r['timing']}) | {_fmt(r['median_us'], 1)} "
-                    f"| {_fmt(r['p20_us'], 1)}-{_fmt(r['p80_us'], 1)} "
-                    f"| {_pct(r['frac_copy_bw'])} | {_scaled(r['flop_per_s'], 1e12)} "
-                    f"| {_pct(r['frac_roofline'])} | {_fmt(r['tuned_speedup'], 3)} "
-                    f"| {_fmt(r['rel_err'], 5)} | {_config_text(r) or r['config_source'] or ''} |"
+                    f"| {name} | ok ({r['timing']}) | {fmt(r['median_us'], 1)} "
+                    f"| {fmt(r['p20_us'], 1)}-{fmt(r['p80_us'], 1)} "
+                    f"| {pct(r['frac_copy_bw'])} | {_scaled(r['flop_per_s'], 1e12)} "
+                    f"| {pct(r['frac_roofline'])} | {fmt(r['tuned_speedup'], 3)} "
+                    f"| {fmt(r['rel_err'], 5)} | {config_text(r) or r['config_source'] or ''} |"
                 )
             else:
                 reason = str(r["reason"]).replace("|", "/").replace("\n", " ")[:200]
                 lines.append(
                     f"| {name} | {r['status']} | - | - | - | - | - | - "
-                    f"| {_fmt(r['rel_err'], 5)} | {reason} |"
+                    f"| {fmt(r['rel_err'], 5)} | {reason} |"
                 )
     return "\n".join(lines) + "\n"
 
@@ -366,16 +366,16 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
         ok = t is not None and t["status"] == "ok"
         cells = [
             f"{shape:<{width}}",
-            f"{_fmt(t['median_us'], 1) if ok else (t['status'] if t else '-'):>10}",
-            f"{_pct(t['frac_roofline']) if ok else '-':>7}",
-            f"{_pct(t['frac_copy_bw']) if ok else '-':>7}",
+            f"{fmt(t['median_us'], 1) if ok else (t['status'] if t else '-'):>10}",
+            f"{pct(t['frac_roofline']) if ok else '-':>7}",
+            f"{pct(t['frac_copy_bw']) if ok else '-':>7}",
         ]
         for c, w in others.items():
             r = contenders.get(c)
             if r is None:
                 text = "-"
             elif r["status"] == "ok":
-                text = _fmt(r["tuned_speedup"], 2) if r["tuned_speedup"] else "ok"
+                text = fmt(r["tuned_speedup"], 2) if r["tuned_speedup"] else "ok"
             else:
                 text = r["status"]
             cells.append(f"{text:>{w}}")
@@ -384,15 +384,15 @@ def stdout_table(rows: Sequence[dict[str, Any]], ceilings: Ceilings) -> str:
     lines.append(
         "x/t = t_x / t_tuned (> 1: tuned is faster). Geomeans: "
         + ", ".join(
-            f"{name} {_fmt(gm, 3)} ({n} shapes)" for name, (gm, n) in tuned_geomeans(rows).items()
+            f"{name} {fmt(gm, 3)} ({n} shapes)" for name, (gm, n) in tuned_geomeans(rows).items()
         )
     )
     pairs = paged_vs_flashmla(rows)
     if pairs:
         lines.append(
             f"paged vs FlashMLA (page 64, same pages): t_flashmla / t_paged geomean "
-            f"{_fmt(geomean([r for _, r in pairs]), 3)}, lowest "
-            f"{_fmt(min(r for _, r in pairs), 3)} ({len(pairs)} shapes)"
+            f"{fmt(geomean([r for _, r in pairs]), 3)}, lowest "
+            f"{fmt(min(r for _, r in pairs), 3)} ({len(pairs)} shapes)"
         )
     lines.append(
         f"ceilings: copy {_scaled(ceilings.copy_bw, 1e12, 2)} TB/s, "

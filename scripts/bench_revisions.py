@@ -50,7 +50,7 @@ class Revision:
         return _rev_name(self.commit, self.kernel)
 
 
-_revisions: dict[str, Revision] = {}  # contender name -> its revision, imported once
+loaded_revisions: dict[str, Revision] = {}  # contender name -> its revision, imported once
 
 # What the package names absolutely (its imports are relative), rewritten
 # to a revision's own package name: its torch.library namespace
@@ -60,7 +60,7 @@ _revisions: dict[str, Revision] = {}  # contender name -> its revision, imported
 _ABSOLUTE_NAMES = re.compile(r"\bmla_verify(?=::|\.configs\b)|(?<=torch\.ops\.)mla_verify\b")
 
 
-def _git(*args: str) -> subprocess.CompletedProcess:
+def run_git(*args: str) -> subprocess.CompletedProcess:
     """git in this script's repository, output as bytes."""
     return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, timeout=60)
 
@@ -69,7 +69,7 @@ def resolve_commit(rev: str) -> str:
     """The full sha of the commit ``rev`` names in the repository of this
     script; ValueError if none (or no git history here)."""
     try:
-        result = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        result = run_git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except (OSError, subprocess.SubprocessError) as exc:
         raise ValueError(f"not a commit of {REPO_ROOT} ({exc})") from None
     if result.returncode != 0:
@@ -91,8 +91,8 @@ def _export(commit: str) -> Path:
     fresh directory, the package renamed to ``mla_verify_rev_<sha>`` and
     its absolute names rewritten to that; returns the package directory."""
     dest = Path(tempfile.mkdtemp(prefix=f"{commit[:12]}_", dir=_export_root()))
-    has_configs = _git("cat-file", "-e", f"{commit}:configs").returncode == 0
-    archive = _git("archive", commit, "mla_verify", *(["configs"] if has_configs else []))
+    has_configs = run_git("cat-file", "-e", f"{commit}:configs").returncode == 0
+    archive = run_git("archive", commit, "mla_verify", *(["configs"] if has_configs else []))
     if archive.returncode != 0:
         raise RuntimeError(f"git archive {commit}: {archive.stderr.decode(errors='replace')}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
@@ -137,7 +137,7 @@ def load_revision(rev: str) -> Revision:
         commit = resolve_commit(rev)
         export = functools.partial(_export, commit)
     name = _rev_name(commit)
-    if name not in _revisions:
+    if name not in loaded_revisions:
         package = export()
         configs = package.parent / "configs"
         previous = os.environ.get(CONFIG_DIR_VAR)
@@ -151,5 +151,5 @@ def load_revision(rev: str) -> Revision:
                 del os.environ[CONFIG_DIR_VAR]
             else:
                 os.environ[CONFIG_DIR_VAR] = previous
-        _revisions[name] = Revision(rev, commit, module)
-    return _revisions[name]
+        loaded_revisions[name] = Revision(rev, commit, module)
+    return loaded_revisions[name]

@@ -246,7 +246,7 @@ def full_grid() -> list[ShapeSpec]:
     return shapes
 
 
-def _plain_name(spec: ShapeSpec) -> str:
+def plain_name(spec: ShapeSpec) -> str:
     """The name without the call-kind suffixes (-fp8 kept): what seeds the
     random lengths, so a shape's tree, ragged, head-dim and paged rows get
     the prefix lengths of its plain row."""
@@ -262,7 +262,7 @@ def prefix_lengths(spec: ShapeSpec) -> list[int]:
         return [spec.ctx] * bs
     if spec.kind == "long":
         return [spec.ctx] + [spec.short] * (bs - 1)
-    rng = random.Random(zlib.crc32(_plain_name(spec).encode()))
+    rng = random.Random(zlib.crc32(plain_name(spec).encode()))
     sigma = 1.0
     draws = [rng.lognormvariate(math.log(spec.ctx) - sigma * sigma / 2, sigma) for _ in range(bs)]
     # Rescale to the exact mean, then give the rounding remainder to the longest.
@@ -278,7 +278,7 @@ def draft_counts(spec: ShapeSpec) -> list[int]:
     1..L, deterministic per shape name (a fixed seed)."""
     if not spec.ragged:
         return [spec.draft_len] * spec.batch_size
-    rng = random.Random(zlib.crc32(f"{_plain_name(spec)} drafts".encode()))
+    rng = random.Random(zlib.crc32(f"{plain_name(spec)} drafts".encode()))
     return [rng.randint(1, spec.draft_len) for _ in range(spec.batch_size)]
 
 

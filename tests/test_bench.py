@@ -374,8 +374,8 @@ def test_extra_set_parses_and_lists(capsys):
     assert {s.head_dims for s in specs if s.num_heads in (4, 8, 16) and not s.mla} == {(256, 256)}
     assert {s.page_size for s in specs} == {0, 1, 64}
     # every tree/ragged row has its plain row in the set: its own, or a -page row's tuned
-    plain = {bench_shapes._plain_name(s) for s in specs if s.plain}
-    assert all(bench_shapes._plain_name(s) in plain for s in specs if s.mla)
+    plain = {bench_shapes.plain_name(s) for s in specs if s.plain}
+    assert all(bench_shapes.plain_name(s) in plain for s in specs if s.mla)
     with pytest.raises(SystemExit):
         bench.parse_args(["--extra", "--quick"])
 
@@ -738,7 +738,7 @@ def head_rev(tmp_path_factory):
     load in this process (a commit imports once; the tests below share it),
     with $MLA_VERIFY_CONFIG_DIR set to a value of its own, which the load
     must leave as it was."""
-    if bench_revisions._git("rev-parse", "--verify", "HEAD").returncode != 0:
+    if bench_revisions.run_git("rev-parse", "--verify", "HEAD").returncode != 0:
         pytest.skip("no git history here (a copy of the tree)")
     outside = str(tmp_path_factory.mktemp("outside_tables"))
     with pytest.MonkeyPatch.context() as mp:
@@ -806,7 +806,7 @@ def test_a_revision_that_fails_to_import_leaves_the_config_dir_as_it_was(head_re
         raise ImportError(f"{name}: broken")
 
     path = list(sys.path)
-    monkeypatch.setattr(bench_revisions, "_revisions", {})
+    monkeypatch.setattr(bench_revisions, "loaded_revisions", {})
     monkeypatch.setattr(bench_revisions.importlib, "import_module", fail)
     monkeypatch.setenv("MLA_VERIFY_CONFIG_DIR", "somewhere")
     with pytest.raises(ImportError, match="broken"):
@@ -816,7 +816,7 @@ def test_a_revision_that_fails_to_import_leaves_the_config_dir_as_it_was(head_re
     with pytest.raises(ImportError, match="broken"):
         bench_revisions.load_revision("HEAD")
     assert "MLA_VERIFY_CONFIG_DIR" not in os.environ
-    assert not bench_revisions._revisions and sys.path == path
+    assert not bench_revisions.loaded_revisions and sys.path == path
 
 
 def test_contenders_take_revisions_by_commit(head_rev, capsys):
@@ -883,7 +883,7 @@ def test_a_revisions_triton_kernel_is_a_contender_of_its_own(head_rev, device, m
     args = bench.parse_args(["--contenders", "rev:HEAD", "rev:HEAD:triton", "--list-shapes"])
     name = f"{head_rev.name}:triton"
     assert args.contenders == [head_rev.name, name]
-    assert bench_revisions._revisions[name].module is package
+    assert bench_revisions.loaded_revisions[name].module is package
     calls = _record_configs(package, monkeypatch)
     spec = bench_shapes.parse_shape("H2L2B3Rlognormal40")
     lens = bench_shapes.prefix_lengths(spec)
