@@ -469,6 +469,8 @@ def _prefix_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if SPLIT_SCORES:
+            l_elem = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # summed after the loop
         accs = ()
         for _ in tl.static_range(N_CHUNKS):
             accs = accs + (tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32),)
@@ -512,9 +514,11 @@ def _prefix_kernel(
                 qk = tl.where(bits != 0, qk, float("-inf"))
 
             if SPLIT_SCORES:
-                # _softmax_step's algebra, alpha and P behind the branch.
-                # Triton 3.6 and 3.8 keep it; 3.9 proves it taken and drops
-                # it, and its scores are chained again (the same function).
+                # _softmax_step's algebra, alpha and P behind the branch, the
+                # row sums kept per element (one sum across the warpgroups a
+                # segment, not one a tile). Triton 3.6 and 3.8 keep the
+                # branch; 3.9 proves it taken and drops it, and its scores
+                # are chained again (the same function).
                 m_new = tl.maximum(m_i, tl.max(qk, 1))
                 shift = tl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -522,7 +526,7 @@ def _prefix_kernel(
                 if start < hi:  # always, inside the loop
                     alpha = tl.exp2(m_i - shift)
                     p = tl.exp2(qk - shift[:, None])
-                    l_i = l_i * alpha + tl.sum(p, 1)
+                    l_elem = l_elem * alpha[:, None] + p
                     p_dot = p.to(DOT_DTYPE)
             else:
                 m_new, alpha, p = _softmax_step(qk, m_i)
@@ -538,6 +542,8 @@ def _prefix_kernel(
                 new_accs = new_accs + (tl.dot(p_dot, v_c, accs[c] * alpha[:, None]),)
             accs = new_accs
             m_i = m_new
+        if SPLIT_SCORES:
+            l_i = tl.sum(l_elem, 1)
 
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
         # The KV cache's value scale applies to the prefix alone. A row the
