@@ -402,7 +402,6 @@ def _prefix_kernel(
     PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
     WIDEN_BY_PTX: tl.constexpr,
-    SPLIT_SCORES: tl.constexpr,
 ):
     # Head blocks of one unit are neighbours in launch order: the later
     # ones find the unit's KV tiles in L2.
@@ -469,8 +468,6 @@ def _prefix_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if SPLIT_SCORES:
-            l_elem = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # summed after the loop
         accs = ()
         for _ in tl.static_range(N_CHUNKS):
             accs = accs + (tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32),)
@@ -480,31 +477,16 @@ def _prefix_kernel(
             mask_n = offs_n < hi
             slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             ptr_k = K_BUF + slot[:, None] * stride_k_slot
-            # The scores [M, N]. Triton gives every warp of a dot whose
-            # result reaches another dot rows of its own (a chain, as in
-            # flash attention): at 64 rows and 8 warps both warpgroups would
-            # compute every score. SPLIT_SCORES ends both chains: each
-            # chunk's product is scaled before the sum (a sum of dots is folded
-            # into one accumulating chain, a sum of scaled dots is not), and P
-            # and alpha are made behind a branch always taken, whose results
-            # Triton does not trace to P V; the score dots then split the keys
-            # between the warpgroups.
             ks = ()
             qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for c in tl.static_range(N_CHUNKS):
                 k_c = _rows_chunk(ptr_k, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                if SPLIT_SCORES:
-                    qk += tl.dot(qs[c], tl.trans(k_c)) * score_scale
-                else:
-                    qk = tl.dot(qs[c], tl.trans(k_c), qk)
+                qk = tl.dot(qs[c], tl.trans(k_c), qk)
                 ks = ks + (k_c,)
             if D_ROPE > 0:
                 k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                pe = tl.dot(q_pe, tl.trans(_widen(k_pe, DOT_DTYPE, WIDEN_BY_PTX)))
-                qk += pe * score_scale if SPLIT_SCORES else pe
-            if not SPLIT_SCORES:
-                qk = qk * score_scale
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, DOT_DTYPE, WIDEN_BY_PTX)))
+            qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
             if PREFIX_MASK:
                 bits = tl.load(
                     MASK + mask_row[:, None] + offs_n[None, :],
@@ -513,25 +495,9 @@ def _prefix_kernel(
                 )  # [M, N], E_b bytes a token
                 qk = tl.where(bits != 0, qk, float("-inf"))
 
-            if SPLIT_SCORES:
-                # _softmax_step's algebra, alpha and P behind the branch, the
-                # row sums kept per element (one sum across the warpgroups a
-                # segment, not one a tile). Triton 3.6 and 3.8 keep the
-                # branch; 3.9 proves it taken and drops it, and its scores
-                # are chained again (the same function).
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.zeros([BLOCK_M], dtype=tl.float32)
-                p_dot = tl.zeros([BLOCK_M, BLOCK_N], dtype=DOT_DTYPE)
-                if start < hi:  # always, inside the loop
-                    alpha = tl.exp2(m_i - shift)
-                    p = tl.exp2(qk - shift[:, None])
-                    l_elem = l_elem * alpha[:, None] + p
-                    p_dot = p.to(DOT_DTYPE)
-            else:
-                m_new, alpha, p = _softmax_step(qk, m_i)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                p_dot = p.to(DOT_DTYPE)
+            m_new, alpha, p = _softmax_step(qk, m_i)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            p = p.to(DOT_DTYPE)
             new_accs = ()
             for c in tl.static_range(N_CHUNKS):
                 if V_FROM_K:  # V is K's first Dv columns (MLA's latent), already loaded
@@ -539,11 +505,9 @@ def _prefix_kernel(
                 else:
                     ptr_v = V_BUF + slot[:, None] * stride_v_slot
                     v_c = _rows_chunk(ptr_v, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                new_accs = new_accs + (tl.dot(p_dot, v_c, accs[c] * alpha[:, None]),)
+                new_accs = new_accs + (tl.dot(p, v_c, accs[c] * alpha[:, None]),)
             accs = new_accs
             m_i = m_new
-        if SPLIT_SCORES:
-            l_i = tl.sum(l_elem, 1)
 
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
         # The KV cache's value scale applies to the prefix alone. A row the
@@ -1140,7 +1104,6 @@ def launch(
         PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,
         WIDEN_BY_PTX=not INTERPRETED and torch.version.hip is None,
-        SPLIT_SCORES=plan.split_scores,
         **config.launch_options(),
     )
     launch_merge(
