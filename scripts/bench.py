@@ -12,9 +12,11 @@ median/p20/p80 microseconds, bytes/s, FLOP/s, the fractions of the ceilings,
 and the error against the float32 reference. ``--out DIR`` also writes that
 run alone as results.csv, results.json, summary.md and roofline*.png (with
 matplotlib). Run it as a script (``python scripts/bench.py``): Python then
-puts ``scripts/`` first on the import path, which is how the optional plot
-module beside it, ``bench_plot``, is found; the package itself is imported
-as installed (``pip install -e .``).
+puts ``scripts/`` first on the import path, which is how its modules beside
+it are found (``bench_shapes``, ``bench_batch``, ``bench_timing``,
+``bench_contenders``, ``bench_revisions``, ``bench_output``, and the
+optional plot module ``bench_plot``); the package itself is imported as
+installed (``pip install -e .``).
 
 Measures, in one run on one GPU:
 
