@@ -41,8 +41,10 @@ V_CHUNKS = (32, 64, 128, 256)
 # Known NVIDIA archs where Triton compiles stage 1's products for tcgen05
 # (datacenter Blackwell). The 64-row MLA tile of 64 tokens takes 352816
 # bytes of shared memory as triton 3.6, 3.7 and 3.8 build it for sm100
-# (213544 as 3.9 does), over its 232448; of 32 tokens 213552 (3.9:
-# 143912). Other head dims and fewer rows build alike on all four.
+# (213544 as 3.9 does), over its 232448. Of 32 tokens, in the value chunks
+# of 128 that the kernel gives 64-row tiles, 262800 on 3.6-3.8 (3.9:
+# 144008), still over; in chunks of 256, 229968 (3.9: 143944). Other head
+# dims and fewer rows build alike on all four.
 TCGEN05_ARCHS = ("sm100",)
 
 
@@ -302,6 +304,7 @@ def triton_default_config(
             BLOCK_H=block_h, BLOCK_N=16, NUM_KV_SPLITS=splits, num_warps=4, num_stages=2
         )
     qk, v = check_head_dims(head_dims)
+    tcgen05_mla_tile = arch in TCGEN05_ARCHS and rows >= MAX_ROWS and (qk, v) == MLA_HEAD_DIMS
     return VerifyConfig(
         BLOCK_H=block_h,
         BLOCK_N=nvidia_block_n(rows, (qk, v), arch),
@@ -310,6 +313,9 @@ def triton_default_config(
         # faster than 8 on the H200 (H8L4, H16L2; 2026-12-01).
         num_warps=8 if rows >= 64 else 4,
         num_stages=2,
+        # The kernel's chunks of 128 at 64 rows overflow sm100's shared
+        # memory as triton 3.6-3.8 build them (TCGEN05_ARCHS).
+        V_CHUNK=256 if tcgen05_mla_tile else None,
     )
 
 
@@ -321,12 +327,13 @@ def nvidia_block_n(rows: int, head_dims: tuple[int, int], arch: str) -> int:
     the q tile, one KV tile and P, 2 (BLOCK_N ring + rows (q/k + BLOCK_N))
     bytes, ring the KV columns (V's too where V is a cache of its own);
     sm90's wgmma kernel holds a second KV stage and fits 227 KB at 64
-    tokens. On sm100 64 rows of MLA take 32 tokens: before triton 3.9 their
-    tcgen05 tile of 64 does not fit (``TCGEN05_ARCHS``).
+    tokens. On sm100 64 rows of MLA take 32 tokens (in value chunks of 256,
+    ``triton_default_config``): before triton 3.9 their tcgen05 tile of 64
+    does not fit (``TCGEN05_ARCHS``).
     tests/test_aot.py compiles the default for every arch."""
     qk, _ = head_dims
     if arch in TCGEN05_ARCHS and rows >= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS:
-        return 32  # what every Triton since 3.6 fits (TCGEN05_ARCHS)
+        return 32  # with chunks of 256, what every Triton since 3.6 fits (TCGEN05_ARCHS)
     ring = kv_columns(head_dims)
     limit = math.inf if arch == INTERPRETER_ARCH else arch_shared_memory(arch)
     for block_n in (64, 32):
