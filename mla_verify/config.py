@@ -304,7 +304,6 @@ def triton_default_config(
             BLOCK_H=block_h, BLOCK_N=16, NUM_KV_SPLITS=splits, num_warps=4, num_stages=2
         )
     qk, v = check_head_dims(head_dims)
-    tcgen05_mla_tile = arch in TCGEN05_ARCHS and rows >= MAX_ROWS and (qk, v) == MLA_HEAD_DIMS
     return VerifyConfig(
         BLOCK_H=block_h,
         BLOCK_N=nvidia_block_n(rows, (qk, v), arch),
@@ -315,8 +314,13 @@ def triton_default_config(
         num_stages=2,
         # The kernel's chunks of 128 at 64 rows overflow sm100's shared
         # memory as triton 3.6-3.8 build them (TCGEN05_ARCHS).
-        V_CHUNK=256 if tcgen05_mla_tile else None,
+        V_CHUNK=256 if _tcgen05_mla_tile(rows, (qk, v), arch) else None,
     )
+
+
+def _tcgen05_mla_tile(rows: int, head_dims: tuple[int, int], arch: str) -> bool:
+    # A 64-row MLA tile on a tcgen05 arch: 32 tokens in chunks of 256.
+    return arch in TCGEN05_ARCHS and rows >= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS
 
 
 def nvidia_block_n(rows: int, head_dims: tuple[int, int], arch: str) -> int:
@@ -332,7 +336,7 @@ def nvidia_block_n(rows: int, head_dims: tuple[int, int], arch: str) -> int:
     does not fit (``TCGEN05_ARCHS``).
     tests/test_aot.py compiles the default for every arch."""
     qk, _ = head_dims
-    if arch in TCGEN05_ARCHS and rows >= MAX_ROWS and tuple(head_dims) == MLA_HEAD_DIMS:
+    if _tcgen05_mla_tile(rows, head_dims, arch):
         return 32  # with chunks of 256, what every Triton since 3.6 fits (TCGEN05_ARCHS)
     ring = kv_columns(head_dims)
     limit = math.inf if arch == INTERPRETER_ARCH else arch_shared_memory(arch)
