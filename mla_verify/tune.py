@@ -383,6 +383,11 @@ def _searches(
     return [None] if own_only else [None, "triton"]
 
 
+def compile_workers(jobs: int | None) -> int:
+    """Parallel compile processes: ``--jobs``, else the CPU cores, at most 16."""
+    return jobs or min(16, os.cpu_count() or 1)
+
+
 def precompile(entries, arch: str, workers: int) -> None:
     """Compile, for every (H, L, kv dtype, head dims, kernels, searched,
     configs) entry, the default of each of its kernels (as ``_searches``
@@ -931,7 +936,7 @@ def write_reported_table(args: argparse.Namespace, arch: str, out_dir: Path) -> 
     }
     jobs = [(tile, l, d, arch, dims) for (_, l, d, dims), found in tiles.items() for tile in found]
     start = time.perf_counter()
-    workers = args.jobs or min(16, os.cpu_count() or 1)
+    workers = compile_workers(args.jobs)
     compiled = dict(zip(jobs, aot.resources_many(jobs, workers, f"compiling for {arch}")))
     entries = {}
     for (heads, draft_len, dtype_name, head_dims), candidates in tiles.items():
@@ -1131,7 +1136,7 @@ def run_tuning(
     if again:
         logger.info("%d of their stale records: configs timed again, not searched", again)
     if device == "cuda" and work:
-        workers = args.jobs or min(16, os.cpu_count() or 1)
+        workers = compile_workers(args.jobs)
         entries = [
             (
                 w.heads,

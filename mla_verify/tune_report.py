@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 import torch
@@ -101,7 +100,7 @@ def check(args: argparse.Namespace) -> int:
                 print(f"  configs not run ({not_run_reason})")
                 not_run.append(path.name)
                 continue
-            compile_ahead(table, arch, args.jobs or min(16, os.cpu_count() or 1))
+            compile_ahead(table, arch, args.jobs)
             table_ran, table_failures = run_configs(table, path.name)
             print(f"  {table_ran} configs run against the reference, {table_failures} failed")
             ran += table_ran
@@ -118,12 +117,12 @@ def check(args: argparse.Namespace) -> int:
     return 1 if failures or unreadable else 0
 
 
-def compile_ahead(table: dict, arch: str, workers: int) -> None:
-    """Compile every config of ``table`` (this GPU's arch) in ``workers``
-    parallel processes, as the tuner does before it times (tune.precompile),
-    so that run_configs, which runs them one at a time, finds its kernels in
-    Triton's cache. An sm90 table's 918 configs compiled in turn ran at
-    about 1.5 configs a second on an H100."""
+def compile_ahead(table: dict, arch: str, jobs: int | None) -> None:
+    """Compile every config of ``table`` (this GPU's arch) in parallel
+    processes (``--jobs``, read as the tuner reads it), as the tuner does
+    before it times (tune.precompile), so that run_configs, which runs them
+    one at a time, finds its kernels in Triton's cache. An sm90 table's 918
+    configs compiled in turn ran at about 1.5 configs a second on an H100."""
     from . import tune
 
     entries = [
@@ -139,7 +138,7 @@ def compile_ahead(table: dict, arch: str, workers: int) -> None:
         for entry in table["entries"].values()
     ]
     try:
-        tune.precompile(entries, arch, workers)
+        tune.precompile(entries, arch, tune.compile_workers(jobs))
     except Exception as exc:  # only a head start: run_configs compiles what is missing
         logger.warning("compiling ahead failed (%s); the configs compile as they run", exc)
 

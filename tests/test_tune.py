@@ -1003,7 +1003,7 @@ def test_check_compiles_the_tables_configs_ahead(monkeypatch, caplog):
             },
         }
     }
-    tune_report.compile_ahead(table, "sm90", workers=1)
+    tune_report.compile_ahead(table, "sm90", jobs=1)
     got = sorted(
         (h, d, k, VerifyConfig.from_dict(c).BLOCK_N, tuple(dims)) for h, d, k, c, dims in compiled
     )
@@ -1014,7 +1014,7 @@ def test_check_compiles_the_tables_configs_ahead(monkeypatch, caplog):
 
     monkeypatch.setattr(tune, "precompile", broken)
     with caplog.at_level("WARNING", logger="mla_verify.tune"):
-        tune_report.compile_ahead(table, "sm90", workers=2)  # a head start only: no raise
+        tune_report.compile_ahead(table, "sm90", jobs=2)  # a head start only: no raise
     assert "compiling ahead failed (no worker)" in caplog.text
 
 
