@@ -111,6 +111,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import bench_revisions
 import torch
 import triton
 from bench_batch import Batch, build_batch, estimate_bytes, plan_pool
@@ -146,7 +147,6 @@ from bench_revisions import (
     REV_PREFIX,
     REV_TRITON_SUFFIX,
     load_revision,
-    loaded_revisions,
     run_git,
 )
 from bench_shapes import (
@@ -243,7 +243,7 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
     if name in ("tuned", "default", "triton", "mha"):
         return kernel_contender(name, batch, ctx.arch)
     if name.startswith(REV_PREFIX):
-        return rev_contender(loaded_revisions[name], batch, ctx.arch)
+        return rev_contender(bench_revisions.loaded_revisions[name], batch, ctx.arch)
     if name in PAGED_CALLS:
         return paged_contender(batch, ctx.arch, name=name, seesaw=PAGED_CALLS[name])
     if name == "torch_ref":
@@ -554,7 +554,7 @@ def contender_arg(text: str) -> str:
             raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
         if kernel is not None:
             revision = dataclasses.replace(revision, kernel=kernel)
-            loaded_revisions[revision.name] = revision
+            bench_revisions.loaded_revisions[revision.name] = revision
         return revision.name
     if text not in CONTENDERS:
         raise argparse.ArgumentTypeError(
@@ -737,8 +737,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         " ".join(args.contenders),
     )
     for name in args.contenders:
-        if name in loaded_revisions:
-            rev = loaded_revisions[name]
+        if name in bench_revisions.loaded_revisions:
+            rev = bench_revisions.loaded_revisions[name]
             logger.info("%s: rev %s, imported as %s", name, rev.given, rev.module.__name__)
 
     ceilings = measure_ceilings(device, args.rep_ms, int(args.copy_mb * 2**20))
