@@ -42,6 +42,7 @@ from .config import (
     VerifyConfig,
     rows_per_program,
     runs_score_value,
+    splits_scores,
     value_chunk,
 )
 from .device import arch_shared_memory
@@ -196,6 +197,7 @@ def compile_stage1(
         PREFIX_MASK=prefix_mask,
         DOT_FP32=False,
         WIDEN_BY_PTX=target.backend == "cuda",
+        SPLIT_SCORES=arch == "sm90" and splits_scores(config, draft_len),
     )
     fn = kernel._prefix_kernel
     src = _signature(

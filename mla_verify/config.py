@@ -195,6 +195,14 @@ def value_chunk(config: VerifyConfig, d_v: int) -> int:
     return min(config.V_CHUNK, d_v) if config.V_CHUNK else 0
 
 
+def splits_scores(config: VerifyConfig, draft_len: int) -> bool:
+    """The Triton kernel's SPLIT_SCORES on Hopper: a tile of 64 rows or more
+    with fewer rows than its warps hold at 16 each, where Triton's layout for
+    chained dots would have each wgmma warpgroup compute every score."""
+    rows = rows_per_program(config.BLOCK_H, draft_len)
+    return 64 <= rows < 16 * config.num_warps
+
+
 def kernel_family(kernel: VerifyConfig | str) -> str:
     """The kernel family of a config (or of a ``kernel`` field's value):
     "triton" or "gluon_sm90" (both Hopper schedules share one kernel). Each

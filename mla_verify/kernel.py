@@ -402,6 +402,7 @@ def _prefix_kernel(
     PREFIX_MASK: tl.constexpr,
     DOT_FP32: tl.constexpr,
     WIDEN_BY_PTX: tl.constexpr,
+    SPLIT_SCORES: tl.constexpr,
 ):
     # Head blocks of one unit are neighbours in launch order: the later
     # ones find the unit's KV tiles in L2.
@@ -477,16 +478,31 @@ def _prefix_kernel(
             mask_n = offs_n < hi
             slot = tl.load(KV_INDICES + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             ptr_k = K_BUF + slot[:, None] * stride_k_slot
+            # The scores [M, N]. Triton gives every warp of a dot whose
+            # result reaches another dot rows of its own (a chain, as in
+            # flash attention): at 64 rows and 8 warps both warpgroups would
+            # compute every score. SPLIT_SCORES ends both chains: each
+            # chunk's product is scaled before the sum (a sum of dots is folded
+            # into one accumulating chain, a sum of scaled dots is not), and P
+            # and alpha are made behind a branch always taken, whose results
+            # Triton does not trace to P V; the score dots then split the keys
+            # between the warpgroups.
             ks = ()
             qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for c in tl.static_range(N_CHUNKS):
                 k_c = _rows_chunk(ptr_k, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                qk = tl.dot(qs[c], tl.trans(k_c), qk)
+                if SPLIT_SCORES:
+                    qk += tl.dot(qs[c], tl.trans(k_c)) * score_scale
+                else:
+                    qk = tl.dot(qs[c], tl.trans(k_c), qk)
                 ks = ks + (k_c,)
             if D_ROPE > 0:
                 k_pe = tl.load(ptr_k + D_V + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-                qk += tl.dot(q_pe, tl.trans(_widen(k_pe, DOT_DTYPE, WIDEN_BY_PTX)))
-            qk = tl.where(mask_n[None, :], qk * score_scale, float("-inf"))
+                pe = tl.dot(q_pe, tl.trans(_widen(k_pe, DOT_DTYPE, WIDEN_BY_PTX)))
+                qk += pe * score_scale if SPLIT_SCORES else pe
+            if not SPLIT_SCORES:
+                qk = qk * score_scale
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
             if PREFIX_MASK:
                 bits = tl.load(
                     MASK + mask_row[:, None] + offs_n[None, :],
@@ -495,9 +511,26 @@ def _prefix_kernel(
                 )  # [M, N], E_b bytes a token
                 qk = tl.where(bits != 0, qk, float("-inf"))
 
-            m_new, alpha, p = _softmax_step(qk, m_i)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            p = p.to(DOT_DTYPE)
+            if SPLIT_SCORES:
+                # _softmax_step's algebra, alpha and P behind a branch always
+                # taken (the API checks both factors of score_scale positive),
+                # which no Triton version folds away. The branch not taken
+                # casts the scores, not a constant: a constant P would be
+                # given a shared buffer of its own for the whole loop.
+                m_new = tl.maximum(m_i, tl.max(qk, 1))
+                shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.zeros([BLOCK_M], dtype=tl.float32)
+                if score_scale > 0:
+                    alpha = tl.exp2(m_i - shift)
+                    p = tl.exp2(qk - shift[:, None])
+                    l_i = l_i * alpha + tl.sum(p, 1)
+                    p_dot = p.to(DOT_DTYPE)
+                else:
+                    p_dot = qk.to(DOT_DTYPE)
+            else:
+                m_new, alpha, p = _softmax_step(qk, m_i)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                p_dot = p.to(DOT_DTYPE)
             new_accs = ()
             for c in tl.static_range(N_CHUNKS):
                 if V_FROM_K:  # V is K's first Dv columns (MLA's latent), already loaded
@@ -505,7 +538,7 @@ def _prefix_kernel(
                 else:
                     ptr_v = V_BUF + slot[:, None] * stride_v_slot
                     v_c = _rows_chunk(ptr_v, c * D_CHUNK, offs_c, mask_n, DOT_DTYPE, WIDEN_BY_PTX)
-                new_accs = new_accs + (tl.dot(p, v_c, accs[c] * alpha[:, None]),)
+                new_accs = new_accs + (tl.dot(p_dot, v_c, accs[c] * alpha[:, None]),)
             accs = new_accs
             m_i = m_new
 
@@ -1104,6 +1137,7 @@ def launch(
         PREFIX_MASK=plan.prefix_mask,
         DOT_FP32=INTERPRETED,
         WIDEN_BY_PTX=not INTERPRETED and torch.version.hip is None,
+        SPLIT_SCORES=plan.split_scores,
         **config.launch_options(),
     )
     launch_merge(

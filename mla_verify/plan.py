@@ -22,7 +22,7 @@ import torch
 import triton
 
 from . import hopper
-from .config import HOPPER_KERNELS, VerifyConfig, runs_score_value
+from .config import HOPPER_KERNELS, VerifyConfig, runs_score_value, splits_scores
 from .device import has_dependent_launch, is_cuda_sm90, sm_count
 from .kernel import (
     INTERPRETED,
@@ -198,6 +198,9 @@ class Plan:
     paged            k_buffer is a paged MLA cache whose full prefix tiles
                      the Hopper kernel loads whole by TMA (its PAGED module,
                      hopper.loads_pages)
+    split_scores     the Triton kernel runs on Hopper with a tile whose score
+                     dots split the keys between warpgroups
+                     (config.splits_scores)
     """
 
     config: VerifyConfig
@@ -215,6 +218,7 @@ class Plan:
     prefix_mask: bool = False
     draft_mask: bool = False
     paged: bool = False
+    split_scores: bool = False
 
     @property
     def hopper(self) -> bool:
@@ -305,6 +309,12 @@ def plan_call(
         draft_mask=masked,
         paged=(
             hopper_kernel and head_dims == MLA_HEAD_DIMS and hopper.loads_pages(page_size, k_buffer)
+        ),
+        split_scores=(
+            not hopper_kernel
+            and not INTERPRETED
+            and is_cuda_sm90(q.device)
+            and splits_scores(config, draft_len)
         ),
     )
 

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from mla_verify import VerifyConfig, block_config, hopper, kernel, plan, verify_mla_fwd
 from mla_verify import device as device_facts
-from mla_verify.config import HOPPER_KERNELS, hopper_config, runs_score_value
+from mla_verify.config import HOPPER_KERNELS, hopper_config, runs_score_value, splits_scores
 from mla_verify.problem import kv_dtype_name
 from mla_verify.search_space import tile_candidates
 from mla_verify.testing import check_close, make_batch
@@ -234,6 +234,76 @@ CPU_CASES = [
 def test_matches_reference(heads, draft_len, prefix_lens, kwargs, config, device):
     batch = make_batch(heads, draft_len, prefix_lens, device=device, **kwargs)
     _run_and_check(batch, config, device)
+
+
+# 64-row tiles (16 heads x 4 drafts) whose score dots split the keys between
+# warpgroups on Hopper (SPLIT_SCORES): the same function as the chained path.
+SPLIT_SCORE_CASES = [
+    ("plain", [0, 17, 150], {}, dataclasses.replace(SMALL, BLOCK_H=16, NUM_KV_SPLITS=2)),
+    (
+        "prefix_bits_hide_keys_ragged",
+        [40, 0, 23],
+        {
+            "mask": "tree",
+            "hide_prefix": 0.5,
+            "skip_prefix_custom_mask": False,
+            "draft_counts": [4, 2, 3],
+        },
+        dataclasses.replace(SMALL, BLOCK_H=16, NUM_KV_SPLITS=3),
+    ),
+    (
+        "prefix_all_hidden",
+        [33, 5],
+        {"mask": "tree", "hide_prefix": 1.0, "skip_prefix_custom_mask": False},
+        dataclasses.replace(SMALL, BLOCK_H=16, NUM_KV_SPLITS=2),
+    ),
+    (
+        "fp8_scaled_v_chunk_128",
+        [30, 12],
+        {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 1.5},
+        dataclasses.replace(SMALL, BLOCK_H=16, V_CHUNK=128),
+    ),
+    (
+        "d256_separate_v",
+        [25, 40],
+        {"head_dims": (256, 256), "separate_v": True},
+        dataclasses.replace(SMALL, BLOCK_H=16),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "prefix_lens,kwargs,config",
+    [c[1:] for c in SPLIT_SCORE_CASES],
+    ids=[c[0] for c in SPLIT_SCORE_CASES],
+)
+def test_split_scores_path_matches_reference(prefix_lens, kwargs, config, device, monkeypatch):
+    """The Triton kernel's SPLIT_SCORES path, which a launch takes only on
+    Hopper, forced here: scaled score dots summed, alpha and P behind the
+    always-taken branch."""
+    from mla_verify import api
+
+    forced = []
+
+    def split_plan(*args, **kwargs):
+        planned = dataclasses.replace(plan.plan_call(*args, **kwargs), split_scores=True)
+        forced.append(planned)
+        return planned
+
+    monkeypatch.setattr(api, "plan_call", split_plan)
+    batch = make_batch(16, 4, prefix_lens, device=device, **kwargs)
+    _run_and_check(batch, config, device)
+    assert forced and not forced[0].hopper
+
+
+def test_split_scores_only_where_wgmma_warpgroups_would_repeat_the_scores():
+    """SPLIT_SCORES takes tiles of 64 rows or more with fewer rows than 16 a
+    warp: 64 rows on 8 warps, not on 4 (one warpgroup) or 128 rows on 8."""
+    assert splits_scores(dataclasses.replace(SMALL, BLOCK_H=16, num_warps=8), 4)
+    assert splits_scores(dataclasses.replace(SMALL, BLOCK_H=32, num_warps=8), 2)
+    assert not splits_scores(dataclasses.replace(SMALL, BLOCK_H=16, num_warps=4), 4)
+    assert not splits_scores(dataclasses.replace(SMALL, BLOCK_H=32, num_warps=8), 4)
+    assert not splits_scores(dataclasses.replace(SMALL, BLOCK_H=8, num_warps=8), 4)
 
 
 def test_one_split_still_splits_a_long_request(device):
