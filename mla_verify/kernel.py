@@ -472,6 +472,12 @@ def _prefix_kernel(
         accs = ()
         for _ in tl.static_range(N_CHUNKS):
             accs = accs + (tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32),)
+        if SPLIT_SCORES:
+            # The row sums by the tensor cores, P @ ones (every column the
+            # same sum), in the value product's layout: no reduction of P
+            # across the warpgroups each tile.
+            ones = tl.full([BLOCK_N, 8], 1.0, DOT_DTYPE)
+            l_acc = tl.zeros([BLOCK_M, 8], dtype=tl.float32)
 
         for start in tl.range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
@@ -522,11 +528,10 @@ def _prefix_kernel(
                 alpha = tl.zeros([BLOCK_M], dtype=tl.float32)
                 if score_scale > 0:
                     alpha = tl.exp2(m_i - shift)
-                    p = tl.exp2(qk - shift[:, None])
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    p_dot = p.to(DOT_DTYPE)
+                    p_dot = tl.exp2(qk - shift[:, None]).to(DOT_DTYPE)
                 else:
                     p_dot = qk.to(DOT_DTYPE)
+                l_acc = tl.dot(p_dot, ones, l_acc * alpha[:, None])
             else:
                 m_new, alpha, p = _softmax_step(qk, m_i)
                 l_i = l_i * alpha + tl.sum(p, 1)
@@ -542,6 +547,8 @@ def _prefix_kernel(
             accs = new_accs
             m_i = m_new
 
+        if SPLIT_SCORES:
+            l_i = tl.max(l_acc, 1)
         part_row = (((unit + req) * num_heads + offs_h) * DRAFT_LEN + offs_i).to(tl.int64)
         # The KV cache's value scale applies to the prefix alone. A row the
         # mask hid the whole segment from holds weight 0 (lse -inf, values
