@@ -475,7 +475,7 @@ def _prefix_kernel(
         if SPLIT_SCORES:
             # The row sums by the tensor cores, P @ ones (every column the
             # same sum), in the value product's layout: no reduction of P
-            # across the warpgroups each tile.
+            # across the warpgroups each tile. 8 columns: 16 spill (93b948f).
             ones = tl.full([BLOCK_N, 8], 1.0, DOT_DTYPE)
             l_acc = tl.zeros([BLOCK_M, 8], dtype=tl.float32)
 
@@ -522,7 +522,9 @@ def _prefix_kernel(
                 # taken (the API checks both factors of score_scale positive),
                 # which no Triton version folds away. The branch not taken
                 # casts the scores, not a constant: a constant P would be
-                # given a shared buffer of its own for the whole loop.
+                # given a shared buffer of its own for the whole loop. The
+                # row sums are l_acc's dot, not l_i's reduction (l_i is set
+                # from l_acc after the loop).
                 m_new = tl.maximum(m_i, tl.max(qk, 1))
                 shift = tl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = tl.zeros([BLOCK_M], dtype=tl.float32)

@@ -280,7 +280,7 @@ SPLIT_SCORE_CASES = [
 def test_split_scores_path_matches_reference(prefix_lens, kwargs, config, device, monkeypatch):
     """The Triton kernel's SPLIT_SCORES path, which a launch takes only on
     Hopper, forced here: scaled score dots summed, alpha and P behind the
-    always-taken branch."""
+    always-taken branch, the row sums by a dot with ones."""
     from mla_verify import api
 
     forced = []
