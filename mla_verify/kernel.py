@@ -358,14 +358,20 @@ def _rows_chunk(ptr, col0, offs_c, mask, dtype: tl.constexpr, WIDEN_BY_PTX: tl.c
 
 
 @triton.jit
-def _softmax_step(qk, m_i):
-    # One online-softmax step over scores qk [R, N] (log2 domain, -inf where
-    # a key is hidden): the rows' new maxima, the rescale factor of what they
-    # hold and the new weights. A row that has seen no key yet keeps
-    # m = -inf: shifted by 0 there, alpha and p are 0, not
+def _new_max(qk, m_i):
+    # The rows' new maxima over scores qk [R, N] (log2 domain, -inf where a
+    # key is hidden) and the shift their weights take. A row that has seen
+    # no key yet keeps m = -inf: shifted by 0 there, its weights are 0, not
     # exp2(-inf - -inf) = NaN.
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, tl.where(m_new == float("-inf"), 0.0, m_new)
+
+
+@triton.jit
+def _softmax_step(qk, m_i):
+    # One online-softmax step: the new maxima, the rescale factor of what
+    # the rows hold and the new weights.
+    m_new, shift = _new_max(qk, m_i)
     return m_new, tl.exp2(m_i - shift), tl.exp2(qk - shift[:, None])
 
 
@@ -468,7 +474,6 @@ def _prefix_kernel(
             )
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         accs = ()
         for _ in tl.static_range(N_CHUNKS):
             accs = accs + (tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32),)
@@ -478,6 +483,8 @@ def _prefix_kernel(
             # across the warpgroups each tile. 8 columns: 16 spill (93b948f).
             ones = tl.full([BLOCK_N, 8], 1.0, DOT_DTYPE)
             l_acc = tl.zeros([BLOCK_M, 8], dtype=tl.float32)
+        else:
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
         for start in tl.range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
@@ -518,15 +525,14 @@ def _prefix_kernel(
                 qk = tl.where(bits != 0, qk, float("-inf"))
 
             if SPLIT_SCORES:
-                # _softmax_step's algebra, alpha and P behind a branch always
-                # taken (the API checks both factors of score_scale positive),
+                # _softmax_step with alpha and P behind a branch always taken
+                # (the API checks both factors of score_scale positive),
                 # which no Triton version folds away. The branch not taken
                 # casts the scores, not a constant: a constant P would be
                 # given a shared buffer of its own for the whole loop. The
                 # row sums are l_acc's dot, not l_i's reduction (l_i is set
                 # from l_acc after the loop).
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+                m_new, shift = _new_max(qk, m_i)
                 alpha = tl.zeros([BLOCK_M], dtype=tl.float32)
                 if score_scale > 0:
                     alpha = tl.exp2(m_i - shift)
