@@ -36,11 +36,12 @@ apply to the drafts' P V in fp32: no scaled value is rounded before the
 output. (Drafts' rows scaled and rounded to q's dtype put an output past
 the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
-On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, or of 256
-query rows a sequence or more (heads x drafts) at batch 2-64, run a native
-paged kernel instead (``seesaw_serves``, kernel_seesaw.py): the
-translation then writes the indptrs alone, the seesaw kernel reads the
-pages and the drafts' rows where the cache holds them (v_scale scales its
+On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, of 256
+query rows a sequence or more (heads x drafts) at batch 2-64, or of 512 or
+more at batch 65-256, run a native paged kernel instead (``seesaw_serves``,
+kernel_seesaw.py): the translation then writes the indptrs alone, the
+seesaw kernel reads the pages and the drafts' rows where the cache holds
+them (v_scale scales its
 output, in fp32), and stage 2 merges its partials as the Hopper kernel's.
 
 Cost of the translation over a native paged kernel: one more launch (bs x min(16,
@@ -317,28 +318,36 @@ def paged_forward(
 
 
 # Which bf16 calls on pages of 64 or 128 tokens run the seesaw kernel
-# (kernel_seesaw.py): at most SEESAW_MAX_BATCH sequences, or sequences of
+# (kernel_seesaw.py): at most SEESAW_MAX_BATCH sequences; sequences of
 # SEESAW_MIN_ROWS query rows or more (heads x drafts) in a batch of at most
-# SEESAW_ROWS_MAX_BATCH, the largest measured (each further sequence a CTA
-# holds starts its ring cold, and 2K contexts lost more at 64 than at 8). Side by
-# side against the translated call on the same pages: at batch 1 1.05x on
-# the H200 (RESULTS.md, "The seesaw kernel on pages": 18 shapes,
-# 1.00-1.13x); at batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at
-# every batch"), 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x
-# with 16K-64K contexts, 0.97-1.02x with 2K), 0.974x over the 23 of 32-128.
+# SEESAW_ROWS_MAX_BATCH; or of SEESAW_WIDE_ROWS or more in a batch of at most
+# SEESAW_WIDE_MAX_BATCH, the largest measured. Side by side against the
+# translated call on the same pages: at batch 1 1.05x on the H200
+# (RESULTS.md, "The seesaw kernel on pages": 18 shapes, 1.00-1.13x); at
+# batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at every batch"),
+# 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x with 16K-64K
+# contexts, 0.97-1.02x with 2K), 0.974x over the 23 of 32-128. At batch
+# 128-256 (RESULTS.md, "The seesaw kernel past batch 64"), 512 rows or more
+# gain 1.05-1.17x with 16K contexts and lose at most 4.5% with 2K, where
+# 256 rows lose up to 9% with 2K for about 1.04x with 16K: each further
+# sequence a CTA holds starts its ring cold, which short contexts feel most.
 # Batches 2-7, not measured, lie between two measured gains (1 and 8) and
 # go with them. The context is not known on the host, so the rule cannot
 # weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
 SEESAW_ROWS_MAX_BATCH = 64
+SEESAW_WIDE_ROWS = 512
+SEESAW_WIDE_MAX_BATCH = 256
 
 
 def seesaw_shape(batch_size: int, rows: int) -> bool:
     """The rule's part that reads the shape alone: a batch of
     ``batch_size`` sequences of ``rows`` query rows each (heads x drafts)."""
-    return batch_size <= SEESAW_MAX_BATCH or (
-        rows >= SEESAW_MIN_ROWS and batch_size <= SEESAW_ROWS_MAX_BATCH
+    return (
+        batch_size <= SEESAW_MAX_BATCH
+        or (rows >= SEESAW_MIN_ROWS and batch_size <= SEESAW_ROWS_MAX_BATCH)
+        or (rows >= SEESAW_WIDE_ROWS and batch_size <= SEESAW_WIDE_MAX_BATCH)
     )
 
 

@@ -250,14 +250,12 @@ def paged_contender(
 
         def launch_ruled() -> None:
             paged = mla_verify.paged
-            rule = paged.SEESAW_MAX_BATCH, paged.SEESAW_MIN_ROWS
-            paged.SEESAW_MAX_BATCH, paged.SEESAW_MIN_ROWS = (
-                (bs, rule[1]) if seesaw else (0, sys.maxsize)
-            )
+            rule = paged.seesaw_shape
+            paged.seesaw_shape = lambda batch_size, rows: seesaw
             try:
                 launch()
             finally:
-                paged.SEESAW_MAX_BATCH, paged.SEESAW_MIN_ROWS = rule
+                paged.seesaw_shape = rule
 
         return launch if seesaw is None else launch_ruled
 

@@ -355,26 +355,37 @@ SEESAW_SHAPES = [
 ]
 
 
-def test_seesaw_rule_takes_batch_one_and_up_to_64_sequences_of_256_rows():
-    """paged.seesaw_shape: batch 1 at any size, batches of up to 64 (the
-    largest measured) whose sequences hold 256 query rows (heads x drafts)
-    or more, nothing else."""
+def test_seesaw_rule_takes_batch_one_and_wide_sequences_up_to_batch_256():
+    """paged.seesaw_shape: batch 1 at any size, batches of up to 64 whose
+    sequences hold 256 query rows (heads x drafts) or more, batches of up to
+    256 (the largest measured) whose sequences hold 512 or more, nothing
+    else."""
     assert paged.seesaw_shape(1, 1) and paged.seesaw_shape(1, 128)
     assert paged.seesaw_shape(8, 256) and paged.seesaw_shape(64, 1024)
+    assert paged.seesaw_shape(65, 512) and paged.seesaw_shape(256, 1024)
     assert not paged.seesaw_shape(2, 255) and not paged.seesaw_shape(64, 128)
-    assert not paged.seesaw_shape(65, 256) and not paged.seesaw_shape(256, 1024)
+    assert not paged.seesaw_shape(65, 256) and not paged.seesaw_shape(256, 511)
+    assert not paged.seesaw_shape(257, 512) and not paged.seesaw_shape(1024, 1024)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the seesaw kernel runs on sm90")
 def test_gpu_seesaw_serves_by_the_rule():
     """On Hopper the shipped rule sends a batch of 256-row sequences to the
-    seesaw kernel and a batch of 64-row ones to the translated call."""
+    seesaw kernel and a batch of 64-row ones to the translated call; past
+    batch 64, sequences of 512 rows to the seesaw kernel and of 256 to the
+    translated call."""
     wide = make_paged_batch(64, 4, [300] * 8, page_size=64, device="cuda")
     narrow = make_paged_batch(16, 4, [300] * 8, page_size=64, device="cuda")
     assert paged.seesaw_serves(wide.q, wide.kv_cache)
     assert not paged.seesaw_serves(narrow.q, narrow.kv_cache)
     _check(wide, "H64 L4 batch 8 by the rule")
+    lens = [1 + (37 * b) % 700 for b in range(72)]
+    wider = make_paged_batch(128, 4, lens, page_size=64, device="cuda")
+    past = make_paged_batch(64, 4, lens, page_size=64, device="cuda")
+    assert paged.seesaw_serves(wider.q, wider.kv_cache)
+    assert not paged.seesaw_serves(past.q, past.kv_cache)
+    _check(wider, "H128 L4 batch 72 by the rule")
 
 
 @pytest.mark.gpu
@@ -387,18 +398,17 @@ def test_gpu_seesaw_serves_by_the_rule():
 )
 def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales, monkeypatch):
     """bf16 pages of 64 and 128 run the seesaw kernel (kernel_seesaw.py) at
-    any batch size where asked (paged.SEESAW_MAX_BATCH): the cache's rows
-    past each sequence are NaN, and the output is poisoned. Then the same
-    batch on the translated path, where the rule (its batch bound and its
-    rows bound both closed) leaves such a batch."""
+    any batch size where asked (paged.seesaw_shape admitting every shape):
+    the cache's rows past each sequence are NaN, and the output is
+    poisoned. Then the same batch on the translated path, where a rule that
+    admits no shape leaves it."""
     batch = make_paged_batch(
         heads, draft_len, lens, page_size=page_size, device="cuda", seed=5, **scales
     )
-    monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", len(lens))
+    monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows: True)
     assert paged.seesaw_serves(batch.q, batch.kv_cache)
     _check(batch, f"seesaw H{heads} L{draft_len} page {page_size}")
-    monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", len(lens) - 1)
-    monkeypatch.setattr(paged, "SEESAW_MIN_ROWS", heads * draft_len + 1)
+    monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows: False)
     assert not paged.seesaw_serves(batch.q, batch.kv_cache)
     _check(batch, f"translated H{heads} L{draft_len} page {page_size}")
 
