@@ -328,9 +328,8 @@ def paged_forward(
 # 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x with 16K-64K
 # contexts, 0.97-1.02x with 2K), 0.974x over the 23 of 32-128. At batch
 # 128-256 (RESULTS.md, "The seesaw kernel past batch 64"), 512 rows or more
-# gain 1.05-1.17x with 16K contexts and lose at most 4.5% with 2K, where
-# 256 rows lose up to 9% with 2K for about 1.04x with 16K: each further
-# sequence a CTA holds starts its ring cold, which short contexts feel most.
+# gain 1.08-1.17x with 16K contexts and lose at most 4.5% with 2K, where
+# 256 rows lose up to 9% with 2K for about 1.04x with 16K.
 # Batches 2-7, not measured, lie between two measured gains (1 and 8) and
 # go with them. The context is not known on the host, so the rule cannot
 # weigh it.
