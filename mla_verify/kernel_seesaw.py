@@ -11,10 +11,11 @@ warpgroup's softmax with the other's products. Its probe
 (scripts/probe_seesaw_pages.py) ran stage 1 at 1.07-1.11x the paged
 kernel's speed on the H200; this kernel, with the plan, the segments, the
 masks and stage 2, runs 0.93-1.13x the translated call (RESULTS.md, "The
-seesaw kernel on pages"); with its last pair peeled it is ahead at batch 1
-and, where a sequence holds 256 query rows or more, at batch 8-64, so
-paged.seesaw_serves sends it batch 1 and those calls at batch 2-64
-(RESULTS.md, "The seesaw kernel at every batch").
+seesaw kernel on pages"); with its last pair peeled it is ahead at batch 1,
+where a sequence holds 256 query rows or more at batch 8-64, and where it
+holds 512 or more at batch 128-256, so paged.seesaw_serves sends it those
+calls (RESULTS.md, "The seesaw kernel at every batch" and "The seesaw
+kernel past batch 64").
 
 Each CTA holds 64 query rows (BLOCK_H heads x L drafts) in two
 warpgroups of 240 registers. The left holds output columns 0-255, the right
