@@ -63,7 +63,6 @@ import functools
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy,
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
@@ -75,7 +74,6 @@ from . import hopper, problem
 from .config import COMPILE_OPTIONS
 from .kernel import PLAN_BLOCK
 from .kernel_sm90 import (
-    _copy_q,
     _dest,
     _launch_dependents,
     _request_positions,
@@ -84,6 +82,7 @@ from .kernel_sm90 import (
     _share_count,
     _store_lse,
     _store_out,
+    _tile_coords,
     _tma_load,
     _warps_barrier,
 )
@@ -163,18 +162,23 @@ def _stage_q(
     DRAFT_LEN: gl.constexpr,
 ):
     # Query columns col0 .. col0 + WIDTH - 1 of the segment's rows into
-    # dst by cp.async, one copy for all of them (rows past the request or
-    # the heads zero-filled); the caller waits (_q_ready). Through
-    # registers, 64 columns a step, the loads took three round trips.
-    _copy_q(dst, q_args, request, head_block, num_heads, col0, WIDTH, BLOCK_H, DRAFT_LEN, WARPGROUP)
+    # dst, 64 columns a step through registers (rows past the request or
+    # the heads zero-filled); the caller signals Q_READY.
+    Q, stride_q_tok, stride_q_head = q_args
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPGROUP, 1], [1, 0])
+    for k in gl.static_range(WIDTH // 64):
+        offs_h, offs_i, mask_m, cols = _tile_coords(
+            head_block, num_heads, request[1], col0 + k * 64, 64, BLOCK_H, DRAFT_LEN, layout
+        )
+        rows = (request[0] + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
+        x = gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
+        dst.slice(k * 64, 64, dim=1).store(x)
 
 
 @gluon.jit
 def _q_ready(hand, segment):
     # This warpgroup's query columns are in place, for wgmma (the async
     # proxy) to read; wait for the other's.
-    async_copy.commit_group()
-    async_copy.wait_group(0)
     fence_async_shared()
     _warps_barrier()
     mbarrier.arrive(hand.index(Q_READY), count=1)
