@@ -37,8 +37,8 @@ output. (Drafts' rows scaled and rounded to q's dtype put an output past
 the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
 On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, of 256
-query rows a sequence or more (heads x drafts) at batch 2-64, or of 512 or
-more at batch 65-256, run a native paged kernel instead (``seesaw_serves``,
+query rows a sequence or more (heads x drafts) at batch 2-128, or of 512 or
+more at batch 129-256, run a native paged kernel instead (``seesaw_serves``,
 kernel_seesaw.py): the translation then writes the indptrs alone, the
 seesaw kernel reads the pages and the drafts' rows where the cache holds
 them (v_scale scales its
@@ -328,14 +328,17 @@ def paged_forward(
 # 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x with 16K-64K
 # contexts, 0.97-1.02x with 2K), 0.974x over the 23 of 32-128. At batch
 # 128-256 (RESULTS.md, "The seesaw kernel past batch 64"), 512 rows or more
-# gain 1.08-1.17x with 16K contexts and lose at most 4.5% with 2K, where
-# 256 rows lose up to 9% with 2K for about 1.04x with 16K.
+# gain 1.08-1.17x with 16K contexts and lose at most 4.5% with 2K. 256 rows
+# gain about 1.04x with 16K; at 2K-4K they run 0.99-1.04x at batch 128 but
+# 0.96-0.99x at 256, and a prefix of a whole number of tiles (2048) loses
+# up to 9%: both then read the drafts in a tile of their own, where at
+# other lengths the seesaw reads them in the prefix's last tile, one fewer.
 # Batches 2-7, not measured, lie between two measured gains (1 and 8) and
 # go with them. The context is not known on the host, so the rule cannot
 # weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
-SEESAW_ROWS_MAX_BATCH = 64
+SEESAW_ROWS_MAX_BATCH = 128
 SEESAW_WIDE_ROWS = 512
 SEESAW_WIDE_MAX_BATCH = 256
 
