@@ -12,8 +12,8 @@ warpgroup's softmax with the other's products. Its probe
 kernel's speed on the H200; this kernel, with the plan, the segments, the
 masks and stage 2, runs 0.93-1.13x the translated call (RESULTS.md, "The
 seesaw kernel on pages"); with its last pair peeled it is ahead at batch 1,
-where a sequence holds 256 query rows or more at batch 8-128, and where it
-holds 512 or more at batch 256, so paged.seesaw_serves sends it those
+at batch 8-128 where a sequence holds 256 query rows or more, and at batch
+128-256 where it holds 512 or more, so paged.seesaw_serves sends it those
 calls (RESULTS.md, "The seesaw kernel at every batch" and "The seesaw
 kernel past batch 64").
 

@@ -41,8 +41,8 @@ query rows a sequence or more (heads x drafts) at batch 2-128, or of 512 or
 more at batch 129-256, run a native paged kernel instead (``seesaw_serves``,
 kernel_seesaw.py): the translation then writes the indptrs alone, the
 seesaw kernel reads the pages and the drafts' rows where the cache holds
-them (v_scale scales its
-output, in fp32), and stage 2 merges its partials as the Hopper kernel's.
+them (v_scale scales its output, in fp32), and stage 2 merges its partials
+as the Hopper kernel's.
 
 Cost of the translation over a native paged kernel: one more launch (bs x min(16,
 cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
