@@ -333,9 +333,12 @@ def paged_forward(
 # 0.96-0.99x at 256, and a prefix of a whole number of tiles (2048) loses
 # up to 9%: both then read the drafts in a tile of their own, where at
 # other lengths the seesaw reads them in the prefix's last tile, one fewer.
-# Batches 2-7, not measured, lie between two measured gains (1 and 8) and
-# go with them. The context is not known on the host, so the rule cannot
-# weigh it.
+# Batches 2-4 on an H100 (RESULTS.md, "The seesaw kernel past batch 64",
+# the small batches): 512 rows or more 1.02-1.11x; 256 rows 1.02-1.08x with
+# 2K contexts and 0.94-1.00x with 16K, left with the batch-1 and batch-8
+# terms on either side; under 256 rows 0.957x, left on the translated call.
+# Batches 5-7 were not measured. The context is not known on the host, so
+# the rule cannot weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
 SEESAW_ROWS_MAX_BATCH = 128
