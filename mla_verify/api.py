@@ -22,14 +22,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
-from . import kernel
+from . import kernel, prepared
 from .config import VerifyConfig, default_config
 from .device import current_arch
 from .lookup import block_config
-from .plan import plan_call
+from .plan import Plan, plan_call
 from .problem import (
     HEAD_DIMS,
     INDEX_DTYPES,
@@ -430,6 +431,131 @@ def verify_mla_fwd(
     safe once the workspace is prepared (see ``prepare_workspace``): draft counts, lengths, slots
     and mask bits may change between replays.
     """
+    tensors = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr)
+    tensors += (kv_indptr, kv_indices, custom_mask, mask_indptr)
+    options = dict(
+        is_causal=is_causal,
+        max_len_extend=max_len_extend,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sm_scale=sm_scale,
+        logit_cap=logit_cap,
+        skip_prefix_custom_mask=skip_prefix_custom_mask,
+        sliding_window_size=sliding_window_size,
+        sinks=sinks,
+        window_kv_offsets=window_kv_offsets,
+        xai_temperature_len=xai_temperature_len,
+        max_bs=max_bs,
+        config=config,
+        page_size=page_size,
+        v_extend_scale=v_extend_scale,
+    )
+    key = None
+    if not _debug:  # the debug mode reads values on every call
+        # The gate reads only whether sinks and window offsets are given;
+        # plan.v_is_k_view reads whether V shares K's data.
+        scalars = tuple(options.values())[:8] + (sinks is None, window_kv_offsets is None)
+        scalars += tuple(options.values())[10:]
+        key = prepared.signature(
+            tensors, scalars, same_data=((k_buffer, v_buffer), (k_extend, v_extend))
+        )
+    call = prepared.get(key)
+    if call is None:
+        call = _prepare(*tensors, **options)
+        prepared.keep(key, call)
+    if isinstance(call, _Refused):
+        logger.debug("verify_mla_fwd refuses: %s", call.reason)
+        return False
+    plan = call.plan
+    device = q_extend.device
+    if call.reserve is not None and not capturing(device):
+        _reserve_for(*call.reserve)
+    if _debug and not capturing(device):
+        _check_values(
+            k_buffer,
+            q_extend.shape[0],
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            max_len_extend,
+            custom_mask,
+            mask_indptr,
+        )
+    part_o, part_lse = get_workspace(device).views(call.partial_rows, plan.head_dims[1])
+    kernel.launch(
+        plan,
+        q_extend,
+        k_extend,
+        v_extend,
+        o_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        part_o,
+        part_lse,
+        sm_scale=call.sm_scale,
+        k_scale=call.k_scale,
+        v_scale=call.v_scale,
+        v_extend_scale=call.v_extend_scale,
+        # The kernels read mask bytes; a bool mask is the same bytes.
+        custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
+        mask_indptr=mask_indptr,
+    )
+    return True
+
+
+@dataclass(frozen=True)
+class _Refused:
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A call's host work (``prepared``): its plan, the scales checked, and
+    the workspace reservation ``max_bs`` asks for."""
+
+    plan: Plan
+    partial_rows: int
+    sm_scale: float
+    k_scale: float
+    v_scale: float
+    v_extend_scale: float
+    reserve: tuple | None
+
+
+def _prepare(
+    q_extend,
+    k_extend,
+    v_extend,
+    o_extend,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    custom_mask,
+    mask_indptr,
+    *,
+    is_causal,
+    max_len_extend,
+    k_scale,
+    v_scale,
+    sm_scale,
+    logit_cap,
+    skip_prefix_custom_mask,
+    sliding_window_size,
+    sinks,
+    window_kv_offsets,
+    xai_temperature_len,
+    max_bs,
+    config,
+    page_size,
+    v_extend_scale,
+) -> _Refused | _Prepared:
+    """``verify_mla_fwd``'s work before its launches, from metadata alone:
+    the gate, the checks (raising ValueError), the config and the plan."""
     reason = _refusal(
         q_extend,
         k_extend,
@@ -449,8 +575,7 @@ def verify_mla_fwd(
         window_kv_offsets,
     )
     if reason is not None:
-        logger.debug("verify_mla_fwd refuses: %s", reason)
-        return False
+        return _Refused(reason)
     _validate(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices
     )
@@ -472,12 +597,10 @@ def verify_mla_fwd(
     bs = qo_indptr.shape[0] - 1
     head_dims = (q_extend.shape[-1], v_buffer.shape[-1])
     device = q_extend.device
+    reserve = None
     if max_bs is not None:
         max_bs = max(bs, check_range("max_bs", max_bs, 1, MAX_BATCH_SIZE))
-        if not capturing(device):
-            _reserve_for(
-                max_bs, q_extend.shape[1], max_len_extend, k_buffer.dtype, device, head_dims
-            )
+        reserve = (max_bs, q_extend.shape[1], max_len_extend, k_buffer.dtype, device, head_dims)
     if config is None:
         config = _tuned_config(
             q_extend, q_extend.shape[1], max_len_extend, bs, k_buffer.dtype, head_dims
@@ -495,40 +618,7 @@ def verify_mla_fwd(
         skip_prefix_mask=bool(skip_prefix_custom_mask),
         page_size=page_size,
     )
-    if _debug and not capturing(device):
-        _check_values(
-            k_buffer,
-            q_extend.shape[0],
-            qo_indptr,
-            kv_indptr,
-            kv_indices,
-            max_len_extend,
-            custom_mask,
-            mask_indptr,
-        )
-    part_o, part_lse = get_workspace(device).views(plan.partial_rows, head_dims[1])
-    kernel.launch(
-        plan,
-        q_extend,
-        k_extend,
-        v_extend,
-        o_extend,
-        k_buffer,
-        v_buffer,
-        qo_indptr,
-        kv_indptr,
-        kv_indices,
-        part_o,
-        part_lse,
-        sm_scale=sm_scale,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        v_extend_scale=v_extend_scale,
-        # The kernels read mask bytes; a bool mask is the same bytes.
-        custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
-        mask_indptr=mask_indptr,
-    )
-    return True
+    return _Prepared(plan, plan.partial_rows, sm_scale, k_scale, v_scale, v_extend_scale, reserve)
 
 
 # (device, heads, draft length, kv dtype, head dims, max_bs) the workspace holds.

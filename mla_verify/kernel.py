@@ -73,7 +73,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from . import fp8, hopper
+from . import fp8, hopper, launcher
 from .config import COMPILE_OPTIONS, rows_per_program, value_chunk
 
 LOG2E = 1.4426950408889634
@@ -1120,7 +1120,9 @@ def launch(
     mask = custom_mask if custom_mask is not None else kv_indptr
     mask_indptr = mask_indptr if mask_indptr is not None else kv_indptr
     d_qk, d_v = plan.head_dims
-    _prefix_kernel[grid](
+    launcher.launch(
+        _prefix_kernel,
+        grid,
         q,
         k_buffer,
         v_buffer,
@@ -1205,7 +1207,9 @@ def launch_merge(
     num_heads = q.shape[1]
     d_v = v_ext.shape[-1]
     draft_mask = custom_mask is not None
-    _merge_extend_kernel[(batch_size, num_heads)](
+    launcher.launch(
+        _merge_extend_kernel,
+        (batch_size, num_heads),
         q,
         k_ext,
         v_ext,
@@ -1273,7 +1277,9 @@ def launch_merge_shares(
     head_blocks = hopper.head_blocks(num_heads, block_h)
     wide_rows = MERGE_WIDE_PIECES * l_pad
     wide_blocks = d_v // min(d_v, MERGE_SHARES_WIDE_TILE // wide_rows)
-    _merge_shares_kernel[(batch_size, num_heads, blocks)](
+    launcher.launch(
+        _merge_shares_kernel,
+        (batch_size, num_heads, blocks),
         o,
         qo_indptr,
         kv_indptr,

@@ -70,7 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from . import hopper, problem
+from . import hopper, launcher, problem
 from .config import COMPILE_OPTIONS
 from .kernel import PLAN_BLOCK
 from .kernel_sm90 import (
@@ -701,7 +701,9 @@ def launch(
         raise ValueError(f"page_size: expected a power of two, got {page_size}")
     head_blocks = hopper.head_blocks(q.shape[1], block_h)
     nope_desc, rope_desc = page_descriptors(pool)
-    _seesaw_kernel[(head_blocks, ctas)](
+    launcher.launch(
+        _seesaw_kernel,
+        (head_blocks, ctas),
         q,
         o,
         qo_indptr,

@@ -90,7 +90,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
 
-from . import fp8, hopper, problem
+from . import fp8, hopper, launcher, problem
 from .config import COMPILE_OPTIONS
 
 # Triton 3.6 names (the H200's) and their later renames (CI's Triton): a
@@ -2191,7 +2191,9 @@ def launch_prefix(
     num_heads = q.shape[1]
     head_blocks = hopper.head_blocks(num_heads, block_h)
     pages = _page_descriptors(k_buffer) if PAGED else (None, None)
-    _prefix_kernel_sm90[(head_blocks, ctas)](
+    launcher.launch(
+        _prefix_kernel_sm90,
+        (head_blocks, ctas),
         q,
         k_buffer,
         v_buffer,

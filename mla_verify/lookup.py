@@ -68,7 +68,7 @@ from pathlib import Path
 
 import torch
 
-from . import hopper, tables
+from . import hopper, prepared, tables
 from .code_hash import KERNEL_HASH, KERNEL_HASHES
 from .config import (
     HOPPER_KERNELS,
@@ -102,6 +102,7 @@ def reload_tables() -> None:
     _tables = tables.load_tables(KERNEL_HASH, KERNEL_HASHES)
     _reported.clear()
     _resolve.cache_clear()
+    prepared.clear()
 
 
 # --- lookup ---------------------------------------------------------------------

@@ -34,6 +34,16 @@ def device() -> str:
     return DEVICE
 
 
+@pytest.fixture(autouse=True)
+def _calls_prepared_afresh():
+    """Every test starts with no call signature kept (mla_verify.prepared):
+    tests that patch the planning functions must see their patch, not a plan
+    an earlier test kept."""
+    import mla_verify.prepared
+
+    mla_verify.prepared.clear()
+
+
 @pytest.fixture
 def cli_error(capsys):
     """Runs a CLI's ``main(argv)`` that must refuse its input: exit status 2,

@@ -1,0 +1,131 @@
+"""Kernel launches with Triton's per-call binding done once per signature.
+
+``fn[grid](*args, **kwargs)`` binds and specialises every argument, builds
+the compile key, looks the kernel up and checks the globals it read, on
+every call: about 20-25 us of host time a launch, where the launch proper
+takes 7-10 (RESULTS.md, "The host's cost of a call"). Engines that call
+eagerly pay that once per layer and launch.
+
+``launch`` keys a call by everything Triton's specialisation can read: each
+argument's type; the values of ints, floats, bools and None; a tensor's
+dtype and data pointer modulo 128 (Triton specialises on 16-byte
+alignment); a TMA descriptor's fields; and the keyword arguments (the
+constexprs and the launch options). The first call of a signature goes
+through Triton and keeps the compiled kernel it returns; later calls of it
+launch that kernel directly (``CompiledKernel[grid](*args)``, the launcher
+Triton's own path ends in), with every argument in the kernel's parameter
+order. The same signature always selects the same compiled kernel, so the
+kernel launched is the one Triton would have chosen.
+
+Under Triton's interpreter, with a pre-run hook on the kernel, or for an
+argument the key cannot hold, the call goes through Triton as written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+import triton
+
+# Signatures kept at most; then the cache starts again (a long-running engine
+# meets a bounded set of shapes, but nothing outside this module says so).
+MAX_SIGNATURES = 4096
+_ALIGN_MASK = 15  # Triton specialises pointers on 16-byte alignment
+
+
+class _Unkeyable(Exception):
+    """An argument the signature cannot hold: the call goes through Triton."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    kernel: object  # triton.compiler.CompiledKernel
+    tail: tuple[str, ...]  # parameters after the positional ones, in order
+    defaults: dict  # their defaults, for those the call does not pass
+
+
+_compiled: dict[tuple, _Compiled] = {}
+_descriptor_fields: dict[type, tuple[str, ...]] = {}
+
+
+def _arg_key(arg) -> object:
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() & _ALIGN_MASK)
+    kind = type(arg)
+    if arg is None or kind in (int, float, bool, str):
+        return (kind, arg)
+    if dataclasses.is_dataclass(arg) and hasattr(arg, "base"):  # a TMA descriptor
+        return (kind, _arg_key(arg.base), *(_frozen(getattr(arg, f)) for f in _fields(kind)))
+    raise _Unkeyable(kind.__name__)
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    names = _descriptor_fields.get(kind)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(kind) if f.name != "base")
+        _descriptor_fields[kind] = names
+    return names
+
+
+def _frozen(value) -> object:
+    if isinstance(value, (list, tuple)):  # torch.Size too
+        return (type(value), *(_frozen(v) for v in value))
+    hash(value)  # raises TypeError for what a key cannot hold
+    return value
+
+
+def _signature(args, kwargs) -> tuple:
+    # What the call's arguments tell Triton; () where they cannot be keyed.
+    try:
+        return (
+            tuple(_arg_key(a) for a in args),
+            tuple((name, _frozen(value)) for name, value in kwargs.items()),
+        )
+    except (_Unkeyable, TypeError):
+        return ()
+
+
+def _keep(fn, args, kwargs, kernel) -> _Compiled | None:
+    if hasattr(kernel, "result"):  # an asynchronous compile's future
+        kernel = kernel.result()
+    if kernel is None or not hasattr(kernel, "__getitem__"):
+        return None
+    params = inspect.signature(fn.fn).parameters
+    tail = tuple(fn.arg_names[len(args) :])
+    defaults = {
+        name: params[name].default
+        for name in tail
+        if name not in kwargs and params[name].default is not inspect.Parameter.empty
+    }
+    if any(name not in kwargs and name not in defaults for name in tail):
+        return None
+    return _Compiled(kernel, tail, defaults)
+
+
+def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
+    """``fn[grid](*args, **kwargs)``, with Triton's binding skipped where a
+    call of the same signature ran before (module docstring)."""
+    if not isinstance(fn, triton.runtime.JITFunction) or fn.pre_run_hooks or callable(grid):
+        fn[grid](*args, **kwargs)
+        return
+    signature = _signature(args, kwargs)
+    key = (fn, torch.cuda.current_device(), signature) if signature else None
+    compiled = _compiled.get(key) if key else None
+    if compiled is None:
+        kernel = fn[grid](*args, **kwargs)
+        if key and (kept := _keep(fn, args, kwargs, kernel)) is not None:
+            if len(_compiled) >= MAX_SIGNATURES:
+                _compiled.clear()
+            _compiled[key] = kept
+        return
+    defaults = compiled.defaults
+    rest = [kwargs[name] if name not in defaults else defaults[name] for name in compiled.tail]
+    grid3 = tuple(grid) + (1,) * (3 - len(grid))
+    compiled.kernel[grid3](*args, *rest)
+
+
+def clear() -> None:
+    """Forget every kept signature (tests; after a kernel's globals change)."""
+    _compiled.clear()
