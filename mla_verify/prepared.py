@@ -1,14 +1,16 @@
 """The host's work of a call, kept per call signature.
 
-What ``verify_mla_fwd`` derives before its launches (the gate's answer,
-the argument checks, the tuned config, the plan) reads the call's metadata
+What ``verify_mla_fwd`` and ``verify_mla_paged`` derive before their
+launches (the gate's answer, the argument checks, the tuned config, the
+plan, the paged kernel's grid) reads the call's metadata
 alone: each tensor's shape, strides, dtype and device, its data pointer's
 alignment (the plan's copies need 16 bytes), which tensors share data (V a
 view of K), the scalars, and the tables loaded. An engine repeats a few
 such signatures on every layer of every step, so the first call of a
-signature does the work and keeps its result, and later calls look it up:
-about 10 us of host time against about 100 (RESULTS.md, "The host's cost
-of a call").
+signature does the work and keeps its result, and later calls look it up.
+The work took 96-134 us of host time a call on an H100's host; the lookup
+is about an eighth of a kept call's 96 us on an H200's (RESULTS.md, "The
+host's cost of a call").
 
 A call whose signature cannot be formed (an argument that is neither a
 tensor nor a hashable scalar) takes the full path every time, as do calls
