@@ -13,18 +13,23 @@ from mla_verify.testing import check_close, make_batch, make_paged_batch
 BS, L, H = 2, 3, 4
 
 
-@pytest.fixture
-def prepares(monkeypatch):
-    """The calls that did the full host work, as (q rows, v is a view of k)."""
+def _counted(monkeypatch, module, name: str) -> list:
+    """``module.name`` replaced by a spy; returns the list of its calls."""
     calls = []
-    real = api._prepare
+    real = getattr(module, name)
 
     def spy(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(api, "_prepare", spy)
+    monkeypatch.setattr(module, name, spy)
     return calls
+
+
+@pytest.fixture
+def prepares(monkeypatch):
+    """The verify_mla_fwd calls that did the full host work."""
+    return _counted(monkeypatch, api, "_prepare")
 
 
 def _run(batch, out=None, **over):
@@ -148,14 +153,7 @@ def test_reloading_the_tables_forgets_every_signature(device, prepares):
 def test_paged_calls_keep_their_host_work(device, monkeypatch):
     """verify_mla_paged: the second call of a signature skips its host work,
     and each output matches its own reference."""
-    calls = []
-    real = paged._prepare
-
-    def spy(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(paged, "_prepare", spy)
+    calls = _counted(monkeypatch, paged, "_prepare")
     for seed in (1, 2):
         batch = make_paged_batch(H, L, [70, 5], page_size=16, device=device, seed=seed)
         check_close(batch.run(), batch.reference())
