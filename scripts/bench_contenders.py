@@ -242,6 +242,11 @@ def paged_contender(
     out4 = out.view(bs, L, H, V_DIM)
     config, source = package.resolve_config(H, L, bs, batch.k_buffer.dtype, arch)
 
+    def forced_rule(batch_size: int, rows: int) -> bool:
+        # One function for every launch: the package keeps a call's host
+        # work per rule in force (mla_verify.prepared).
+        return seesaw
+
     def make(kv_cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor):
         def launch() -> None:
             package.verify_mla_paged(
@@ -251,7 +256,7 @@ def paged_contender(
         def launch_ruled() -> None:
             paged = mla_verify.paged
             rule = paged.seesaw_shape
-            paged.seesaw_shape = lambda batch_size, rows: seesaw
+            paged.seesaw_shape = forced_rule
             try:
                 launch()
             finally:
