@@ -454,10 +454,9 @@ def verify_mla_fwd(
     if not _debug:  # the debug mode reads values on every call
         # The gate reads only whether sinks and window offsets are given;
         # plan.v_is_k_view reads whether V shares K's data.
-        scalars = tuple(options.values())[:8] + (sinks is None, window_kv_offsets is None)
-        scalars += tuple(options.values())[10:]
+        given = dict(options, sinks=sinks is None, window_kv_offsets=window_kv_offsets is None)
         key = prepared.signature(
-            tensors, scalars, same_data=((k_buffer, v_buffer), (k_extend, v_extend))
+            tensors, tuple(given.values()), same_data=((k_buffer, v_buffer), (k_extend, v_extend))
         )
     call = prepared.get(key)
     if call is None:
@@ -517,7 +516,7 @@ class _Prepared:
     the workspace reservation ``max_bs`` asks for."""
 
     plan: Plan
-    partial_rows: int
+    partial_rows: int  # plan.partial_rows, a property: computed once here
     sm_scale: float
     k_scale: float
     v_scale: float
