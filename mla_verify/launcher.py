@@ -8,7 +8,7 @@ eagerly pay that once per layer and launch.
 
 ``launch`` keys a call by everything Triton's specialisation can read: each
 argument's type; the values of ints, floats, bools and None; a tensor's
-dtype and data pointer modulo 128 (Triton specialises on 16-byte
+dtype and data pointer modulo 16 (Triton specialises on 16-byte
 alignment); a TMA descriptor's fields; and the keyword arguments (the
 constexprs and the launch options). The first call of a signature goes
 through Triton and keeps the compiled kernel it returns; later calls of it
