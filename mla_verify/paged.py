@@ -79,7 +79,7 @@ from .problem import (
     V_HEAD_DIM,
     check_range,
 )
-from .workspace import capturing, get_workspace, seesaw_grid
+from .workspace import capturing, get_workspace, seesaw_grid, seesaw_partial_rows
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
 # Prefix positions a translation program writes per step, and at most this
@@ -424,13 +424,14 @@ def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 def _seesaw_launch(q: torch.Tensor, kv_cache: torch.Tensor) -> _SeesawLaunch:
     bs, draft_len, num_heads, _ = q.shape
-    block_h, ctas = seesaw_grid(num_heads, draft_len, sm_count(q.device))
+    sms = sm_count(q.device)
+    block_h, ctas = seesaw_grid(num_heads, draft_len, sms)
     config = api._tuned_config(q, num_heads, draft_len, bs, kv_cache.dtype, MLA_HEAD_DIMS)
     return _SeesawLaunch(
         block_h,
         ctas,
         plan.min_share(config),
-        hopper.partial_rows(ctas, num_heads, draft_len, block_h),
+        seesaw_partial_rows(num_heads, draft_len, sms),  # what prepare_paged_workspace sizes
         plan.dependent_launch(q.device),
         plan.merge_column_blocks(bs, num_heads, draft_len, ctas),
     )
