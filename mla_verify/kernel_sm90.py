@@ -282,18 +282,8 @@ def _slots(KV_INDICES, first, end, layout: gl.constexpr):
     # in int32 whatever the index dtype: the producer holds two tiles'
     # slots in its 88 registers, and int64 ones spilled (20-25% slower).
     # A pool has fewer than 2^31 rows (the gate checks).
-    # The tile's pointer plus each row's place in it: the places are the
-    # same every tile, so each row's load takes them as a constant offset.
-    rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-    slots = gl.load(KV_INDICES + first + rows, mask=rows < end - first, other=0)
-    return slots.to(gl.int32)
-
-
-@gluon.jit
-def _wide(x):
-    # A non-negative integer in 64 bits; an int32 zero-extended, so that
-    # the product of two is one unsigned 32 x 32 -> 64-bit multiply.
-    return x.to(gl.uint32).to(gl.uint64) if x.dtype == gl.int32 else x.to(gl.uint64)
+    offs = _tokens(first, layout)
+    return gl.load(KV_INDICES + offs, mask=offs < end, other=0).to(gl.int32)
 
 
 @gluon.jit
@@ -301,10 +291,7 @@ def _gather(dst, BASE, rows, mask, stride_row, col0, WIDTH: gl.constexpr, layout
     # One cp.async per buffer: 64 latent rows (scattered), columns
     # col0 .. col0 + WIDTH; masked rows are zero-filled.
     cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-    # Slots are below 2^31 (the gate checks) and not negative: their
-    # offsets by an unsigned multiply a row, not a signed 64-bit one.
-    offs = _wide(rows)[:, None] * _wide(stride_row)
-    ptrs = BASE + offs + cols[None, :]
+    ptrs = BASE + rows.to(gl.int64)[:, None] * stride_row + cols[None, :]
     _cp_async(dst, ptrs, mask=mask[:, None])
 
 
