@@ -50,11 +50,14 @@ _compiled: dict[tuple, _Compiled] = {}
 _descriptor_fields: dict[type, tuple[str, ...]] = {}
 
 
+_PLAIN = frozenset((int, float, bool, str, type(None)))
+
+
 def _arg_key(arg) -> object:
-    if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() & _ALIGN_MASK)
     kind = type(arg)
-    if arg is None or kind in (int, float, bool, str):
+    if kind is torch.Tensor or isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() & _ALIGN_MASK)
+    if kind in _PLAIN:
         return (kind, arg)
     if dataclasses.is_dataclass(arg) and hasattr(arg, "base"):  # a TMA descriptor
         return (kind, _arg_key(arg.base), *(_frozen(getattr(arg, f)) for f in _fields(kind)))
@@ -78,13 +81,14 @@ def _frozen(value) -> object:
 
 def _signature(args, kwargs) -> tuple:
     # What the call's arguments tell Triton; () where they cannot be keyed.
+    # The keywords are constexprs and options, plain values: kept as given
+    # with their types (True is 1 to a dict, not to Triton); one that cannot
+    # be hashed fails the lookup.
     try:
-        return (
-            tuple(_arg_key(a) for a in args),
-            tuple((name, _frozen(value)) for name, value in kwargs.items()),
-        )
+        keys = tuple(map(_arg_key, args))
     except (_Unkeyable, TypeError):
         return ()
+    return (keys, tuple(kwargs.items()), tuple(map(type, kwargs.values())))
 
 
 def _keep(fn, args, kwargs, kernel) -> _Compiled | None:
@@ -112,7 +116,10 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
         return
     signature = _signature(args, kwargs)
     key = (fn, torch.cuda.current_device(), signature) if signature else None
-    compiled = _compiled.get(key) if key else None
+    try:
+        compiled = _compiled.get(key) if key else None
+    except TypeError:  # an unhashable keyword value
+        compiled = key = None
     if compiled is None:
         kernel = fn[grid](*args, **kwargs)
         if key and (kept := _keep(fn, args, kwargs, kernel)) is not None:

@@ -43,6 +43,7 @@ def test_signature_tells_apart_what_triton_specialises_on():
         _key(x, 16, 2.5, BLOCK=64),
         _key(x, True, 1.5, BLOCK=64),  # True == 1 in Python, not to Triton
         _key(x, 16, 1.5, BLOCK=32),
+        _key(x, 16, 1.5, BLOCK=64.0),  # a constexpr's type counts too
         _key(x, 16, 1.5, BLOCK=64, num_warps=8),
     ]
     keys = {_key(x, 16, 1.5, BLOCK=64), *others}
@@ -58,8 +59,12 @@ def test_signature_reads_a_descriptors_fields():
 
 
 def test_arguments_it_cannot_key_have_no_signature():
+    """A list among the arguments leaves the call without a signature; an
+    unhashable keyword value makes one no lookup can hash: either way the
+    launch goes through Triton."""
     assert _key(torch.zeros(4), [1, 2]) == ()
-    assert _key(torch.zeros(4), BLOCK={64: 1}) == ()
+    with pytest.raises(TypeError):
+        hash(_key(torch.zeros(4), BLOCK={64: 1}))
 
 
 def test_passes_through_where_it_keeps_nothing(device):
