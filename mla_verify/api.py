@@ -22,11 +22,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from . import kernel, prepared
+from . import kernel, launcher, prepared
 from .config import VerifyConfig, default_config
 from .device import current_arch
 from .lookup import block_config
@@ -481,27 +481,29 @@ def verify_mla_fwd(
             mask_indptr,
         )
     part_o, part_lse = get_workspace(device).views(call.partial_rows, plan.head_dims[1])
-    kernel.launch(
-        plan,
-        q_extend,
-        k_extend,
-        v_extend,
-        o_extend,
-        k_buffer,
-        v_buffer,
-        qo_indptr,
-        kv_indptr,
-        kv_indices,
-        part_o,
-        part_lse,
-        sm_scale=call.sm_scale,
-        k_scale=call.k_scale,
-        v_scale=call.v_scale,
-        v_extend_scale=call.v_extend_scale,
-        # The kernels read mask bytes; a bool mask is the same bytes.
-        custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
-        mask_indptr=mask_indptr,
-    )
+    # The kernels this signature launched the first time (launcher.Recording).
+    with launcher.replayed(call.launches):
+        kernel.launch(
+            plan,
+            q_extend,
+            k_extend,
+            v_extend,
+            o_extend,
+            k_buffer,
+            v_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            part_o,
+            part_lse,
+            sm_scale=call.sm_scale,
+            k_scale=call.k_scale,
+            v_scale=call.v_scale,
+            v_extend_scale=call.v_extend_scale,
+            # The kernels read mask bytes; a bool mask is the same bytes.
+            custom_mask=None if custom_mask is None else custom_mask.view(torch.uint8),
+            mask_indptr=mask_indptr,
+        )
     return True
 
 
@@ -522,6 +524,7 @@ class _Prepared:
     v_scale: float
     v_extend_scale: float
     reserve: tuple | None
+    launches: launcher.Recording = field(default_factory=launcher.Recording, compare=False)
 
 
 def _prepare(

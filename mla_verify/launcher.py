@@ -19,12 +19,23 @@ kernel launched is the one Triton would have chosen.
 
 Under Triton's interpreter, with a pre-run hook on the kernel, or for an
 argument the key cannot hold, the call goes through Triton as written.
+
+A kept call (``prepared``) launches the same kernels with the same
+signatures every time: its signature fixes every tensor's dtype and
+alignment, every int the launches pass and their keywords (the workspace's
+views start 16-byte aligned, ``workspace.py``). So ``Recording`` keeps the
+kernels the call launched the first time, in order, and while it is
+``replayed`` the call's launches take them without forming a signature
+(8-10 us a launch). A launch that is not the recorded one, an argument the
+signature could not hold, an error or ``clear`` each drop the recording:
+the next call records again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 
 import torch
 import triton
@@ -108,12 +119,103 @@ def _keep(fn, args, kwargs, kernel) -> _Compiled | None:
     return _Compiled(kernel, tail, defaults)
 
 
+class Recording:
+    """The kernels one kept call launched, in order, and the device and
+    ``clear`` generation they were kept under (module docstring)."""
+
+    __slots__ = ("kernels", "device", "generation")
+
+    def __init__(self) -> None:
+        self.kernels: tuple[tuple[object, _Compiled], ...] | None = None
+        self.device = -1
+        self.generation = -1
+
+
+class _Replay:
+    """The launches of a call under way: the recording's kernels to take
+    in order, or the ones it launches, to record."""
+
+    __slots__ = ("recording", "kernels", "launched", "next")
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        kernels = recording.kernels
+        if kernels is not None and (
+            recording.generation != _generation or recording.device != torch.cuda.current_device()
+        ):
+            kernels = None
+        self.kernels = kernels
+        self.launched: list | None = [] if self.kernels is None else None
+        self.next = 0
+
+    def take(self, fn) -> _Compiled | None:
+        # The recorded kernel of this launch, or None (then nothing more is
+        # taken or recorded this call, and the recording is dropped).
+        kernels, i = self.kernels, self.next
+        self.next = i + 1
+        if i < len(kernels) and kernels[i][0] is fn:
+            return kernels[i][1]
+        self.kernels = self.recording.kernels = None
+        return None
+
+
+_generation = 0  # clear() moves it: recordings made before are not replayed
+_calls = threading.local()  # .replays: the calls under way, innermost last
+
+
+class replayed:
+    """``with replayed(recording):`` the launches inside take the kernels
+    ``recording`` holds, or are recorded into it (module docstring)."""
+
+    __slots__ = ("replay",)
+
+    def __init__(self, recording: Recording) -> None:
+        self.replay = _Replay(recording)
+
+    def __enter__(self) -> None:
+        stack = getattr(_calls, "replays", None)
+        if stack is None:
+            stack = _calls.replays = []
+        stack.append(self.replay)
+
+    def __exit__(self, kind, value, traceback) -> None:
+        _calls.replays.pop()
+        replay = self.replay
+        recording = replay.recording
+        if kind is not None:
+            recording.kernels = None
+        elif replay.launched is not None and None not in replay.launched:
+            # Complete: every launch was keyed, so CUDA is there.
+            recording.kernels = tuple(replay.launched)
+            recording.device = torch.cuda.current_device()
+            recording.generation = _generation
+
+
+def _replay() -> _Replay | None:
+    stack = getattr(_calls, "replays", None)
+    return stack[-1] if stack else None
+
+
 def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)``, with Triton's binding skipped where a
-    call of the same signature ran before (module docstring)."""
+    call of the same signature ran before, and the signature too where a
+    recording is replayed (module docstring)."""
+    replay = _replay()
+    if replay is not None and replay.kernels is not None:
+        compiled = replay.take(fn)
+        if compiled is not None:
+            _launch_kept(compiled, grid, args, kwargs)
+            return
+    compiled = _launch(fn, grid, args, kwargs)
+    if replay is not None and replay.launched is not None:
+        replay.launched.append(None if compiled is None else (fn, compiled))
+
+
+def _launch(fn, grid, args, kwargs) -> _Compiled | None:
+    # The keyed launch; returns the kernel kept for its signature, if any.
     if not isinstance(fn, triton.runtime.JITFunction) or fn.pre_run_hooks or callable(grid):
         fn[grid](*args, **kwargs)
-        return
+        return None
     signature = _signature(args, kwargs)
     key = (fn, torch.cuda.current_device(), signature) if signature else None
     try:
@@ -126,7 +228,13 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
             if len(_compiled) >= MAX_SIGNATURES:
                 _compiled.clear()
             _compiled[key] = kept
-        return
+            return kept
+        return None
+    _launch_kept(compiled, grid, args, kwargs)
+    return compiled
+
+
+def _launch_kept(compiled: _Compiled, grid, args, kwargs) -> None:
     defaults = compiled.defaults
     rest = [kwargs[name] if name not in defaults else defaults[name] for name in compiled.tail]
     grid3 = tuple(grid) + (1,) * (3 - len(grid))
@@ -134,5 +242,8 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
 
 
 def clear() -> None:
-    """Forget every kept signature (tests; after a kernel's globals change)."""
+    """Forget every kept signature and recording (tests; after a kernel's
+    globals change)."""
+    global _generation
     _compiled.clear()
+    _generation += 1

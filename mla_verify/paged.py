@@ -54,7 +54,7 @@ again per sequence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -260,35 +260,38 @@ def paged_forward(
     if out is None:
         out = q.new_empty(bs, draft_len, num_heads, V_HEAD_DIM)
     views = get_workspace(q.device).paged_views(bs, draft_len, call.max_tokens, q.dtype)
-    launcher.launch(
-        _translate_kernel,
-        (call.num_chunks, bs),
-        kv_cache,
-        block_table,
-        cache_seqlens,
-        views.qo_indptr,
-        views.kv_indptr,
-        views.kv_indices,
-        views.k_extend,
-        call.slots_per_block * call.slot_stride,
-        call.slot_stride,
-        call.slots_per_block,
-        block_table.stride(0),
-        call.max_tokens,
-        call.num_chunks,
-        DRAFT_LEN=draft_len,
-        PAGE_SIZE=kv_cache.shape[1],
-        BLOCK_P=BLOCK_P,
-        BLOCK_B=BLOCK_B,
-        D_NOPE=V_HEAD_DIM,
-        D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
-        INDICES=call.seesaw is None,
-        num_warps=4,
-        **COMPILE_OPTIONS,
-    )
-    if call.seesaw is not None:
-        _seesaw_forward(q, kv_cache, block_table, out, views, call)
-        return out
+    # The kernels this signature launched the first time (launcher.Recording);
+    # verify_mla_fwd below keeps its own.
+    with launcher.replayed(call.launches):
+        launcher.launch(
+            _translate_kernel,
+            (call.num_chunks, bs),
+            kv_cache,
+            block_table,
+            cache_seqlens,
+            views.qo_indptr,
+            views.kv_indptr,
+            views.kv_indices,
+            views.k_extend,
+            call.slots_per_block * call.slot_stride,
+            call.slot_stride,
+            call.slots_per_block,
+            block_table.stride(0),
+            call.max_tokens,
+            call.num_chunks,
+            DRAFT_LEN=draft_len,
+            PAGE_SIZE=kv_cache.shape[1],
+            BLOCK_P=BLOCK_P,
+            BLOCK_B=BLOCK_B,
+            D_NOPE=V_HEAD_DIM,
+            D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
+            INDICES=call.seesaw is None,
+            num_warps=4,
+            **COMPILE_OPTIONS,
+        )
+        if call.seesaw is not None:
+            _seesaw_forward(q, kv_cache, block_table, out, views, call)
+            return out
     k_buffer = token_pool(kv_cache)
     wrote = verify_mla_fwd(
         q.view(bs * draft_len, num_heads, QK_HEAD_DIM),
@@ -340,6 +343,7 @@ class _PagedCall:
     slot_stride: int
     slots_per_block: int
     seesaw: _SeesawLaunch | None
+    launches: launcher.Recording = field(default_factory=launcher.Recording, compare=False)
 
 
 def _prepare(

@@ -100,3 +100,130 @@ def test_gpu_kept_signatures_launch_the_kernel_triton_picks(monkeypatch):
             torch.testing.assert_close(y[:n], x * 0.5, rtol=0, atol=0)
             assert bool(y[n:].isnan().all())  # nothing written past n
     assert len(through_triton) == len(cases)
+
+
+class _FakeKernel:
+    """Stands for a kept kernel: the launch functions the tests replace
+    record which path a launch took instead of launching."""
+
+
+def _fake_launches(monkeypatch) -> dict[str, list]:
+    """launcher's keyed path and kept-kernel path replaced by recorders: the
+    keyed one keeps a fake kernel per function, as a first launch does."""
+    taken = {"keyed": [], "kept": []}
+    kept = {}
+
+    def keyed(fn, grid, args, kwargs):
+        taken["keyed"].append(fn)
+        return kept.setdefault(fn, launcher._Compiled(_FakeKernel(), (), {}))
+
+    def launch_kept(compiled, grid, args, kwargs):
+        taken["kept"].append(compiled)
+
+    monkeypatch.setattr(launcher, "_launch", keyed)
+    monkeypatch.setattr(launcher, "_launch_kept", launch_kept)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    return taken
+
+
+def _call(recording, *fns):
+    with launcher.replayed(recording):
+        for fn in fns:
+            launcher.launch(fn, (1,))
+
+
+def test_a_recording_replays_its_launches_in_order(monkeypatch):
+    """The first call's launches are keyed and recorded; the second's take
+    the recorded kernels without forming a signature."""
+    taken = _fake_launches(monkeypatch)
+    recording = launcher.Recording()
+    _call(recording, "stage1", "stage2")
+    assert taken["keyed"] == ["stage1", "stage2"] and taken["kept"] == []
+    _call(recording, "stage1", "stage2")
+    assert taken["keyed"] == ["stage1", "stage2"]
+    assert taken["kept"] == [compiled for _, compiled in recording.kernels]
+    assert [fn for fn, _ in recording.kernels] == ["stage1", "stage2"]
+
+
+def test_a_launch_not_recorded_drops_the_recording(monkeypatch):
+    """Another kernel where the recording has one: that launch and the rest
+    are keyed, and the next call records again."""
+    taken = _fake_launches(monkeypatch)
+    recording = launcher.Recording()
+    _call(recording, "stage1", "stage2")
+    _call(recording, "stage1", "other", "stage2")
+    assert taken["keyed"] == ["stage1", "stage2", "other", "stage2"]
+    assert recording.kernels is None
+    _call(recording, "stage1", "other", "stage2")  # records the new order
+    _call(recording, "stage1", "other", "stage2")
+    assert len(taken["keyed"]) == 7 and len(taken["kept"]) == 1 + 3
+
+
+def test_errors_clear_and_other_devices_drop_a_recording(monkeypatch):
+    taken = _fake_launches(monkeypatch)
+    recording = launcher.Recording()
+    with pytest.raises(RuntimeError), launcher.replayed(recording):
+        launcher.launch("stage1", (1,))
+        raise RuntimeError("a call that fails after its first launch")
+    assert recording.kernels is None  # an unfinished call records nothing
+    _call(recording, "stage1")
+    launcher.clear()
+    _call(recording, "stage1")  # recorded before clear(): keyed again
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    _call(recording, "stage1")  # recorded on device 0: keyed again
+    assert taken["keyed"] == ["stage1"] * 4 and taken["kept"] == []
+
+
+def test_a_launch_without_a_kept_kernel_is_never_replayed(monkeypatch):
+    """A launch that went through Triton as written (the interpreter, an
+    argument no signature holds) leaves the recording incomplete."""
+    taken = _fake_launches(monkeypatch)
+    monkeypatch.setattr(launcher, "_launch", lambda fn, *_: taken["keyed"].append(fn))
+    recording = launcher.Recording()
+    for _ in range(2):
+        _call(recording, "stage1")
+    assert recording.kernels is None and taken["keyed"] == ["stage1"] * 2
+
+
+def test_nested_calls_keep_their_own_recordings(monkeypatch):
+    """A paged call's translation, then verify_mla_fwd inside it: each call's
+    launches go to its own recording."""
+    taken = _fake_launches(monkeypatch)
+    outer, inner = launcher.Recording(), launcher.Recording()
+    for _ in range(2):
+        with launcher.replayed(outer):
+            launcher.launch("translate", (1,))
+            _call(inner, "stage1", "stage2")
+    assert [fn for fn, _ in outer.kernels] == ["translate"]
+    assert [fn for fn, _ in inner.kernels] == ["stage1", "stage2"]
+    assert taken["keyed"] == ["translate", "stage1", "stage2"] and len(taken["kept"]) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])  # the translated call; the seesaw kernel's
+def test_gpu_replayed_calls_compute_their_own_inputs(monkeypatch, heads):
+    """verify_mla_fwd and verify_mla_paged called again with new values: only
+    the first call of each forms launch signatures, and every output matches
+    its own reference."""
+    from mla_verify.testing import check_close, make_batch, make_paged_batch
+
+    launcher.clear()
+    signatures = []
+    real = launcher._signature
+    monkeypatch.setattr(launcher, "_signature", lambda *a: signatures.append(a) or real(*a))
+    makers = [
+        lambda seed: make_batch(heads, 2, [300, 70, 1000, 0], device="cuda", seed=seed),
+        lambda seed: make_paged_batch(
+            heads, 2, [300, 70, 1000, 0], page_size=64, device="cuda", seed=seed
+        ),
+    ]
+    for make in makers:
+        first = None
+        for seed in range(3):
+            batch = make(seed)
+            out = batch.new_output()
+            batch.run(out)
+            check_close(out, batch.reference())
+            first = len(signatures) if first is None else first
+        assert first > 0 and len(signatures) == first
+        signatures.clear()
