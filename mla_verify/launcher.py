@@ -25,10 +25,11 @@ signatures every time: its signature fixes every tensor's dtype and
 alignment, every int the launches pass and their keywords (the workspace's
 views start 16-byte aligned, ``workspace.py``). So ``Recording`` keeps the
 kernels the call launched the first time, in order, and while it is
-``replayed`` the call's launches take them without forming a signature
-(8-10 us a launch). A launch that is not the recorded one, an argument the
-signature could not hold, an error or ``clear`` each drop the recording:
-the next call records again.
+``replayed`` the call's launches take them without forming a signature:
+a kept call's host time 1.32-1.43x less (RESULTS.md, "A kept call's
+launches replayed"). A launch that is not the recorded one, an argument
+the signature could not hold, an error, another current device or
+``clear`` each drop the recording: the next call records again.
 """
 
 from __future__ import annotations
