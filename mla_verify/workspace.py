@@ -38,6 +38,8 @@ from .problem import (
 
 logger = logging.getLogger(__name__)
 
+MAX_KEPT_VIEWS = 256  # call shapes whose views a workspace keeps; then it starts again
+
 
 class Workspace:
     """fp32 buffers for the per-split partial outputs and log-sum-exps, and
@@ -51,6 +53,9 @@ class Workspace:
         self.paged_drafts = torch.empty(0, dtype=torch.uint8, device=device)
         self._used_in_capture = False
         self._kept_for_graphs: list[torch.Tensor] = []
+        # The views each call shape took, kept while the buffers last:
+        # slicing them again cost a paged call 10-20 us of host time.
+        self._views: dict[tuple, object] = {}
 
     @property
     def nbytes(self) -> int:
@@ -70,17 +75,32 @@ class Workspace:
         )
         rows = max(rows, self.part_lse.numel())
         n_o = max(rows * v_dim, self.part_o.numel())
+        self._forget_views("partials")
         self.part_o = torch.empty(n_o, dtype=torch.float32, device=self.device)
         self.part_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
         logger.debug("workspace on %s grown to %.1f MB", self.device, self.nbytes / 1e6)
 
     def views(self, rows: int, v_dim: int = V_HEAD_DIM) -> tuple[torch.Tensor, torch.Tensor]:
         """part_o and part_lse for ``rows`` partial rows of ``v_dim`` values."""
-        n_o, n_lse = workspace_numel(rows, v_dim)
-        self.reserve(n_lse, v_dim)
         if capturing(self.device):
             self._used_in_capture = True
-        return self.part_o[:n_o], self.part_lse[:n_lse]
+        key = ("partials", rows, v_dim)
+        views = self._views.get(key)
+        if views is None:
+            n_o, n_lse = workspace_numel(rows, v_dim)
+            self.reserve(n_lse, v_dim)  # may clear the kept views: kept after
+            views = self._keep_views(key, (self.part_o[:n_o], self.part_lse[:n_lse]))
+        return views
+
+    def _forget_views(self, kind: str) -> None:
+        # The buffers of ``kind`` are replaced: their views go with them.
+        self._views = {key: views for key, views in self._views.items() if key[0] != kind}
+
+    def _keep_views(self, key: tuple, views):
+        if len(self._views) >= MAX_KEPT_VIEWS:
+            self._views.clear()
+        self._views[key] = views
+        return views
 
     def reserve_paged(self, index_numel: int, draft_bytes: int) -> None:
         """Make room for a paged call's translation (``paged_numel``)."""
@@ -95,6 +115,7 @@ class Workspace:
         )
         index_numel = max(index_numel, self.paged_index.numel())
         draft_bytes = max(draft_bytes, self.paged_drafts.numel())
+        self._forget_views("paged")
         self.paged_index = torch.empty(index_numel, dtype=torch.int32, device=self.device)
         self.paged_drafts = torch.empty(draft_bytes, dtype=torch.uint8, device=self.device)
         logger.debug("workspace on %s grown to %.1f MB", self.device, self.nbytes / 1e6)
@@ -118,22 +139,27 @@ class Workspace:
         buffers: kv_indices first, then the two indptrs (each 16-byte
         aligned, so the kernels' pointer specialisation never changes); the
         drafts' K rows in ``dtype``, V their view."""
-        index_numel, draft_bytes = paged_numel(batch_size, draft_len, max_tokens)
-        self.reserve_paged(index_numel, draft_bytes)
         if capturing(self.device):
             self._used_in_capture = True
+        key = ("paged", batch_size, draft_len, max_tokens, dtype)
+        views = self._views.get(key)
+        if views is not None:
+            return views
+        index_numel, draft_bytes = paged_numel(batch_size, draft_len, max_tokens)
+        self.reserve_paged(index_numel, draft_bytes)  # may clear the kept views: kept after
         qo_start = _round_up(batch_size * max_tokens, 4)
         kv_start = qo_start + _round_up(batch_size + 1, 4)
         rows = batch_size * draft_len
         k_bytes = rows * QK_HEAD_DIM * dtype.itemsize
         k_extend = self.paged_drafts[:k_bytes].view(dtype).view(rows, 1, QK_HEAD_DIM)
-        return PagedViews(
+        views = PagedViews(
             kv_indices=self.paged_index[: batch_size * max_tokens],
             qo_indptr=self.paged_index[qo_start : qo_start + batch_size + 1],
             kv_indptr=self.paged_index[kv_start : kv_start + batch_size + 1],
             k_extend=k_extend,
             v_extend=k_extend[..., :V_HEAD_DIM],
         )
+        return self._keep_views(key, views)
 
 
 @dataclass(frozen=True)

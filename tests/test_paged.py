@@ -131,6 +131,23 @@ def test_translation_matches_the_host(kv, device):
     assert views.v_extend.shape == (len(rows), 1, 512)
 
 
+def test_workspace_views_are_kept_while_their_buffers_last(device):
+    """A call shape's views are the same tensors on every call until the
+    buffers grow; then they are carved from the new buffers."""
+    ws = workspace.Workspace(torch.device(device))
+    paged = ws.paged_views(2, L, 64, torch.bfloat16)
+    partials = ws.views(100)
+    assert ws.paged_views(2, L, 64, torch.bfloat16) is paged
+    assert ws.views(100) is partials
+    assert ws.paged_views(2, L, 32, torch.bfloat16) is not paged  # another shape
+    ws.paged_views(40, L, 4096, torch.bfloat16)  # grows the paged buffers
+    ws.views(10**5)  # grows the partials
+    again = ws.paged_views(2, L, 64, torch.bfloat16)
+    assert again.kv_indices.data_ptr() == ws.paged_index.data_ptr() != paged.kv_indices.data_ptr()
+    assert again.k_extend.data_ptr() == ws.paged_drafts.data_ptr()
+    assert ws.views(100)[0].data_ptr() == ws.part_o.data_ptr() != partials[0].data_ptr()
+
+
 def test_prepared_workspace_is_used_under_capture(monkeypatch, device):
     """With the workspace prepared, a call under (simulated) capture grows
     nothing; without room it raises, naming prepare_paged_workspace."""
