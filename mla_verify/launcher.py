@@ -204,7 +204,7 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
     replay = _replay()
     if replay is not None and replay.kernels is not None:
         compiled = replay.take(fn)
-        if compiled is not None:
+        if compiled is not None and not getattr(fn, "pre_run_hooks", None):
             _launch_kept(compiled, grid, args, kwargs)
             return
     compiled = _launch(fn, grid, args, kwargs)
