@@ -7,6 +7,7 @@ the lengths change."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -146,6 +147,21 @@ def test_workspace_views_are_kept_while_their_buffers_last(device):
     assert again.kv_indices.data_ptr() == ws.paged_index.data_ptr() != paged.kv_indices.data_ptr()
     assert again.k_extend.data_ptr() == ws.paged_drafts.data_ptr()
     assert ws.views(100)[0].data_ptr() == ws.part_o.data_ptr() != partials[0].data_ptr()
+
+
+def test_workspace_views_start_16_byte_aligned(device):
+    """Every view a call takes from the workspace starts 16-byte aligned,
+    whatever the batch: Triton specialises pointers on it, and a kept
+    call's replayed launches (launcher.Recording) rest on it not changing."""
+    ws = workspace.Workspace(torch.device(device))
+    for batch_size in range(1, 9):
+        for draft_len in (1, 2, 3, 5):
+            for max_tokens in (1, 16, 33, 64):
+                for dtype in (torch.bfloat16, torch.float16):
+                    views = ws.paged_views(batch_size, draft_len, max_tokens, dtype)
+                    tensors = [getattr(views, f.name) for f in dataclasses.fields(views)]
+                    tensors += ws.views(batch_size * draft_len * 7 + max_tokens)
+                    assert all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def test_prepared_workspace_is_used_under_capture(monkeypatch, device):
