@@ -41,9 +41,17 @@ def test_paired_takes_turns_and_reports_medians(monkeypatch):
     assert result.ratio == pytest.approx(2.0)  # pairs 2.0, 4.0, 1.0
 
 
-def test_paired_without_a_revision_times_this_tree_alone():
-    result = bench_host.paired(lambda: None, None, repeats=3, calls=2, hold=_no_hold)
-    assert result.other_us is None and result.ratio is None and result.this_us > 0
+def test_paired_without_a_revision_times_this_tree_alone(monkeypatch):
+    timed = []
+
+    def fake_host_us(call, calls, hold):
+        timed.append(call())
+        return 5.0
+
+    monkeypatch.setattr(bench_host, "host_us", fake_host_us)
+    result = bench_host.paired(lambda: "this", None, repeats=3, calls=2, hold=_no_hold)
+    assert timed == ["this"] * 3
+    assert (result.this_us, result.other_us, result.ratio) == (5.0, None, None)
 
 
 def test_calls_of_a_paged_shape_give_each_package_both_entry_points():
