@@ -73,6 +73,19 @@ class VerifyBatch:
         which may not know ``v_extend_scale``: passed only where not 1."""
         drafts = {} if self.v_extend_scale == 1.0 else {"v_extend_scale": self.v_extend_scale}
         return fwd(
+            *self.sglang_args(o),
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            sm_scale=self.sm_scale,
+            skip_prefix_custom_mask=self.skip_prefix_custom_mask,
+            config=config,
+            **drafts,
+        )
+
+    def sglang_args(self, o: torch.Tensor) -> tuple:
+        """``verify_mla_fwd``'s positional arguments as SGLang passes them
+        for this batch, writing ``o`` (is_causal True)."""
+        return (
             self.q,
             self.k_extend,
             self.v_extend,
@@ -86,12 +99,6 @@ class VerifyBatch:
             True,
             self.mask_indptr,
             self.draft_len,
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
-            sm_scale=self.sm_scale,
-            skip_prefix_custom_mask=self.skip_prefix_custom_mask,
-            config=config,
-            **drafts,
         )
 
     def reference(self) -> torch.Tensor:

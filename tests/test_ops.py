@@ -17,24 +17,6 @@ def _paged_args(batch):
     return (batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens)
 
 
-def _sglang_args(batch, out):
-    return (
-        batch.q,
-        batch.k_extend,
-        batch.v_extend,
-        out,
-        batch.k_buffer,
-        batch.v_buffer,
-        batch.qo_indptr,
-        batch.kv_indptr,
-        batch.kv_indices,
-        None,
-        True,
-        None,
-        batch.draft_len,
-    )
-
-
 def test_ops_are_registered_at_import():
     schemas = {
         name: str(getattr(torch.ops.mla_verify, name).default._schema)
@@ -72,7 +54,7 @@ def test_opcheck_paged(device):
 def test_opcheck_verify_mla_fwd(device):
     batch = make_batch(H, L, [5, 0], seed=21, device=device)
     torch.library.opcheck(
-        torch.ops.mla_verify.verify_mla_fwd.default, _sglang_args(batch, batch.new_output())
+        torch.ops.mla_verify.verify_mla_fwd.default, batch.sglang_args(batch.new_output())
     )
 
 
@@ -89,8 +71,7 @@ def test_opcheck_verify_mla_fwd_tree_ragged(device):
         seed=26,
         device=device,
     )
-    args = list(_sglang_args(batch, batch.new_output()))
-    args[9], args[11] = batch.custom_mask, batch.mask_indptr
+    args = list(batch.sglang_args(batch.new_output()))  # the tree mask and its indptr
     out = args[3]
     torch.library.opcheck(
         torch.ops.mla_verify.verify_mla_fwd.default,
@@ -135,7 +116,7 @@ def test_compiled_sglang_call_equals_eager(device):
         wrote = ops.verify_mla_fwd(args[0], *args[1:3], o, *args[3:], sm_scale=batch.sm_scale)
         return o.float() * 2 if wrote else None
 
-    args = _sglang_args(batch, None)
+    args = batch.sglang_args(None)
     rest = (args[0], args[1], args[2], *args[4:])
     eager_o, compiled_o = batch.new_output(), batch.new_output()
     eager = step(eager_o, *rest)
@@ -149,7 +130,7 @@ def test_refused_call_falls_back_when_compiled():
     batch = make_batch(H, L, [9, 0], seed=24)
 
     def step(o):
-        args = _sglang_args(batch, o)
+        args = batch.sglang_args(o)
         return ops.verify_mla_fwd(*args, sliding_window_size=64)
 
     o = batch.new_output()
@@ -160,7 +141,7 @@ def test_refused_call_falls_back_when_compiled():
 
 def test_raw_op_refuses_what_the_gate_refuses():
     batch = make_batch(H, L, [9, 0], seed=25)
-    args = list(_sglang_args(batch, batch.new_output()))
+    args = list(batch.sglang_args(batch.new_output()))
     args[10] = False  # not causal
     with pytest.raises(ValueError, match="can_handle"):
         torch.ops.mla_verify.verify_mla_fwd(*args)

@@ -34,25 +34,7 @@ def prepares(monkeypatch):
 
 def _run(batch, out=None, **over):
     out = batch.new_output() if out is None else out
-    return batch.run(out) if not over else verify_mla_fwd(*_args(batch, out), **over), out
-
-
-def _args(batch, out):
-    return (
-        batch.q,
-        batch.k_extend,
-        batch.v_extend,
-        out,
-        batch.k_buffer,
-        batch.v_buffer,
-        batch.qo_indptr,
-        batch.kv_indptr,
-        batch.kv_indices,
-        batch.custom_mask,
-        True,
-        batch.mask_indptr,
-        batch.draft_len,
-    )
+    return batch.run(out) if not over else verify_mla_fwd(*batch.sglang_args(out), **over), out
 
 
 def test_second_call_of_a_signature_skips_the_host_work(device, prepares):
@@ -103,7 +85,7 @@ def test_a_refusal_is_kept(device, prepares):
     batch = make_batch(H, L, [10, 5], device=device)
     for _ in range(2):
         out = batch.new_output()
-        assert verify_mla_fwd(*_args(batch, out), logit_cap=30.0) is False
+        assert verify_mla_fwd(*batch.sglang_args(out), logit_cap=30.0) is False
         assert bool(out.isnan().all())
     assert len(prepares) == 1
 
@@ -113,7 +95,7 @@ def test_an_error_is_raised_again(device, prepares):
     wrong = torch.empty(BS * L, H, 500, dtype=batch.q.dtype, device=batch.q.device)
     for _ in range(2):
         with pytest.raises(ValueError, match="o_extend.shape"):
-            verify_mla_fwd(*_args(batch, wrong))
+            verify_mla_fwd(*batch.sglang_args(wrong))
     assert len(prepares) == 2
 
 
@@ -135,7 +117,7 @@ def test_arguments_that_cannot_be_keyed_take_the_full_path(device, prepares):
     batch = make_batch(H, L, [10, 5], device=device)
     for _ in range(2):
         out = batch.new_output()
-        args = list(_args(batch, out))
+        args = list(batch.sglang_args(out))
         args[9] = [True] * 18  # custom_mask
         args[11] = batch.qo_indptr  # mask_indptr
         assert verify_mla_fwd(*args) is False
