@@ -450,11 +450,23 @@ def verify_mla_fwd(
         page_size=page_size,
         v_extend_scale=v_extend_scale,
     )
+    return run_prepared(kept_call(tensors, options), tensors)
+
+
+def kept_call(tensors: tuple, options: dict) -> _Refused | _Prepared:
+    """The host work of a ``verify_mla_fwd`` call (its ``tensors`` in
+    ``_prepare``'s order, its other arguments ``options``): kept for its
+    signature (``prepared``), or done now."""
     key = None
     if not _debug:  # the debug mode reads values on every call
         # The gate reads only whether sinks and window offsets are given;
         # plan.v_is_k_view reads whether V shares K's data.
-        given = dict(options, sinks=sinks is None, window_kv_offsets=window_kv_offsets is None)
+        given = dict(
+            options,
+            sinks=options["sinks"] is None,
+            window_kv_offsets=options["window_kv_offsets"] is None,
+        )
+        _, k_extend, v_extend, _, k_buffer, v_buffer = tensors[:6]
         key = prepared.signature(
             tensors, tuple(given.values()), same_data=((k_buffer, v_buffer), (k_extend, v_extend))
         )
@@ -462,9 +474,19 @@ def verify_mla_fwd(
     if call is None:
         call = _prepare(*tensors, **options)
         prepared.keep(key, call)
+    return call
+
+
+def run_prepared(call: _Refused | _Prepared, tensors: tuple) -> bool:
+    """``verify_mla_fwd``'s launches, with its host work ``call`` done
+    before (``kept_call``) for ``tensors`` (in ``_prepare``'s order) of
+    these very shapes, strides, dtypes, devices and alignments: False
+    where it refused."""
     if isinstance(call, _Refused):
         logger.debug("verify_mla_fwd refuses: %s", call.reason)
         return False
+    q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer = tensors[:6]
+    qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr = tensors[6:]
     plan = call.plan
     device = q_extend.device
     if call.reserve is not None and not capturing(device):
@@ -476,7 +498,7 @@ def verify_mla_fwd(
             qo_indptr,
             kv_indptr,
             kv_indices,
-            max_len_extend,
+            plan.draft_len,
             custom_mask,
             mask_indptr,
         )

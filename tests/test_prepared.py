@@ -142,6 +142,18 @@ def test_paged_calls_keep_their_host_work(device, monkeypatch):
     assert len(calls) == 1
 
 
+def test_a_kept_paged_call_keeps_its_inner_call_too(device, monkeypatch, prepares):
+    """The translated call's verify_mla_fwd work is kept with the paged
+    call's: after the first call, one signature a call (the paged one),
+    and each output still matches its own reference."""
+    signatures = _counted(monkeypatch, prepared, "signature")
+    for seed in (1, 2, 3):
+        batch = make_paged_batch(H, L, [70, 5], page_size=16, device=device, seed=seed)
+        check_close(batch.run(), batch.reference())
+    assert len(prepares) == 1
+    assert len(signatures) == 2 + 1 + 1  # the first call forms its inner one too
+
+
 def test_a_replaced_seesaw_rule_starts_a_new_signature(monkeypatch):
     """The benchmark forces the seesaw kernel or the translated call by
     replacing paged.seesaw_shape: a call after that must not reuse the
