@@ -24,9 +24,9 @@ pairs, A (ring stage 0) and B (stage 1); m is the running row max:
 
     left   S_A = Q A^T; m_A = max(m, max S_A); P_A = exp(S_A - m_A)
            (into A's spent rope rows); O_L = O_L e^(m - m_A) + P_A A_L
-    right  S_B = Q B^T; takes m_A; m_B = max(m_A, max S_B);
-           P_B = exp(S_B - m_B) (into B's rope rows);
-           O_R = O_R e^(m - m_B) + P_A e^(m_A - m_B) A_R + P_B B_R
+    right  S_B = Q B^T; takes m_A; issues O_R = O_R e^(m - m_A) + P_A A_R;
+           m_B = max(m_A, max S_B); P_B = exp(S_B - m_B) (into B's rope
+           rows); O_R = O_R e^(m_A - m_B) + P_B B_R
     left   O_L = O_L e^(m_A - m_B) + P_B B_L
 
 Each stage's three column groups (latent 0-255, latent 256-511, rope) are
@@ -369,10 +369,12 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     p = gl.exp2(s * scale - m_a[:, None])
     l_i = l_i * alpha + gl.sum(p, 1)
     p_bf16 = p.to(gl.bfloat16)
-    # P_A at A's max into A's spent rope rows; the right rescales it.
+    # P_A at A's max into A's spent rope rows, for the right's P_A A_R
+    # (wgmma: the async proxy reads it).
     rope_ring.index(z).store(p_bf16)
     xchg.index(0).store(m_a)
     xchg.index(1).store(alpha)
+    fence_async_shared()
     _warps_barrier()
     mbarrier.arrive(hand.index(SCALE_A), count=1)
     acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
@@ -484,6 +486,13 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
         mbarrier.wait(hand.index(SCALE_A), phase)
         m_a = xchg.index(0).load(S_ROWS)
         alpha = xchg.index(1).load(S_ROWS)
+        # P_A A_R at A's max goes out before B's softmax and runs under it,
+        # so that A_R and A's rope rows are reloaded by mid-pair: reloaded
+        # after B's softmax, they landed past the next pair's start and
+        # held up its scores (the probe's stamps, RESULTS.md "Three
+        # measurements for the open targets").
+        acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
+        acc = _right_issues_a(acc, tiles, LAST)
         m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
         beta = gl.exp2(m_a - m_b)
         p = gl.exp2(s * scale - m_b[:, None])
@@ -497,9 +506,8 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
         fence_async_shared()
         _warps_barrier()
         mbarrier.arrive(hand.index(P_B), count=1)
-        acc = acc * gl.convert_layout(alpha * beta, O_ROWS)[:, None]
-        # A first: all of tile A is free by mid-pair.
-        acc = _right_adds_a(acc, beta, tiles, LAST)
+        acc = _right_frees_a(acc, tiles, LAST)
+        acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
         acc = _right_adds_b(acc, p_bf16, tiles, LAST)
     else:  # a last pair with no B: m_B = m_A
         mbarrier.wait(hand.index(SCALE_A), phase)
@@ -512,23 +520,30 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
         mbarrier.arrive(hand.index(SCALE_B), count=1)
         l_i = l_i * alpha
         acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
-        acc = _right_adds_a(acc, beta, tiles, LAST)
+        acc = _right_issues_a(acc, tiles, LAST)
+        acc = _right_frees_a(acc, tiles, LAST)
     return acc, l_i
 
 
 @gluon.jit
-def _right_adds_a(acc, beta, tiles, LAST: gl.constexpr):
-    # O_R += P_A e^(m_A - m_B) A_R, P_A (the left's, at A's max) taken to
-    # B's max as the register A operand; then A_R and A's rope rows (P_A)
-    # are free.
+def _right_issues_a(acc, tiles, LAST: gl.constexpr):
+    # O_R += P_A A_R, P_A (the left's, at A's max) read where the left
+    # stored it, A's rope rows, issued: _right_frees_a waits for it. (From
+    # registers, P_A stayed live through B's softmax: triton 3.9's build
+    # then spilled in the pair loop.)
     ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
     nope_ring, rope_ring = ring
-    p_a = rope_ring.index(z).load(P_LAYOUT).to(gl.float32)
-    p_a = (p_a * gl.convert_layout(beta, gl.SliceLayout(1, P_LAYOUT))[:, None]).to(gl.bfloat16)
     a_right = nope_ring.index(z).slice(HALF, HALF, dim=1)
     if LAST and tile_a + TOKENS > seq_end:
         _zero_rows_from(a_right, seq_end - tile_a)
-    acc = warpgroup_mma(p_a, a_right, acc)
+    return warpgroup_mma(rope_ring.index(z), a_right, acc, is_async=True)
+
+
+@gluon.jit
+def _right_frees_a(acc, tiles, LAST: gl.constexpr):
+    # P_A A_R done: A_R and A's rope rows (P_A) are free.
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
+    acc = warpgroup_mma_wait(0, deps=[acc])
     if not LAST:  # the segment has a tile a + 2
         slot = _slot(src, a + 2)
         _issue(src, slot, a + 2, 1, ring, ready)
