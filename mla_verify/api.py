@@ -19,6 +19,7 @@ every call outside graph capture.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -451,6 +452,20 @@ def verify_mla_fwd(
         v_extend_scale=v_extend_scale,
     )
     return run_prepared(kept_call(tensors, options), tensors)
+
+
+# verify_mla_fwd's defaults past the tensors (fwd_options).
+_FWD_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(verify_mla_fwd).parameters.items()
+    if p.default is not inspect.Parameter.empty
+}
+
+
+def fwd_options(**given) -> dict:
+    """``kept_call``'s ``options``: ``given``, and verify_mla_fwd's
+    defaults for the rest (``is_causal`` and ``max_len_extend`` have none)."""
+    return {**_FWD_DEFAULTS, **given}
 
 
 def kept_call(tensors: tuple, options: dict) -> _Refused | _Prepared:

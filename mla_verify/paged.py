@@ -312,20 +312,11 @@ def paged_forward(
     # are carved per shape, 16-byte aligned), so its signature is not formed
     # again (the inner signature was about a tenth of a paged call's host time).
     if not call.inner:
-        options = dict(
+        options = api.fwd_options(
             is_causal=True,
             max_len_extend=draft_len,
-            k_scale=1.0,
             v_scale=call.v_scale,
             sm_scale=call.sm_scale * call.k_scale,
-            logit_cap=0.0,
-            skip_prefix_custom_mask=True,
-            sliding_window_size=-1,
-            sinks=None,
-            window_kv_offsets=None,
-            xai_temperature_len=-1,
-            max_bs=None,
-            config=None,
             page_size=kv_cache.shape[1],
             v_extend_scale=call.v_scale,
         )
