@@ -492,8 +492,8 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
         # P_A A_R at A's max goes out before B's softmax and runs under it,
         # so that A_R and A's rope rows are reloaded by mid-pair: reloaded
         # after B's softmax, they landed past the next pair's start and
-        # held up its scores (the probe's stamps, RESULTS.md "Three
-        # measurements for the open targets").
+        # held up its scores (the probe's stamps, RESULTS.md "The seesaw's
+        # right warpgroup adds P_A A_R before B's softmax").
         acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
         acc = _right_issues_a(acc, tiles, LAST)
         m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
