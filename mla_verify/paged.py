@@ -384,28 +384,34 @@ def _prepare(
 # Which bf16 calls on pages of 64 or 128 tokens run the seesaw kernel
 # (kernel_seesaw.py): at most SEESAW_MAX_BATCH sequences; sequences of
 # SEESAW_MIN_ROWS query rows or more (heads x drafts) in a batch of at most
-# SEESAW_ROWS_MAX_BATCH; or of SEESAW_WIDE_ROWS or more in a batch of at most
-# SEESAW_WIDE_MAX_BATCH, the largest measured. Side by side against the
-# translated call on the same pages: at batch 1 1.05x on the H200
-# (RESULTS.md, "The seesaw kernel on pages": 18 shapes, 1.00-1.13x); at
-# batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at every batch"),
-# 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x with 16K-64K
-# contexts, 0.97-1.02x with 2K), 0.974x over the 23 of 32-128. At batch
-# 128-256 (RESULTS.md, "The seesaw kernel past batch 64"), 512 rows or more
-# gain 1.08-1.17x with 16K contexts and lose at most 4.5% with 2K. 256 rows
-# gain about 1.04x with 16K; at 2K-4K they run 0.99-1.04x at batch 128 but
-# 0.96-0.99x at 256, and a prefix of a whole number of tiles (2048) loses
-# up to 9%: both then read the drafts in a tile of their own, where at
-# other lengths the seesaw reads them in the prefix's last tile, one fewer.
-# Batches 2-4 on an H100 (RESULTS.md, "The seesaw kernel past batch 64",
-# the small batches): 512 rows or more 1.02-1.11x; 256 rows 1.02-1.08x with
-# 2K contexts and 0.94-1.00x with 16K, left with the batch-1 and batch-8
-# terms on either side; under 256 rows 0.957x, left on the translated call.
-# Batches 5-7 were not measured. The context is not known on the host, so
-# the rule cannot weigh it.
+# SEESAW_ROWS_MAX_BATCH; of SEESAW_NARROW_ROWS or more in a batch of
+# SEESAW_NARROW_MIN_BATCH to SEESAW_ROWS_MAX_BATCH; or of SEESAW_WIDE_ROWS or
+# more in a batch of at most SEESAW_WIDE_MAX_BATCH, the largest measured.
+# Side by side against the translated call on the same pages: at batch 1
+# 1.05x on the H200 (RESULTS.md, "The seesaw kernel on pages": 18 shapes,
+# 1.00-1.13x); at batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at
+# every batch"), 1.033x over the 30 shapes of 256-1024 rows (1.02-1.09x
+# with 16K-64K contexts, 0.97-1.02x with 2K). At batch 128-256 (RESULTS.md,
+# "The seesaw kernel past batch 64"), 512 rows or more gain 1.08-1.17x with
+# 16K contexts and lose at most 4.5% with 2K. 256 rows gain about 1.04x
+# with 16K; at 2K-4K they run 0.99-1.04x at batch 128 but 0.96-0.99x at
+# 256, and a prefix of a whole number of tiles (2048) loses up to 9%: both
+# then read the drafts in a tile of their own, where at other lengths the
+# seesaw reads them in the prefix's last tile, one fewer. Batches 2-4 on an
+# H100 (RESULTS.md, "The seesaw kernel past batch 64", the small batches):
+# 512 rows or more 1.02-1.11x; 256 rows 1.02-1.08x with 2K contexts and
+# 0.94-1.00x with 16K, left with the batch-1 and batch-8 terms on either
+# side. Since 1a57ce4's faster seesaw, 128 rows at batch 16-128 on an H100
+# (RESULTS.md, "The seesaw kernel at 128 rows a sequence"): 1.01-1.14x with
+# 8K-64K contexts, 0.96-1.01x with 2K-4K; at batch 8 0.97-0.99x, and 64 rows
+# 0.94-1.00x at batch 8-64, left on the translated call. Batches 5-7 were
+# not measured. The context is not known on the host, so the rule cannot
+# weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
 SEESAW_ROWS_MAX_BATCH = 128
+SEESAW_NARROW_ROWS = 128
+SEESAW_NARROW_MIN_BATCH = 16
 SEESAW_WIDE_ROWS = 512
 SEESAW_WIDE_MAX_BATCH = 256
 
@@ -416,6 +422,10 @@ def seesaw_shape(batch_size: int, rows: int) -> bool:
     return (
         batch_size <= SEESAW_MAX_BATCH
         or (rows >= SEESAW_MIN_ROWS and batch_size <= SEESAW_ROWS_MAX_BATCH)
+        or (
+            rows >= SEESAW_NARROW_ROWS
+            and SEESAW_NARROW_MIN_BATCH <= batch_size <= SEESAW_ROWS_MAX_BATCH
+        )
         or (rows >= SEESAW_WIDE_ROWS and batch_size <= SEESAW_WIDE_MAX_BATCH)
     )
 
