@@ -96,11 +96,6 @@ D_NOPE = gl.constexpr(problem.D_NOPE)
 D_ROPE = gl.constexpr(problem.D_ROPE)
 HALF = gl.constexpr(problem.D_NOPE // 2)  # output columns a warpgroup
 GROUPS = gl.constexpr(3)  # column groups a stage: latent left, latent right, rope
-# Each latent group comes in PIECES copies of SLICE columns, each on a
-# barrier of its own, so that the scores start on a group's first slice.
-SLICE = gl.constexpr(64)
-PIECES = gl.constexpr(HALF.value // SLICE.value)
-BARS = gl.constexpr(2 * PIECES.value + 1)  # ready barriers a stage
 WARPGROUP = gl.constexpr(hopper.WARPGROUP)
 DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
 REGS = gl.constexpr(240)  # each warpgroup's: no producer partition holds any
@@ -143,21 +138,18 @@ def _slot(src, tile):
 @gluon.jit
 def _issue(src, slot, tile, group: gl.constexpr, ring, ready):
     # One column group of the segment's tile `tile` (its first token's
-    # slot: _slot) into its stage (tile % 2) by TMA: 64 rows of one page,
-    # a latent group in PIECES slices, each on its own barrier.
+    # slot: _slot) into its stage (tile % 2) by TMA: 64 rows of one page.
     nope_ring, rope_ring = ring
     nope_desc, rope_desc = src[4]
     stage = tile % 2
+    bar = ready.index(stage * GROUPS + group)
     if group == 2:
-        bar = ready.index(stage * BARS + BARS - 1)
         mbarrier.expect(bar, TOKENS * D_ROPE * 2)
         _tma_load(rope_desc, [slot, 0], bar, rope_ring.index(stage))
     else:
-        for k in gl.static_range(PIECES):
-            bar = ready.index(stage * BARS + group * PIECES + k)
-            mbarrier.expect(bar, TOKENS * SLICE * 2)
-            dst = nope_ring.index(stage).slice(group * HALF + k * SLICE, SLICE, dim=1)
-            _tma_load(nope_desc, [slot, group * HALF + k * SLICE], bar, dst)
+        mbarrier.expect(bar, TOKENS * HALF * 2)
+        dst = nope_ring.index(stage).slice(group * HALF, HALF, dim=1)
+        _tma_load(nope_desc, [slot, group * HALF], bar, dst)
 
 
 @gluon.jit
@@ -215,22 +207,21 @@ def _zero_rows_from(half, valid):
 
 @gluon.jit
 def _scores(q, ring, ready, stage, phase, zero_s):
-    # S = Q K^T over a stage's latent slices and rope columns, each waited
-    # for in turn.
+    # S = Q K^T over a stage's three column groups, each waited for in turn.
     q_nope, q_rope = q
     nope_ring, rope_ring = ring
     kv = nope_ring.index(stage)
     s = zero_s
-    for k in gl.static_range(2 * PIECES):
-        mbarrier.wait(ready.index(stage * BARS + k), phase)
+    for k in gl.static_range(2):
+        mbarrier.wait(ready.index(stage * GROUPS + k), phase)
         s = warpgroup_mma(
-            q_nope.slice(k * SLICE, SLICE, dim=1),
-            kv.slice(k * SLICE, SLICE, dim=1).permute((1, 0)),
+            q_nope.slice(k * HALF, HALF, dim=1),
+            kv.slice(k * HALF, HALF, dim=1).permute((1, 0)),
             s,
             use_acc=k > 0,
             is_async=True,
         )
-    mbarrier.wait(ready.index(stage * BARS + BARS - 1), phase)
+    mbarrier.wait(ready.index(stage * GROUPS + 2), phase)
     s = warpgroup_mma(q_rope, rope_ring.index(stage).permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=[s])
 
@@ -653,9 +644,9 @@ def _seesaw_kernel(
         xchg = gl.allocate_shared_memory(
             gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
         )
-        ready = gl.allocate_shared_memory(gl.int64, [2 * BARS, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
         hand = gl.allocate_shared_memory(gl.int64, [HANDS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2 * BARS):
+        for i in gl.static_range(2 * GROUPS):
             mbarrier.init(ready.index(i), count=1)  # a TMA copy's expect
         for i in gl.static_range(HANDS):
             mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
@@ -677,12 +668,12 @@ def _seesaw_kernel(
 @functools.cache
 def page_layouts() -> tuple[tuple[int, int, int, gl.NVMMASharedLayout], ...]:
     """The TMA copies of a tile (first column, columns, box columns, shared
-    layout): a latent slice, and the rope columns. Cached: building a
-    layout costs about 20 us of host time."""
+    layout): a latent half, and the rope columns. Cached: building a layout
+    costs about 20 us of host time."""
     return tuple(
         (first, width, box, gl.NVMMASharedLayout.get_default_for([hopper.TOKENS, box], gl.bfloat16))
         for first, width, box in (
-            (0, problem.D_NOPE, SLICE.value),
+            (0, problem.D_NOPE, problem.D_NOPE // 2),
             (problem.D_NOPE, problem.D_ROPE, problem.D_ROPE),
         )
     )
