@@ -330,8 +330,8 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         b_done += n_tiles // 2
         # The right's row sums are at the same max: add them.
         mbarrier.wait(hand.index(SUMS), 0)
-        l_i = l_i + xchg.index(4).load(S_ROWS)
-        xchg.index(5).store(l_i)
+        l_i = l_i + xchg[4].load(S_ROWS)
+        xchg[5].store(l_i)
         _warps_barrier()
         mbarrier.arrive(hand.index(SUMS), count=1)
         dest = _dest(out_args, b, b0, whole, request)
@@ -375,8 +375,8 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     # P_A at A's max into A's spent rope rows, for the right's P_A A_R
     # (wgmma: the async proxy reads it).
     rope_ring.index(z).store(p_bf16)
-    xchg.index(0).store(m_a)
-    xchg.index(1).store(alpha)
+    xchg[0].store(m_a)
+    xchg[1].store(alpha)
     fence_async_shared()
     _warps_barrier()
     mbarrier.arrive(hand.index(SCALE_A), count=1)
@@ -388,8 +388,8 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     if not LAST:  # A_L is free, and the segment has a tile a + 2
         _issue(src, _slot(src, a + 2), a + 2, 0, ring, ready)
     mbarrier.wait(hand.index(SCALE_B), phase)
-    m_i = xchg.index(2).load(S_ROWS)
-    beta = xchg.index(3).load(S_ROWS)
+    m_i = xchg[2].load(S_ROWS)
+    beta = xchg[3].load(S_ROWS)
     l_i = l_i * beta
     acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
     if (not LAST) or (a + 1 < n_tiles):
@@ -451,11 +451,11 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
             acc, l_i = _right_pair(acc, l_i, pairs - 1, seg, bufs, True, DRAFT_LEN)
         pairs_done += pairs
         b_done += n_tiles // 2
-        xchg.index(4).store(l_i)
+        xchg[4].store(l_i)
         _warps_barrier()
         mbarrier.arrive(hand.index(SUMS), count=1)
         mbarrier.wait(hand.index(SUMS), 1)
-        l_i = xchg.index(5).load(S_ROWS)
+        l_i = xchg[5].load(S_ROWS)
         dest = _dest(out_args, b, b0, whole, request)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_out(out, HALF, dest, BLOCK_H, DRAFT_LEN)
@@ -487,8 +487,8 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
             DRAFT_LEN,
         )
         mbarrier.wait(hand.index(SCALE_A), phase)
-        m_a = xchg.index(0).load(S_ROWS)
-        alpha = xchg.index(1).load(S_ROWS)
+        m_a = xchg[0].load(S_ROWS)
+        alpha = xchg[1].load(S_ROWS)
         # P_A A_R at A's max goes out before B's softmax and runs under it,
         # so that A_R and A's rope rows are reloaded by mid-pair: reloaded
         # after B's softmax, they landed past the next pair's start and
@@ -499,8 +499,8 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
         m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
         beta = gl.exp2(m_a - m_b)
         p = gl.exp2(s * scale - m_b[:, None])
-        xchg.index(2).store(m_b)
-        xchg.index(3).store(beta)
+        xchg[2].store(m_b)
+        xchg[3].store(beta)
         _warps_barrier()
         mbarrier.arrive(hand.index(SCALE_B), count=1)
         l_i = l_i * (alpha * beta) + gl.sum(p, 1)
@@ -514,11 +514,11 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
         acc = _right_adds_b(acc, p_bf16, tiles, LAST)
     else:  # a last pair with no B: m_B = m_A
         mbarrier.wait(hand.index(SCALE_A), phase)
-        m_a = xchg.index(0).load(S_ROWS)
-        alpha = xchg.index(1).load(S_ROWS)
+        m_a = xchg[0].load(S_ROWS)
+        alpha = xchg[1].load(S_ROWS)
         beta = gl.full([ROWS], 1.0, gl.float32, layout=S_ROWS)
-        xchg.index(2).store(m_a)
-        xchg.index(3).store(beta)
+        xchg[2].store(m_a)
+        xchg[3].store(beta)
         _warps_barrier()
         mbarrier.arrive(hand.index(SCALE_B), count=1)
         l_i = l_i * alpha
@@ -640,9 +640,18 @@ def _seesaw_kernel(
         nope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_NOPE], nope_layout)
         rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_ROPE], rope_layout)
         # Row vectors handed over: m_A, e^(m - m_A), m_B, e^(m_A - m_B),
-        # the right's row sums, their total.
-        xchg = gl.allocate_shared_memory(
-            gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        # the right's row sums, their total. An allocation each: in one,
+        # a store to one row after a load or store of another took a
+        # warpgroup barrier (the compiler's hazard check sees the whole
+        # allocation).
+        vector: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        xchg = (
+            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
         )
         ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
         hand = gl.allocate_shared_memory(gl.int64, [HANDS, 1], mbarrier.MBarrierLayout())
