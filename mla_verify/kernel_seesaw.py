@@ -566,7 +566,7 @@ def _barriers_of(N: gl.constexpr):
     # allocation, and took a warpgroup barrier between waits on, or
     # expects of, two barriers of one.
     bars = ()
-    for _ in gl.static_range(N):
+    for i in gl.static_range(N):
         bars = bars + (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),)
     return bars
 
