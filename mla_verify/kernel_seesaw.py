@@ -136,19 +136,19 @@ def _slot(src, tile):
 
 
 @gluon.jit
-def _issue(src, slot, group: gl.constexpr, stage):
-    # One column group of a tile (its first token's slot: _slot) into its
-    # stage (A for even tiles of the segment, B for odd) by TMA: 64 rows
-    # of one page.
-    nope, rope, ready = stage
+def _issue(src, slot, tile, group: gl.constexpr, ring, ready):
+    # One column group of the segment's tile `tile` (its first token's
+    # slot: _slot) into its stage (tile % 2) by TMA: 64 rows of one page.
+    nope_ring, rope_ring = ring
     nope_desc, rope_desc = src[4]
-    bar = ready[group]
+    stage = tile % 2
+    bar = ready.index(stage * GROUPS + group)
     if group == 2:
         mbarrier.expect(bar, TOKENS * D_ROPE * 2)
-        _tma_load(rope_desc, [slot, 0], bar, rope.index(0))
+        _tma_load(rope_desc, [slot, 0], bar, rope_ring.index(stage))
     else:
         mbarrier.expect(bar, TOKENS * HALF * 2)
-        dst = nope.index(0).slice(group * HALF, HALF, dim=1)
+        dst = nope_ring.index(stage).slice(group * HALF, HALF, dim=1)
         _tma_load(nope_desc, [slot, group * HALF], bar, dst)
 
 
@@ -184,8 +184,8 @@ def _q_ready(hand, segment):
     # proxy) to read; wait for the other's.
     fence_async_shared()
     _warps_barrier()
-    mbarrier.arrive(hand[Q_READY], count=1)
-    mbarrier.wait(hand[Q_READY], segment & 1)
+    mbarrier.arrive(hand.index(Q_READY), count=1)
+    mbarrier.wait(hand.index(Q_READY), segment & 1)
 
 
 @gluon.jit
@@ -206,14 +206,14 @@ def _zero_rows_from(half, valid):
 
 
 @gluon.jit
-def _scores(q, stage, z, phase, zero_s):
+def _scores(q, ring, ready, stage, phase, zero_s):
     # S = Q K^T over a stage's three column groups, each waited for in turn.
     q_nope, q_rope = q
-    nope, rope, ready = stage
-    kv = nope.index(z)
+    nope_ring, rope_ring = ring
+    kv = nope_ring.index(stage)
     s = zero_s
     for k in gl.static_range(2):
-        mbarrier.wait(ready[k], phase)
+        mbarrier.wait(ready.index(stage * GROUPS + k), phase)
         s = warpgroup_mma(
             q_nope.slice(k * HALF, HALF, dim=1),
             kv.slice(k * HALF, HALF, dim=1).permute((1, 0)),
@@ -221,8 +221,8 @@ def _scores(q, stage, z, phase, zero_s):
             use_acc=k > 0,
             is_async=True,
         )
-    mbarrier.wait(ready[2], phase)
-    s = warpgroup_mma(q_rope, rope.index(z).permute((1, 0)), s, is_async=True)
+    mbarrier.wait(ready.index(stage * GROUPS + 2), phase)
+    s = warpgroup_mma(q_rope, rope_ring.index(stage).permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=[s])
 
 
@@ -246,8 +246,8 @@ def _mask(s, window, tile_first, DRAFT_LEN: gl.constexpr):
 
 
 @gluon.jit
-def _tile_scores(q, stage, z, phase, zero_s, window, tile_first, DRAFT_LEN: gl.constexpr):
-    s = _scores(q, stage, z, phase, zero_s)
+def _tile_scores(q, ring, ready, stage, phase, zero_s, window, tile_first, DRAFT_LEN: gl.constexpr):
+    s = _scores(q, ring, ready, stage, phase, zero_s)
     if _outside_window(window, tile_first):
         s = _mask(s, window, tile_first, DRAFT_LEN)
     return s
@@ -290,7 +290,7 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
 def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
     share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
-    q_nope, q_rope, ring, xchg, hand = bufs
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
     pairs_done = 0  # of earlier segments: the hand-overs' phases
@@ -304,7 +304,7 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
             if t < n_tiles:
                 slot = _slot(src, t)
                 for group in gl.static_range(GROUPS):
-                    _issue(src, slot, group, ring[t])
+                    _issue(src, slot, t, group, ring, ready)
         _stage_q(
             q_nope.index(0).slice(0, HALF, dim=1),
             q_args,
@@ -329,11 +329,11 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         pairs_done += pairs
         b_done += n_tiles // 2
         # The right's row sums are at the same max: add them.
-        mbarrier.wait(hand[SUMS], 0)
+        mbarrier.wait(hand.index(SUMS), 0)
         l_i = l_i + xchg[4].load(S_ROWS)
         xchg[5].store(l_i)
         _warps_barrier()
-        mbarrier.arrive(hand[SUMS], count=1)
+        mbarrier.arrive(hand.index(SUMS), count=1)
         dest = _dest(out_args, b, b0, whole, request)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
@@ -345,8 +345,8 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     # The left's part of one pair: S_A and its softmax, P_A A_L, then
     # P_B B_L once the right hands over B's max and P_B.
     first, n_tiles, window, src, pairs_done, b_done, scale, zero = seg
-    q_nope, q_rope, ring, xchg, hand = bufs
-    stage_a, stage_b = ring
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
+    nope_ring, rope_ring = ring
     seq_end = window[3]
     a = 2 * pair
     # z = 0, but a value of the loop to ptxas: the wgmma descriptors of q
@@ -357,7 +357,15 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     phase = (pairs_done + pair) & 1
     zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
     s = _tile_scores(
-        (q_nope.index(z), q_rope.index(z)), stage_a, z, phase, zero_s, window, tile_a, DRAFT_LEN
+        (q_nope.index(z), q_rope.index(z)),
+        ring,
+        ready,
+        z,
+        phase,
+        zero_s,
+        window,
+        tile_a,
+        DRAFT_LEN,
     )
     m_a = gl.maximum(m_i, gl.max(s, 1) * scale)
     alpha = gl.exp2(m_i - m_a)
@@ -366,34 +374,34 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     p_bf16 = p.to(gl.bfloat16)
     # P_A at A's max into A's spent rope rows, for the right's P_A A_R
     # (wgmma: the async proxy reads it).
-    stage_a[1].index(z).store(p_bf16)
+    rope_ring.index(z).store(p_bf16)
     xchg[0].store(m_a)
     xchg[1].store(alpha)
     fence_async_shared()
     _warps_barrier()
-    mbarrier.arrive(hand[SCALE_A], count=1)
+    mbarrier.arrive(hand.index(SCALE_A), count=1)
     acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
-    a_left = stage_a[0].index(z).slice(0, HALF, dim=1)
+    a_left = nope_ring.index(z).slice(0, HALF, dim=1)
     if LAST and tile_a + TOKENS > seq_end:
         _zero_rows_from(a_left, seq_end - tile_a)
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), a_left, acc)
     if not LAST:  # A_L is free, and the segment has a tile a + 2
-        _issue(src, _slot(src, a + 2), 0, stage_a)
-    mbarrier.wait(hand[SCALE_B], phase)
+        _issue(src, _slot(src, a + 2), a + 2, 0, ring, ready)
+    mbarrier.wait(hand.index(SCALE_B), phase)
     m_i = xchg[2].load(S_ROWS)
     beta = xchg[3].load(S_ROWS)
     l_i = l_i * beta
     acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
     if (not LAST) or (a + 1 < n_tiles):
-        mbarrier.wait(hand[P_B], (b_done + pair) & 1)
-        b_left = stage_b[0].index(z).slice(0, HALF, dim=1)
+        mbarrier.wait(hand.index(P_B), (b_done + pair) & 1)
+        b_left = nope_ring.index(z + 1).slice(0, HALF, dim=1)
         if LAST and tile_a + 2 * TOKENS > seq_end:
             _zero_rows_from(b_left, seq_end - tile_a - TOKENS)
-        acc = warpgroup_mma(stage_b[1].index(z), b_left, acc)
+        acc = warpgroup_mma(rope_ring.index(z + 1), b_left, acc)
         if not LAST and a + 3 < n_tiles:  # B_L and B's rope rows (P_B) are free
             slot = _slot(src, a + 3)
-            _issue(src, slot, 0, stage_b)
-            _issue(src, slot, 2, stage_b)
+            _issue(src, slot, a + 3, 0, ring, ready)
+            _issue(src, slot, a + 3, 2, ring, ready)
     return acc, m_i, l_i
 
 
@@ -401,7 +409,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
 def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 256-511; tile B of each pair.
     share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
-    q_nope, q_rope, ring, xchg, hand = bufs
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
     pairs_done = 0
@@ -445,8 +453,8 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         b_done += n_tiles // 2
         xchg[4].store(l_i)
         _warps_barrier()
-        mbarrier.arrive(hand[SUMS], count=1)
-        mbarrier.wait(hand[SUMS], 1)
+        mbarrier.arrive(hand.index(SUMS), count=1)
+        mbarrier.wait(hand.index(SUMS), 1)
         l_i = xchg[5].load(S_ROWS)
         dest = _dest(out_args, b, b0, whole, request)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
@@ -458,25 +466,27 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
     # The right's part of one pair: S_B and its softmax at A's max handed
     # over, then P_A A_R and P_B B_R; a last pair with no B adds P_A A_R.
     first, n_tiles, window, src, pairs_done, b_done, scale, zero = seg
-    q_nope, q_rope, ring, xchg, hand = bufs
+    q_nope, q_rope, ring, ready, xchg, hand = bufs
+    nope_ring, rope_ring = ring
     a = 2 * pair
     z = pair & zero  # 0 (_left_pair)
     tile_a = first + a * TOKENS
     phase = (pairs_done + pair) & 1
-    tiles = (ring, src, a, n_tiles, z, tile_a, window[3])
+    tiles = (ring, ready, src, a, n_tiles, z, tile_a, window[3])
     if (not LAST) or (a + 1 < n_tiles):
         zero_s = gl.zeros([ROWS, TOKENS], gl.float32, layout=S_LAYOUT)
         s = _tile_scores(
             (q_nope.index(z), q_rope.index(z)),
-            ring[1],
-            z,
+            ring,
+            ready,
+            z + 1,
             (b_done + pair) & 1,
             zero_s,
             window,
             tile_a + TOKENS,
             DRAFT_LEN,
         )
-        mbarrier.wait(hand[SCALE_A], phase)
+        mbarrier.wait(hand.index(SCALE_A), phase)
         m_a = xchg[0].load(S_ROWS)
         alpha = xchg[1].load(S_ROWS)
         # P_A A_R at A's max goes out before B's softmax and runs under it,
@@ -492,25 +502,25 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
         xchg[2].store(m_b)
         xchg[3].store(beta)
         _warps_barrier()
-        mbarrier.arrive(hand[SCALE_B], count=1)
+        mbarrier.arrive(hand.index(SCALE_B), count=1)
         l_i = l_i * (alpha * beta) + gl.sum(p, 1)
         p_bf16 = p.to(gl.bfloat16)
-        ring[1][1].index(z).store(p_bf16)  # B's rope rows are spent
+        rope_ring.index(z + 1).store(p_bf16)  # B's rope rows are spent
         fence_async_shared()
         _warps_barrier()
-        mbarrier.arrive(hand[P_B], count=1)
+        mbarrier.arrive(hand.index(P_B), count=1)
         acc = _right_frees_a(acc, tiles, LAST)
         acc = acc * gl.convert_layout(beta, O_ROWS)[:, None]
         acc = _right_adds_b(acc, p_bf16, tiles, LAST)
     else:  # a last pair with no B: m_B = m_A
-        mbarrier.wait(hand[SCALE_A], phase)
+        mbarrier.wait(hand.index(SCALE_A), phase)
         m_a = xchg[0].load(S_ROWS)
         alpha = xchg[1].load(S_ROWS)
         beta = gl.full([ROWS], 1.0, gl.float32, layout=S_ROWS)
         xchg[2].store(m_a)
         xchg[3].store(beta)
         _warps_barrier()
-        mbarrier.arrive(hand[SCALE_B], count=1)
+        mbarrier.arrive(hand.index(SCALE_B), count=1)
         l_i = l_i * alpha
         acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
         acc = _right_issues_a(acc, tiles, LAST)
@@ -524,51 +534,41 @@ def _right_issues_a(acc, tiles, LAST: gl.constexpr):
     # stored it, A's rope rows, issued: _right_frees_a waits for it. (From
     # registers, P_A stayed live through B's softmax: triton 3.9's build
     # then spilled in the pair loop.)
-    ring, src, a, n_tiles, z, tile_a, seq_end = tiles
-    nope_a, rope_a, _ = ring[0]
-    a_right = nope_a.index(z).slice(HALF, HALF, dim=1)
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
+    nope_ring, rope_ring = ring
+    a_right = nope_ring.index(z).slice(HALF, HALF, dim=1)
     if LAST and tile_a + TOKENS > seq_end:
         _zero_rows_from(a_right, seq_end - tile_a)
-    return warpgroup_mma(rope_a.index(z), a_right, acc, is_async=True)
+    return warpgroup_mma(rope_ring.index(z), a_right, acc, is_async=True)
 
 
 @gluon.jit
 def _right_frees_a(acc, tiles, LAST: gl.constexpr):
     # P_A A_R done: A_R and A's rope rows (P_A) are free.
-    ring, src, a, n_tiles, z, tile_a, seq_end = tiles
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
     acc = warpgroup_mma_wait(0, deps=[acc])
     if not LAST:  # the segment has a tile a + 2
         slot = _slot(src, a + 2)
-        _issue(src, slot, 1, ring[0])
-        _issue(src, slot, 2, ring[0])
+        _issue(src, slot, a + 2, 1, ring, ready)
+        _issue(src, slot, a + 2, 2, ring, ready)
     return acc
 
 
 @gluon.jit
 def _right_adds_b(acc, p_bf16, tiles, LAST: gl.constexpr):
     # O_R += P_B B_R; then B_R is free.
-    ring, src, a, n_tiles, z, tile_a, seq_end = tiles
-    b_right = ring[1][0].index(z).slice(HALF, HALF, dim=1)
+    ring, ready, src, a, n_tiles, z, tile_a, seq_end = tiles
+    nope_ring, rope_ring = ring
+    b_right = nope_ring.index(z + 1).slice(HALF, HALF, dim=1)
     if LAST and tile_a + 2 * TOKENS > seq_end:
         _zero_rows_from(b_right, seq_end - tile_a - TOKENS)
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), b_right, acc)
     if not LAST and a + 3 < n_tiles:
-        _issue(src, _slot(src, a + 3), 1, ring[1])
+        _issue(src, _slot(src, a + 3), a + 3, 1, ring, ready)
     return acc
 
 
 # --- the kernel --------------------------------------------------------------------
-
-
-@gluon.jit
-def _barriers_of(N: gl.constexpr):
-    # N mbarriers, an allocation each: the compiler's hazard check sees an
-    # allocation, and took a warpgroup barrier between waits on, or
-    # expects of, two barriers of one.
-    bars = ()
-    for i in gl.static_range(N):
-        bars = bars + (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),)
-    return bars
 
 
 @gluon.jit(do_not_specialize=["batch_size", "min_share", "page_shift", "slots_per_block"])
@@ -637,23 +637,8 @@ def _seesaw_kernel(
         # q [1, ...]: indexed by a loop value (_left's z).
         q_nope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_NOPE], nope_layout)
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_ROPE], rope_layout)
-        # The ring's two stages, A and B, each its latent and rope rows and
-        # its groups' barriers, in allocations of their own (and [1, ...],
-        # indexed by z, as q): the compiler's hazard check sees an
-        # allocation, so a write to one stage no longer waits for the
-        # other's readers.
-        ring = (
-            (
-                gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_NOPE], nope_layout),
-                gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_ROPE], rope_layout),
-                _barriers_of(GROUPS),
-            ),
-            (
-                gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_NOPE], nope_layout),
-                gl.allocate_shared_memory(gl.bfloat16, [1, TOKENS, D_ROPE], rope_layout),
-                _barriers_of(GROUPS),
-            ),
-        )
+        nope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_NOPE], nope_layout)
+        rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_ROPE], rope_layout)
         # Row vectors handed over: m_A, e^(m - m_A), m_B, e^(m_A - m_B),
         # the right's row sums, their total. An allocation each: in one,
         # a store to one row after a load or store of another took a
@@ -668,15 +653,15 @@ def _seesaw_kernel(
             gl.allocate_shared_memory(gl.float32, [ROWS], vector),
             gl.allocate_shared_memory(gl.float32, [ROWS], vector),
         )
-        hand = _barriers_of(HANDS)
-        for i in gl.static_range(GROUPS):
-            mbarrier.init(ring[0][2][i], count=1)  # a TMA copy's expect
-            mbarrier.init(ring[1][2][i], count=1)
+        ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
+        hand = gl.allocate_shared_memory(gl.int64, [HANDS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2 * GROUPS):
+            mbarrier.init(ready.index(i), count=1)  # a TMA copy's expect
         for i in gl.static_range(HANDS):
-            mbarrier.init(hand[i], count=2 if i == Q_READY else 1)
+            mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
         fence_async_shared()
         _warps_barrier()
-        bufs = (q_nope, q_rope, ring, xchg, hand)
+        bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
         pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
         both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
         gl.warp_specialize(
