@@ -18,7 +18,8 @@ calls (RESULTS.md, "The seesaw kernel at every batch" and "The seesaw
 kernel past batch 64"). Its right warpgroup adding P_A A_R before B's
 softmax, so that tile A is reloaded by mid-pair, made it 1.04x faster again
 on an H100 (RESULTS.md, "The seesaw's right warpgroup adds P_A A_R before
-B's softmax").
+B's softmax"); since then it also serves 128-row sequences at batch 16-128
+(RESULTS.md, "The seesaw kernel at 128 rows a sequence").
 
 Each CTA holds 64 query rows (BLOCK_H heads x L drafts) in two
 warpgroups of 240 registers. The left holds output columns 0-255, the right

@@ -401,7 +401,8 @@ def _prepare(
 # H100 (RESULTS.md, "The seesaw kernel past batch 64", the small batches):
 # 512 rows or more 1.02-1.11x; 256 rows 1.02-1.08x with 2K contexts and
 # 0.94-1.00x with 16K, left with the batch-1 and batch-8 terms on either
-# side. Since 1a57ce4's faster seesaw, 128 rows at batch 16-128 on an H100
+# side; under 256 rows 0.957x, left on the translated call. Since
+# 1a57ce4's faster seesaw, 128 rows at batch 16-128 on an H100
 # (RESULTS.md, "The seesaw kernel at 128 rows a sequence"): 1.01-1.14x with
 # 8K-64K contexts, 0.96-1.01x with 2K-4K; at batch 8 0.97-0.99x, and 64 rows
 # 0.94-1.00x at batch 8-64, left on the translated call. Batches 5-7 were
