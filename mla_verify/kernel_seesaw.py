@@ -487,26 +487,23 @@ def _right_pair(acc, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl.con
             tile_a + TOKENS,
             DRAFT_LEN,
         )
-        s_max = gl.max(s, 1) * scale
         mbarrier.wait(hand.index(SCALE_A), phase)
         m_a = xchg[0].load(S_ROWS)
         alpha = xchg[1].load(S_ROWS)
-        # B's max goes to the left first: it waits for it once P_A A_L is
-        # done. Then P_A A_R at A's max goes out before B's exponentials
-        # and runs under them, so that A_R and A's rope rows are reloaded
-        # by mid-pair: reloaded after B's softmax, they landed past the next
-        # pair's start and held up its scores (the probe's stamps,
-        # RESULTS.md "The seesaw's right warpgroup adds P_A A_R before B's
-        # softmax").
-        m_b = gl.maximum(m_a, s_max)
+        # P_A A_R at A's max goes out before B's softmax and runs under it,
+        # so that A_R and A's rope rows are reloaded by mid-pair: reloaded
+        # after B's softmax, they landed past the next pair's start and
+        # held up its scores (the probe's stamps, RESULTS.md "The seesaw's
+        # right warpgroup adds P_A A_R before B's softmax").
+        acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
+        acc = _right_issues_a(acc, tiles, LAST)
+        m_b = gl.maximum(m_a, gl.max(s, 1) * scale)
         beta = gl.exp2(m_a - m_b)
+        p = gl.exp2(s * scale - m_b[:, None])
         xchg[2].store(m_b)
         xchg[3].store(beta)
         _warps_barrier()
         mbarrier.arrive(hand.index(SCALE_B), count=1)
-        acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
-        acc = _right_issues_a(acc, tiles, LAST)
-        p = gl.exp2(s * scale - m_b[:, None])
         l_i = l_i * (alpha * beta) + gl.sum(p, 1)
         p_bf16 = p.to(gl.bfloat16)
         rope_ring.index(z + 1).store(p_bf16)  # B's rope rows are spent
