@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -121,20 +120,6 @@ P_B = gl.constexpr(2)  # P_B, from the right
 SUMS = gl.constexpr(3)  # the right's row sums, then their total
 Q_READY = gl.constexpr(4)  # both halves of the segment's query rows
 HANDS = gl.constexpr(5)
-
-
-STAMP_SLOTS = gl.constexpr(48)  # a CTA's row: 16 points, then the left's first 32 pairs' ends
-
-
-@gluon.jit
-def _stamp(st, k, on):
-    # Measurement only: the global timer (ns) into slot k of this CTA's
-    # row, where `on`; a masked store, no branch.
-    TIMES, row = st
-    now = gl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [row], dtype=gl.int64, is_pure=False, pack=1
-    )
-    gl.store(TIMES + row * STAMP_SLOTS + k, now, mask=on)
 
 
 # --- loads -----------------------------------------------------------------------
@@ -305,7 +290,7 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
 @gluon.jit
 def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, st = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -315,15 +300,12 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        on = b == b0
-        _stamp(st, 2, on)
         # Both stages are free (the right's last products are done: SUMS).
         for t in gl.static_range(2):
             if t < n_tiles:
                 slot = _slot(src, t)
                 for group in gl.static_range(GROUPS):
                     _issue(src, slot, t, group, ring, ready)
-        _stamp(st, 3, on)
         _stage_q(
             q_nope.index(0).slice(0, HALF, dim=1),
             q_args,
@@ -335,9 +317,7 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
             BLOCK_H,
             DRAFT_LEN,
         )
-        _stamp(st, 4, on)
         _q_ready(hand, b - b0)
-        _stamp(st, 5, on)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=S_ROWS)
         l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
@@ -345,13 +325,8 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         pairs = (n_tiles + 1) // 2
         for pair in range(pairs - 1):
             acc, m_i, l_i = _left_pair(acc, m_i, l_i, pair, seg, bufs, False, DRAFT_LEN)
-            _stamp(st, 6, on & (pair == 0))
-            _stamp(st, 7, on & (pair == pairs // 2))
-            _stamp(st, 16 + pair, on & (pair < 32))
-        _stamp(st, 8, on)
         if pairs > 0:
             acc, m_i, l_i = _left_pair(acc, m_i, l_i, pairs - 1, seg, bufs, True, DRAFT_LEN)
-        _stamp(st, 9, on)
         pairs_done += pairs
         b_done += n_tiles // 2
         # The right's row sums are at the same max: add them.
@@ -364,7 +339,6 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN)
-        _stamp(st, 10, on)
 
 
 @gluon.jit
@@ -435,7 +409,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
 @gluon.jit
 def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 256-511; tile B of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, st = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -467,8 +441,6 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
             BLOCK_H,
             DRAFT_LEN,
         )
-        on = b == b0
-        _stamp(st, 11, on)
         _q_ready(hand, b - b0)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
@@ -488,7 +460,6 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         dest = _dest(out_args, b, b0, whole, request)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_out(out, HALF, dest, BLOCK_H, DRAFT_LEN)
-        _stamp(st, 12, on)
 
 
 @gluon.jit
@@ -610,7 +581,6 @@ def _seesaw_kernel(
     BLOCK_TABLE,
     PART_O,
     PART_LSE,
-    TIMES,
     nope_desc,
     rope_desc,
     stride_q_tok,
@@ -635,8 +605,6 @@ def _seesaw_kernel(
         _launch_dependents()
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    st = (TIMES, cta * gl.num_programs(0) + head_block)
-    _stamp(st, 0, True)
     plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPGROUP], [0])
     # kernel_sm90's plan for a batch whose sequences all have L drafts:
     # the same shares, so that stage 2 finds the same partials.
@@ -658,7 +626,6 @@ def _seesaw_kernel(
         s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
         s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
         share = _share(share_block, batch_size, drafts, s0, s1, BLOCK_B, plan_layout)
-        _stamp(st, 1, True)
         q_args = (Q, stride_q_tok, stride_q_head)
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
 
@@ -697,7 +664,7 @@ def _seesaw_kernel(
         _warps_barrier()
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
         pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
-        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero, st)
+        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
         gl.warp_specialize(
             [(_left, (both, BLOCK_H, DRAFT_LEN)), (_right, (both, BLOCK_H, DRAFT_LEN))],
             [WARPGROUP],
@@ -728,16 +695,6 @@ def page_descriptors(pool):
         TensorDescriptor.from_tensor(pool[:, first : first + width], [hopper.TOKENS, box], layout)
         for first, width, box, layout in page_layouts()
     )
-
-
-TIMES = {}
-
-
-def _times(rows, device):
-    # Measurement only: a [rows, STAMP_SLOTS] int64 buffer of stamps, kept per size.
-    if rows not in TIMES:
-        TIMES[rows] = torch.zeros(rows * STAMP_SLOTS.value, dtype=torch.int64, device=device)
-    return TIMES[rows]
 
 
 def launch(
@@ -782,7 +739,6 @@ def launch(
         block_table,
         part_o,
         part_lse,
-        _times(head_blocks * ctas, q.device),
         nope_desc,
         rope_desc,
         q.stride(0),
