@@ -189,43 +189,16 @@ def _q_ready(hand, segment):
     mbarrier.wait(hand.index(Q_READY), segment & 1)
 
 
-# The latent ring [2, 64, 512] bf16 seen as 16 unswizzled blocks [64, 32]
-# int32, a 64-column block of a stage each (_zero_rows_from). Triton 3.9
-# names the view `reinterpret`, 3.6 `_reinterpret`.
-WORDS_SHAPE = gl.constexpr([2 * D_NOPE // 64, TOKENS, 32])
-WORDS_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-if hasattr(gl.shared_memory_descriptor, "reinterpret"):
-
-    @gluon.jit
-    def _latent_words(nope_ring):
-        return nope_ring.reinterpret(gl.int32, WORDS_SHAPE, WORDS_LAYOUT)
-
-else:
-
-    @gluon.jit
-    def _latent_words(nope_ring):
-        return nope_ring._reinterpret(gl.int32, WORDS_SHAPE, WORDS_LAYOUT)
-
-
 @gluon.jit
-def _zero_rows_from(nope_ring, stage, half: gl.constexpr, valid):
-    # Rows valid .. 63 of a stage's latent half (0: columns 0-255, 1: the
-    # rest) set to 0: positions past the sequence's end, whatever the page
-    # holds there. The ring's 128-byte swizzle keeps each 64-column block
-    # of a row in that row's own 128 bytes, and blocks lie one after
-    # another (8 KB each), so rows are zeroed whole through an unswizzled
-    # int32 view, one block at a time in a loop: about a third of the
-    # code of the four swizzled blocks unrolled (the kernel 12% smaller),
-    # in the peeled pair that each segment runs once.
-    blocks: gl.constexpr = D_NOPE // 64
-    words = _latent_words(nope_ring)
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+def _zero_rows_from(half, valid):
+    # Rows valid .. 63 of a [64, 256] half tile set to 0: positions past
+    # the sequence's end, whatever the page holds there.
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-    first = stage * blocks + half * (blocks // 2)
-    for k in range(blocks // 2):
-        block = words.index(first + k)
-        x = block.load(layout)
-        block.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
+    for c in gl.static_range(HALF // 64):
+        piece = half.slice(c * 64, 64, dim=1)
+        x = piece.load(layout)
+        piece.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
     fence_async_shared()
     _warps_barrier()
 
@@ -411,7 +384,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
     a_left = nope_ring.index(z).slice(0, HALF, dim=1)
     if LAST and tile_a + TOKENS > seq_end:
-        _zero_rows_from(nope_ring, z, 0, seq_end - tile_a)
+        _zero_rows_from(a_left, seq_end - tile_a)
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), a_left, acc)
     if not LAST:  # A_L is free, and the segment has a tile a + 2
         _issue(src, _slot(src, a + 2), a + 2, 0, ring, ready)
@@ -424,7 +397,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
         mbarrier.wait(hand.index(P_B), (b_done + pair) & 1)
         b_left = nope_ring.index(z + 1).slice(0, HALF, dim=1)
         if LAST and tile_a + 2 * TOKENS > seq_end:
-            _zero_rows_from(nope_ring, z + 1, 0, seq_end - tile_a - TOKENS)
+            _zero_rows_from(b_left, seq_end - tile_a - TOKENS)
         acc = warpgroup_mma(rope_ring.index(z + 1), b_left, acc)
         if not LAST and a + 3 < n_tiles:  # B_L and B's rope rows (P_B) are free
             slot = _slot(src, a + 3)
@@ -566,7 +539,7 @@ def _right_issues_a(acc, tiles, LAST: gl.constexpr):
     nope_ring, rope_ring = ring
     a_right = nope_ring.index(z).slice(HALF, HALF, dim=1)
     if LAST and tile_a + TOKENS > seq_end:
-        _zero_rows_from(nope_ring, z, 1, seq_end - tile_a)
+        _zero_rows_from(a_right, seq_end - tile_a)
     return warpgroup_mma(rope_ring.index(z), a_right, acc, is_async=True)
 
 
@@ -589,7 +562,7 @@ def _right_adds_b(acc, p_bf16, tiles, LAST: gl.constexpr):
     nope_ring, rope_ring = ring
     b_right = nope_ring.index(z + 1).slice(HALF, HALF, dim=1)
     if LAST and tile_a + 2 * TOKENS > seq_end:
-        _zero_rows_from(nope_ring, z + 1, 1, seq_end - tile_a - TOKENS)
+        _zero_rows_from(b_right, seq_end - tile_a - TOKENS)
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), b_right, acc)
     if not LAST and a + 3 < n_tiles:
         _issue(src, _slot(src, a + 3), a + 3, 1, ring, ready)
