@@ -38,7 +38,10 @@ reloaded by TMA by the warpgroup whose product last read it, as soon as
 that product is done; the scores wait for each group's copy in turn. A
 segment of an odd tile count ends on a pair with no B. Each warpgroup
 stages its own columns of a segment's query rows (the left 0-255, the
-right the rest), and both wait for the other's (Q_READY).
+right the rest), and both wait for the other's (Q_READY). A segment's
+results leave through the ring, free by then: each warpgroup regroups its
+half in one stage, and the left copies the next segment's first tiles in
+once the right has read its stage (SPENT).
 
 The plan is kernel_sm90's, to the position (its helpers, imported): one
 wave of CTAs a head block, the batch's positions (each sequence's prefix
@@ -80,12 +83,12 @@ from .kernel import PLAN_BLOCK
 from .kernel_sm90 import (
     _dest,
     _launch_dependents,
+    _partial_rows,
     _request_positions,
     _segment,
     _share,
     _share_count,
     _store_lse,
-    _store_out,
     _tile_coords,
     _tma_load,
     _warps_barrier,
@@ -113,13 +116,15 @@ P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT.val
 S_ROWS = gl.constexpr(gl.SliceLayout(1, S_LAYOUT.value))  # a score tile's row vectors
 O_ROWS = gl.constexpr(gl.SliceLayout(1, O_LAYOUT.value))  # an output half's
 # Barriers the warpgroups hand over on, one phase a pair (SCALE_A,
-# SCALE_B), a B tile (P_B), or a segment (SUMS twice, Q_READY once).
+# SCALE_B), a B tile (P_B), or a segment (SUMS twice, Q_READY and SPENT
+# once).
 SCALE_A = gl.constexpr(0)  # m_A, e^(m - m_A) and P_A, from the left
 SCALE_B = gl.constexpr(1)  # m_B, e^(m_A - m_B), from the right
 P_B = gl.constexpr(2)  # P_B, from the right
 SUMS = gl.constexpr(3)  # the right's row sums, then their total
 Q_READY = gl.constexpr(4)  # both halves of the segment's query rows
-HANDS = gl.constexpr(5)
+SPENT = gl.constexpr(5)  # the right's output stores have read stage 1 (_store_half)
+HANDS = gl.constexpr(6)
 
 
 # --- loads -----------------------------------------------------------------------
@@ -154,8 +159,7 @@ def _issue(src, slot, tile, group: gl.constexpr, ring, ready):
 
 
 @gluon.jit
-def _stage_q(
-    dst,
+def _load_q(
     q_args,
     request,
     head_block,
@@ -165,18 +169,19 @@ def _stage_q(
     BLOCK_H: gl.constexpr,
     DRAFT_LEN: gl.constexpr,
 ):
-    # Query columns col0 .. col0 + WIDTH - 1 of the segment's rows into
-    # dst, 64 columns a step through registers (rows past the request or
-    # the heads zero-filled); the caller signals Q_READY.
+    # Query columns col0 .. col0 + WIDTH - 1 of the segment's rows, in
+    # registers (rows past the request or the heads zero-filled), one load
+    # for all of them: the right's 320 columns were staged 0.7 us sooner
+    # than 64 at a time (the seesaw's stamps, H100). The left's 256 were
+    # not: at a call's start every CTA loads its queries and first tiles at
+    # once, and memory is the limit.
     Q, stride_q_tok, stride_q_head = q_args
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPGROUP, 1], [1, 0])
-    for k in gl.static_range(WIDTH // 64):
-        offs_h, offs_i, mask_m, cols = _tile_coords(
-            head_block, num_heads, request[1], col0 + k * 64, 64, BLOCK_H, DRAFT_LEN, layout
-        )
-        rows = (request[0] + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
-        x = gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
-        dst.slice(k * 64, 64, dim=1).store(x)
+    offs_h, offs_i, mask_m, cols = _tile_coords(
+        head_block, num_heads, request[1], col0, WIDTH, BLOCK_H, DRAFT_LEN, layout
+    )
+    rows = (request[0] + offs_i).to(gl.int64) * stride_q_tok + offs_h * stride_q_head
+    return gl.load(Q + rows[:, None] + cols[None, :], mask=mask_m[:, None], other=0.0)
 
 
 @gluon.jit
@@ -189,16 +194,51 @@ def _q_ready(hand, segment):
     mbarrier.wait(hand.index(Q_READY), segment & 1)
 
 
+# Views of the latent ring [2, 64, 512] bf16 under another type, shape and
+# layout: 16 unswizzled int32 blocks [64, 32], a 64-column block of a stage
+# each (_zero_rows_from), and a stage's 64 KB as a warpgroup's output half,
+# fp32 or bf16 (_store_half). Triton 3.9 names the view `reinterpret`, 3.6
+# `_reinterpret`.
+WORDS_SHAPE = gl.constexpr([2 * D_NOPE // 64, TOKENS, 32])
+WORDS_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+# A 16-byte piece of a row is 4 fp32 or 8 bf16 values. XOR-swizzled by the
+# row's low bits, the eight rows a warp's accumulator store touches land in
+# different banks, and a warp reading 512 contiguous bytes of a row meets
+# no conflict either (_store_half).
+HALF_F32_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+HALF_BF16_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+
+    @gluon.jit
+    def _ring_as(nope_ring, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return nope_ring.reinterpret(dtype, shape, layout)
+
+else:
+
+    @gluon.jit
+    def _ring_as(nope_ring, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return nope_ring._reinterpret(dtype, shape, layout)
+
+
 @gluon.jit
-def _zero_rows_from(half, valid):
-    # Rows valid .. 63 of a [64, 256] half tile set to 0: positions past
-    # the sequence's end, whatever the page holds there.
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+def _zero_rows_from(nope_ring, stage, half: gl.constexpr, valid):
+    # Rows valid .. 63 of a stage's latent half (0: columns 0-255, 1: the
+    # rest) set to 0: positions past the sequence's end, whatever the page
+    # holds there. The ring's 128-byte swizzle keeps each 64-column block
+    # of a row in that row's own 128 bytes, and blocks lie one after
+    # another (8 KB each), so rows are zeroed whole through an unswizzled
+    # int32 view, one block at a time in a loop: about a third of the
+    # code of the four swizzled blocks unrolled (the kernel 12% smaller),
+    # in the peeled pair that each segment runs once.
+    blocks: gl.constexpr = D_NOPE // 64
+    words = _ring_as(nope_ring, gl.int32, WORDS_SHAPE, WORDS_LAYOUT)
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
     rows = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, layout))
-    for c in gl.static_range(HALF // 64):
-        piece = half.slice(c * 64, 64, dim=1)
-        x = piece.load(layout)
-        piece.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
+    first = stage * blocks + half * (blocks // 2)
+    for k in range(blocks // 2):
+        block = words.index(first + k)
+        x = block.load(layout)
+        block.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
     fence_async_shared()
     _warps_barrier()
 
@@ -300,23 +340,17 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        # Both stages are free (the right's last products are done: SUMS).
+        # Both stages are free: the right's last products are done (SUMS),
+        # and its stores have read stage 1 (SPENT).
+        if b > b0:
+            mbarrier.wait(hand.index(SPENT), (b - b0 - 1) & 1)
         for t in gl.static_range(2):
             if t < n_tiles:
                 slot = _slot(src, t)
                 for group in gl.static_range(GROUPS):
                     _issue(src, slot, t, group, ring, ready)
-        _stage_q(
-            q_nope.index(0).slice(0, HALF, dim=1),
-            q_args,
-            request,
-            head_block,
-            num_heads,
-            0,
-            HALF,
-            BLOCK_H,
-            DRAFT_LEN,
-        )
+        q_left = _load_q(q_args, request, head_block, num_heads, 0, HALF, BLOCK_H, DRAFT_LEN)
+        q_nope.index(0).slice(0, HALF, dim=1).store(q_left)
         _q_ready(hand, b - b0)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=S_ROWS)
@@ -338,7 +372,7 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         dest = _dest(out_args, b, b0, whole, request)
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
-        _store_out(out, 0, dest, BLOCK_H, DRAFT_LEN)
+        _store_half(out, 0, dest, ring[0], 0, BLOCK_H, DRAFT_LEN)
 
 
 @gluon.jit
@@ -384,7 +418,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
     acc = acc * gl.convert_layout(alpha, O_ROWS)[:, None]
     a_left = nope_ring.index(z).slice(0, HALF, dim=1)
     if LAST and tile_a + TOKENS > seq_end:
-        _zero_rows_from(a_left, seq_end - tile_a)
+        _zero_rows_from(nope_ring, z, 0, seq_end - tile_a)
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), a_left, acc)
     if not LAST:  # A_L is free, and the segment has a tile a + 2
         _issue(src, _slot(src, a + 2), a + 2, 0, ring, ready)
@@ -397,7 +431,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
         mbarrier.wait(hand.index(P_B), (b_done + pair) & 1)
         b_left = nope_ring.index(z + 1).slice(0, HALF, dim=1)
         if LAST and tile_a + 2 * TOKENS > seq_end:
-            _zero_rows_from(b_left, seq_end - tile_a - TOKENS)
+            _zero_rows_from(nope_ring, z + 1, 0, seq_end - tile_a - TOKENS)
         acc = warpgroup_mma(rope_ring.index(z + 1), b_left, acc)
         if not LAST and a + 3 < n_tiles:  # B_L and B's rope rows (P_B) are free
             slot = _slot(src, a + 3)
@@ -419,28 +453,10 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        _stage_q(
-            q_nope.index(0).slice(HALF, HALF, dim=1),
-            q_args,
-            request,
-            head_block,
-            num_heads,
-            HALF,
-            HALF,
-            BLOCK_H,
-            DRAFT_LEN,
-        )
-        _stage_q(
-            q_rope.index(0),
-            q_args,
-            request,
-            head_block,
-            num_heads,
-            D_NOPE,
-            D_ROPE,
-            BLOCK_H,
-            DRAFT_LEN,
-        )
+        q_right = _load_q(q_args, request, head_block, num_heads, HALF, HALF, BLOCK_H, DRAFT_LEN)
+        q_pe = _load_q(q_args, request, head_block, num_heads, D_NOPE, D_ROPE, BLOCK_H, DRAFT_LEN)
+        q_nope.index(0).slice(HALF, HALF, dim=1).store(q_right)
+        q_rope.index(0).store(q_pe)
         _q_ready(hand, b - b0)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
@@ -459,7 +475,8 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         l_i = xchg[5].load(S_ROWS)
         dest = _dest(out_args, b, b0, whole, request)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
-        _store_out(out, HALF, dest, BLOCK_H, DRAFT_LEN)
+        _store_half(out, HALF, dest, ring[0], 1, BLOCK_H, DRAFT_LEN)
+        mbarrier.arrive(hand.index(SPENT), count=1)
 
 
 @gluon.jit
@@ -539,7 +556,7 @@ def _right_issues_a(acc, tiles, LAST: gl.constexpr):
     nope_ring, rope_ring = ring
     a_right = nope_ring.index(z).slice(HALF, HALF, dim=1)
     if LAST and tile_a + TOKENS > seq_end:
-        _zero_rows_from(a_right, seq_end - tile_a)
+        _zero_rows_from(nope_ring, z, 1, seq_end - tile_a)
     return warpgroup_mma(rope_ring.index(z), a_right, acc, is_async=True)
 
 
@@ -562,11 +579,92 @@ def _right_adds_b(acc, p_bf16, tiles, LAST: gl.constexpr):
     nope_ring, rope_ring = ring
     b_right = nope_ring.index(z + 1).slice(HALF, HALF, dim=1)
     if LAST and tile_a + 2 * TOKENS > seq_end:
-        _zero_rows_from(b_right, seq_end - tile_a - TOKENS)
+        _zero_rows_from(nope_ring, z + 1, 1, seq_end - tile_a - TOKENS)
     acc = warpgroup_mma(gl.convert_layout(p_bf16, P_LAYOUT), b_right, acc)
     if not LAST and a + 3 < n_tiles:
         _issue(src, _slot(src, a + 3), a + 3, 1, ring, ready)
     return acc
+
+
+# --- a segment's results ------------------------------------------------------------
+
+
+STORE_ROWS = gl.constexpr(16)  # rows a step of _store_half
+
+
+@gluon.jit
+def _chunk_rows(
+    head_block,
+    num_heads,
+    num_rows,
+    r0,
+    BLOCK_H: gl.constexpr,
+    DRAFT_LEN: gl.constexpr,
+    layout: gl.constexpr,
+):
+    # Head, draft and mask of tile rows r0 .. r0 + STORE_ROWS - 1, as
+    # kernel_sm90._row_coords numbers a whole tile's (without RAGGED: the
+    # seesaw serves only batches whose sequences all have L drafts).
+    offs_m = r0 + gl.arange(0, STORE_ROWS, layout=gl.SliceLayout(1, layout))
+    offs_h = head_block * BLOCK_H + offs_m // DRAFT_LEN
+    offs_i = offs_m % DRAFT_LEN
+    mask_m = (offs_m < BLOCK_H * DRAFT_LEN) & (offs_h < num_heads) & (offs_i < num_rows)
+    return offs_h, offs_i, mask_m
+
+
+@gluon.jit
+def _store_half(
+    out, col0, dest, nope_ring, stage: gl.constexpr, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr
+):
+    # A warpgroup's output columns col0 .. col0 + 255 (_store_out's rows:
+    # the output in bf16 for a whole request, else the fp32 partial),
+    # regrouped through latent stage `stage` into 16-byte pieces of rows. Stored
+    # straight from the accumulator's layout, each warp's store wrote 4 or
+    # 8 bytes in each of eight rows: eight 128-byte lines an instruction,
+    # and the stores of a segment's end took about 7 us on an H100 (the
+    # seesaw's stamps, RESULTS.md). After SUMS the stage is free: every
+    # product has read it, and no copy is on its way. Ends with the stage
+    # read, for the next segment's copies (the right then arrives SPENT).
+    whole, O, stride_o_tok, stride_o_head, PART_O, _, request, slot, head_block, num_heads = dest
+    # STORE_ROWS rows a step, in a loop (the stage seen as [16, 16, 256]
+    # through the same swizzle, which repeats every 8 rows): the whole half
+    # at once, or steps unrolled, spilled registers outside the pair loops.
+    steps: gl.constexpr = ROWS // STORE_ROWS
+    if whole:
+        bf16_half = _ring_as(nope_ring, gl.bfloat16, [4, ROWS, HALF], HALF_BF16_LAYOUT)
+        bf16_half.index(2 * stage).store(out.to(gl.bfloat16))
+        _warps_barrier()
+        bf16_steps = _ring_as(
+            nope_ring, gl.bfloat16, [4 * steps, STORE_ROWS, HALF], HALF_BF16_LAYOUT
+        )
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPGROUP, 1], [1, 0])
+        cols = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+        for k in range(steps):
+            offs_h, offs_i, mask_m = _chunk_rows(
+                head_block, num_heads, request[1], k * STORE_ROWS, BLOCK_H, DRAFT_LEN, layout
+            )
+            bf16_rows = bf16_steps.index(2 * stage * steps + k).load(layout)
+            o_row = (request[0] + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
+            gl.store(O + o_row[:, None] + cols[None, :], bf16_rows, mask=mask_m[:, None])
+    else:
+        fp32_half = _ring_as(nope_ring, gl.float32, [2, ROWS, HALF], HALF_F32_LAYOUT)
+        fp32_half.index(stage).store(out)
+        _warps_barrier()
+        fp32_steps = _ring_as(nope_ring, gl.float32, [2 * steps, STORE_ROWS, HALF], HALF_F32_LAYOUT)
+        wide: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [WARPGROUP, 1], [1, 0])
+        part_cols = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, wide))
+        for k in range(steps):
+            part_h, part_i, part_mask = _chunk_rows(
+                head_block, num_heads, request[1], k * STORE_ROWS, BLOCK_H, DRAFT_LEN, wide
+            )
+            part_row = _partial_rows(
+                slot, part_h, part_i, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, wide)
+            )
+            fp32_rows = fp32_steps.index(stage * steps + k).load(wide)
+            part_o = PART_O + part_row[:, None] * D_NOPE + part_cols[None, :]
+            gl.store(part_o, fp32_rows, mask=part_mask[:, None])
+    fence_async_shared()
+    _warps_barrier()
 
 
 # --- the kernel --------------------------------------------------------------------
