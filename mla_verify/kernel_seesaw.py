@@ -616,7 +616,7 @@ def _chunk_rows(
 def _store_half(
     out, col0, dest, nope_ring, stage: gl.constexpr, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr
 ):
-    # A warpgroup's output columns col0 .. col0 + 255 (_store_out's rows:
+    # A warpgroup's output columns col0 .. col0 + 255 (kernel_sm90._store_out's rows:
     # the output in bf16 for a whole request, else the fp32 partial),
     # regrouped through latent stage `stage` into 16-byte pieces of rows. Stored
     # straight from the accumulator's layout, each warp's store wrote 4 or
@@ -626,9 +626,10 @@ def _store_half(
     # product has read it, and no copy is on its way. Ends with the stage
     # read, for the next segment's copies (the right then arrives SPENT).
     whole, O, stride_o_tok, stride_o_head, PART_O, _, request, slot, head_block, num_heads = dest
-    # STORE_ROWS rows a step, in a loop (the stage seen as [16, 16, 256]
-    # through the same swizzle, which repeats every 8 rows): the whole half
-    # at once, or steps unrolled, spilled registers outside the pair loops.
+    # STORE_ROWS rows a step, in a loop (the ring seen again as blocks of
+    # 16 rows, under the same swizzle, which repeats every 8 rows): the
+    # whole half at once, or the steps unrolled, spilled registers outside
+    # the pair loops.
     steps: gl.constexpr = ROWS // STORE_ROWS
     if whole:
         bf16_half = _ring_as(nope_ring, gl.bfloat16, [4, ROWS, HALF], HALF_BF16_LAYOUT)
