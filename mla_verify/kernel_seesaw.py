@@ -76,6 +76,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import constexpr_function
 
 from . import hopper, launcher, problem
 from .config import COMPILE_OPTIONS
@@ -197,16 +198,10 @@ def _q_ready(hand, segment):
 # Views of the latent ring [2, 64, 512] bf16 under another type, shape and
 # layout: 16 unswizzled int32 blocks [64, 32], a 64-column block of a stage
 # each (_zero_rows_from), and a stage's 64 KB as a warpgroup's output half,
-# fp32 or bf16 (_store_half). Triton 3.9 names the view `reinterpret`, 3.6
+# fp32 or bf16 (_regrouped). Triton 3.9 names the view `reinterpret`, 3.6
 # `_reinterpret`.
 WORDS_SHAPE = gl.constexpr([2 * D_NOPE // 64, TOKENS, 32])
 WORDS_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-# A 16-byte piece of a row is 4 fp32 or 8 bf16 values. XOR-swizzled by the
-# row's low bits, the eight rows a warp's accumulator store touches land in
-# different banks, and a warp reading 512 contiguous bytes of a row meets
-# no conflict either (_store_half).
-HALF_F32_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
-HALF_BF16_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
 
     @gluon.jit
@@ -592,6 +587,45 @@ def _right_adds_b(acc, p_bf16, tiles, LAST: gl.constexpr):
 STORE_ROWS = gl.constexpr(16)  # rows a step of _store_half
 
 
+@constexpr_function
+def _piece(dtype):
+    # Values in a 16-byte piece of a row: 4 fp32 or 8 bf16.
+    return 128 // dtype.primitive_bitwidth
+
+
+@constexpr_function
+def _half_layout(dtype):
+    # A warpgroup's output half in shared memory, XOR-swizzled by the row's
+    # low bits in 16-byte pieces: the eight rows a warp's accumulator store
+    # touches land in different banks, and a warp reading 512 contiguous
+    # bytes of a row meets no conflict either.
+    return gl.SwizzledSharedLayout(_piece(dtype), 1, 8, [1, 0])
+
+
+@constexpr_function
+def _pieces_layout(dtype):
+    # Rows of 16-byte pieces, a warp across a row.
+    return gl.BlockedLayout([1, _piece(dtype)], [1, 32], [hopper.WARPGROUP, 1], [1, 0])
+
+
+@gluon.jit
+def _regrouped(x, nope_ring, stage: gl.constexpr):
+    # x, a warpgroup's [64, 256] half, written into latent stage `stage`
+    # (its 64 KB: one fp32 half or two bf16), then read back STORE_ROWS rows
+    # at a time, in a loop: the ring seen again as blocks of 16 rows under
+    # the same swizzle, which repeats every 8 rows. Returns those blocks and
+    # the first of this stage's. (The whole half read at once, or the steps
+    # unrolled, spilled registers outside the pair loops.)
+    per_stage: gl.constexpr = 4 // (x.dtype.primitive_bitwidth // 8)
+    layout: gl.constexpr = _half_layout(x.dtype)
+    halves = _ring_as(nope_ring, x.dtype, [2 * per_stage, ROWS, HALF], layout)
+    halves.index(per_stage * stage).store(x)
+    _warps_barrier()
+    steps: gl.constexpr = ROWS // STORE_ROWS
+    blocks = _ring_as(nope_ring, x.dtype, [2 * per_stage * steps, STORE_ROWS, HALF], layout)
+    return blocks, per_stage * stage * steps
+
+
 @gluon.jit
 def _chunk_rows(
     head_block,
@@ -616,43 +650,32 @@ def _chunk_rows(
 def _store_half(
     out, col0, dest, nope_ring, stage: gl.constexpr, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr
 ):
-    # A warpgroup's output columns col0 .. col0 + 255 (kernel_sm90._store_out's rows:
-    # the output in bf16 for a whole request, else the fp32 partial),
-    # regrouped through latent stage `stage` into 16-byte pieces of rows. Stored
-    # straight from the accumulator's layout, each warp's store wrote 4 or
-    # 8 bytes in each of eight rows: eight 128-byte lines an instruction,
-    # and the stores of a segment's end took about 7 us on an H100 (the
-    # seesaw's stamps, RESULTS.md). After SUMS the stage is free: every
-    # product has read it, and no copy is on its way. Ends with the stage
-    # read, for the next segment's copies (the right then arrives SPENT).
+    # A warpgroup's output columns col0 .. col0 + 255 (kernel_sm90._store_out's
+    # rows: the output in bf16 for a whole request, else the fp32 partial),
+    # regrouped through latent stage `stage` into 16-byte pieces of rows.
+    # Stored straight from the accumulator's layout, each warp's store wrote
+    # 4 or 8 bytes in each of eight rows: eight 128-byte lines an
+    # instruction, and the stores of a segment's end took about 7 us on an
+    # H100 (the seesaw's stamps, RESULTS.md). After SUMS the stage is free:
+    # every product has read it, and no copy is on its way. Ends with the
+    # stage read, for the next segment's copies (the right then arrives
+    # SPENT).
     whole, O, stride_o_tok, stride_o_head, PART_O, _, request, slot, head_block, num_heads = dest
-    # STORE_ROWS rows a step, in a loop (the ring seen again as blocks of
-    # 16 rows, under the same swizzle, which repeats every 8 rows): the
-    # whole half at once, or the steps unrolled, spilled registers outside
-    # the pair loops.
     steps: gl.constexpr = ROWS // STORE_ROWS
     if whole:
-        bf16_half = _ring_as(nope_ring, gl.bfloat16, [4, ROWS, HALF], HALF_BF16_LAYOUT)
-        bf16_half.index(2 * stage).store(out.to(gl.bfloat16))
-        _warps_barrier()
-        bf16_steps = _ring_as(
-            nope_ring, gl.bfloat16, [4 * steps, STORE_ROWS, HALF], HALF_BF16_LAYOUT
-        )
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPGROUP, 1], [1, 0])
+        bf16_blocks, first = _regrouped(out.to(gl.bfloat16), nope_ring, stage)
+        layout: gl.constexpr = _pieces_layout(gl.bfloat16)
         cols = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
         for k in range(steps):
             offs_h, offs_i, mask_m = _chunk_rows(
                 head_block, num_heads, request[1], k * STORE_ROWS, BLOCK_H, DRAFT_LEN, layout
             )
-            bf16_rows = bf16_steps.index(2 * stage * steps + k).load(layout)
+            bf16_rows = bf16_blocks.index(first + k).load(layout)
             o_row = (request[0] + offs_i).to(gl.int64) * stride_o_tok + offs_h * stride_o_head
             gl.store(O + o_row[:, None] + cols[None, :], bf16_rows, mask=mask_m[:, None])
     else:
-        fp32_half = _ring_as(nope_ring, gl.float32, [2, ROWS, HALF], HALF_F32_LAYOUT)
-        fp32_half.index(stage).store(out)
-        _warps_barrier()
-        fp32_steps = _ring_as(nope_ring, gl.float32, [2 * steps, STORE_ROWS, HALF], HALF_F32_LAYOUT)
-        wide: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [WARPGROUP, 1], [1, 0])
+        fp32_blocks, part_first = _regrouped(out, nope_ring, stage)
+        wide: gl.constexpr = _pieces_layout(gl.float32)
         part_cols = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, wide))
         for k in range(steps):
             part_h, part_i, part_mask = _chunk_rows(
@@ -661,7 +684,7 @@ def _store_half(
             part_row = _partial_rows(
                 slot, part_h, part_i, num_heads, BLOCK_H, DRAFT_LEN, gl.SliceLayout(1, wide)
             )
-            fp32_rows = fp32_steps.index(stage * steps + k).load(wide)
+            fp32_rows = fp32_blocks.index(part_first + k).load(wide)
             part_o = PART_O + part_row[:, None] * D_NOPE + part_cols[None, :]
             gl.store(part_o, fp32_rows, mask=part_mask[:, None])
     fence_async_shared()
