@@ -311,7 +311,12 @@ def _signature(
     aligned: set[str] = frozenset(),
 ) -> ASTSource:
     # Every other argument is a 32-bit int (strides, sizes), unspecialised
-    # unless named in `aligned` (divisible by 16: _launch_aligned).
+    # unless named in `aligned` (divisible by 16: _launch_aligned). A
+    # constexpr left out would compile as such an int, its branches then
+    # taken at run time: not the kernel a launch builds.
+    missing = [fn.arg_names[i] for i in fn.constexprs if fn.arg_names[i] not in constexprs]
+    if missing:
+        raise ValueError(f"constexprs: expected a value for each of {missing}, got none")
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -397,7 +402,8 @@ def compile_seesaw(draft_len: int, arch: str = "sm90"):
         DRAFT_LEN=draft_len,
         BLOCK_H=hopper.block_heads(128, draft_len),
         BLOCK_B=kernel.PLAN_BLOCK,
-        LAUNCH_DEPENDENTS=True,  # as on a CUDA device
+        WAIT_PRIOR=True,  # as on a CUDA device (the translation's dependent)
+        LAUNCH_DEPENDENTS=True,
     )
     # A block table's row stride is any int (a launch's own table).
     aligned = _launch_aligned(fn, pointers) - {"stride_table"}

@@ -694,6 +694,15 @@ def _store_half(
 # --- the kernel --------------------------------------------------------------------
 
 
+@gluon.jit
+def _grid_wait():
+    # PTX griddepcontrol.wait, as kernel_sm90._launch_dependents: until the
+    # grid this one depends on has finished and its writes are visible.
+    gl.inline_asm_elementwise(
+        "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
 @gluon.jit(do_not_specialize=["batch_size", "min_share", "page_shift", "slots_per_block"])
 def _seesaw_kernel(
     Q,
@@ -721,9 +730,45 @@ def _seesaw_kernel(
     DRAFT_LEN: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
+    WAIT_PRIOR: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
 ):
-    if LAUNCH_DEPENDENTS:  # kernel_sm90's reason
+    nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
+    rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
+    # q [1, ...]: indexed by a loop value (_left's z).
+    q_nope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_NOPE], nope_layout)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_ROPE], rope_layout)
+    nope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_NOPE], nope_layout)
+    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_ROPE], rope_layout)
+    # Row vectors handed over: m_A, e^(m - m_A), m_B, e^(m_A - m_B),
+    # the right's row sums, their total. An allocation each: in one,
+    # a store to one row after a load or store of another took a
+    # warpgroup barrier (the compiler's hazard check sees the whole
+    # allocation).
+    vector: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    xchg = (
+        gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+        gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+        gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+        gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+        gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+        gl.allocate_shared_memory(gl.float32, [ROWS], vector),
+    )
+    ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
+    hand = gl.allocate_shared_memory(gl.int64, [HANDS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * GROUPS):
+        mbarrier.init(ready.index(i), count=1)  # a TMA copy's expect
+    for i in gl.static_range(HANDS):
+        mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
+    fence_async_shared()
+    _warps_barrier()
+    if WAIT_PRIOR:
+        # The indptrs are the translation's (a dependent launch): this CTA
+        # was placed and set up while it ran.
+        _grid_wait()
+    if LAUNCH_DEPENDENTS:
+        # kernel_sm90's reason; only after the wait, since stage 2 reads
+        # the indptrs before its own.
         _launch_dependents()
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
@@ -750,40 +795,6 @@ def _seesaw_kernel(
         share = _share(share_block, batch_size, drafts, s0, s1, BLOCK_B, plan_layout)
         q_args = (Q, stride_q_tok, stride_q_head)
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
-
-        nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-            [ROWS, D_NOPE], gl.bfloat16
-        )
-        rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-            [ROWS, D_ROPE], gl.bfloat16
-        )
-        # q [1, ...]: indexed by a loop value (_left's z).
-        q_nope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_NOPE], nope_layout)
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, ROWS, D_ROPE], rope_layout)
-        nope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_NOPE], nope_layout)
-        rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TOKENS, D_ROPE], rope_layout)
-        # Row vectors handed over: m_A, e^(m - m_A), m_B, e^(m_A - m_B),
-        # the right's row sums, their total. An allocation each: in one,
-        # a store to one row after a load or store of another took a
-        # warpgroup barrier (the compiler's hazard check sees the whole
-        # allocation).
-        vector: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        xchg = (
-            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
-            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
-            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
-            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
-            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
-            gl.allocate_shared_memory(gl.float32, [ROWS], vector),
-        )
-        ready = gl.allocate_shared_memory(gl.int64, [2 * GROUPS, 1], mbarrier.MBarrierLayout())
-        hand = gl.allocate_shared_memory(gl.int64, [HANDS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2 * GROUPS):
-            mbarrier.init(ready.index(i), count=1)  # a TMA copy's expect
-        for i in gl.static_range(HANDS):
-            mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
-        fence_async_shared()
-        _warps_barrier()
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
         pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
         both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
@@ -838,6 +849,7 @@ def launch(
     min_share: int,
     score_scale: float,
     v_scale: float,
+    wait_prior: bool,
     launch_dependents: bool,
 ) -> None:
     """Stage 1 over a paged cache, ``pool`` its token rows [slots, 576]
@@ -846,7 +858,9 @@ def launch(
     partials (``part_o`` / ``part_lse`` rows (slot, head, draft)), for
     ``q`` [bs * L, H, 576] and ``o`` [bs * L, H, 512]; ``kv_indptr`` holds
     the prefix lengths (cache_seqlens - L) prefix-summed. ``score_scale``
-    is in the log2 domain."""
+    is in the log2 domain. ``wait_prior``: a programmatic dependent launch
+    of the kernel that writes the indptrs (paged's translation), waited for
+    before the plan reads them."""
     if page_size & (page_size - 1):  # the kernel finds pages by a shift
         raise ValueError(f"page_size: expected a power of two, got {page_size}")
     head_blocks = hopper.head_blocks(q.shape[1], block_h)
@@ -879,6 +893,8 @@ def launch(
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=PLAN_BLOCK,
+        WAIT_PRIOR=wait_prior,
         LAUNCH_DEPENDENTS=launch_dependents,
+        **({"launch_pdl": True} if wait_prior else {}),
         **LAUNCH_OPTIONS,
     )

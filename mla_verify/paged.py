@@ -43,7 +43,9 @@ more at batch 129-256, run a native paged kernel instead (``seesaw_serves``,
 kernel_seesaw.py): the translation then writes the indptrs alone, the
 seesaw kernel reads the pages and the drafts' rows where the cache holds
 them (v_scale scales its output, in fp32), and stage 2 merges its partials
-as the Hopper kernel's.
+as the Hopper kernel's. The seesaw kernel is the translation's
+programmatic dependent launch: its CTAs take their SMs and set up while
+the translation runs, and wait for it before they read the indptrs.
 
 Cost of the translation over a native paged kernel: one more launch (bs x min(16,
 cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
@@ -60,6 +62,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import api, hopper, launcher, plan, prepared
 from .api import _as_scale, _expect
@@ -125,10 +128,15 @@ def _translate_kernel(
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
     INDICES: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     # Program (chunk, req): chunk-th of num_chunks strided shares of
     # sequence req's prefix positions and drafts; without INDICES (the
     # seesaw kernel reads the pages itself) the indptrs alone.
+    if LAUNCH_DEPENDENTS:
+        # The seesaw kernel launches at once (a dependent launch): its CTAs
+        # find their SMs and set up while this runs, then wait for it.
+        gdc_launch_dependents()
     chunk = tl.program_id(0)
     req = tl.program_id(1)
 
@@ -287,6 +295,7 @@ def paged_forward(
             D_NOPE=V_HEAD_DIM,
             D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
             INDICES=call.seesaw is None,
+            LAUNCH_DEPENDENTS=call.seesaw is not None and call.seesaw.dependent,
             num_warps=4,
             **COMPILE_OPTIONS,
         )
@@ -491,6 +500,7 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall):
         min_share=launch.min_share,
         score_scale=call.sm_scale * call.k_scale * LOG2E,
         v_scale=call.v_scale,
+        wait_prior=launch.dependent,
         launch_dependents=launch.dependent,
     )
     launch_merge_shares(
