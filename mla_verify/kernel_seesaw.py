@@ -730,8 +730,7 @@ def _seesaw_kernel(
     DRAFT_LEN: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
-    WAIT_PRIOR: gl.constexpr,
-    LAUNCH_DEPENDENTS: gl.constexpr,
+    DEPENDENT: gl.constexpr,
 ):
     nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
@@ -762,13 +761,12 @@ def _seesaw_kernel(
         mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
     fence_async_shared()
     _warps_barrier()
-    if WAIT_PRIOR:
-        # The indptrs are the translation's (a dependent launch): this CTA
-        # was placed and set up while it ran.
+    if DEPENDENT:
+        # The indptrs are the translation's, and this grid its dependent
+        # launch: the CTA was placed and set up while it ran.
         _grid_wait()
-    if LAUNCH_DEPENDENTS:
-        # kernel_sm90's reason; only after the wait, since stage 2 reads
-        # the indptrs before its own.
+        # Stage 2 may launch from here (kernel_sm90's reason), not before
+        # the wait: it reads the indptrs before its own.
         _launch_dependents()
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
@@ -849,8 +847,7 @@ def launch(
     min_share: int,
     score_scale: float,
     v_scale: float,
-    wait_prior: bool,
-    launch_dependents: bool,
+    dependent: bool,
 ) -> None:
     """Stage 1 over a paged cache, ``pool`` its token rows [slots, 576]
     (block n's page from slot n * ``slots_per_block``), on ``ctas`` CTAs a
@@ -858,9 +855,9 @@ def launch(
     partials (``part_o`` / ``part_lse`` rows (slot, head, draft)), for
     ``q`` [bs * L, H, 576] and ``o`` [bs * L, H, 512]; ``kv_indptr`` holds
     the prefix lengths (cache_seqlens - L) prefix-summed. ``score_scale``
-    is in the log2 domain. ``wait_prior``: a programmatic dependent launch
+    is in the log2 domain. ``dependent``: a programmatic dependent launch
     of the kernel that writes the indptrs (paged's translation), waited for
-    before the plan reads them."""
+    before the plan reads them, and stage 2 one of this kernel."""
     if page_size & (page_size - 1):  # the kernel finds pages by a shift
         raise ValueError(f"page_size: expected a power of two, got {page_size}")
     head_blocks = hopper.head_blocks(q.shape[1], block_h)
@@ -893,8 +890,7 @@ def launch(
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=PLAN_BLOCK,
-        WAIT_PRIOR=wait_prior,
-        LAUNCH_DEPENDENTS=launch_dependents,
-        **({"launch_pdl": True} if wait_prior else {}),
+        DEPENDENT=dependent,
+        **({"launch_pdl": True} if dependent else {}),
         **LAUNCH_OPTIONS,
     )
