@@ -46,7 +46,9 @@ once the right has read its stage (SPENT).
 The plan is kernel_sm90's, to the position (its helpers, imported): one
 wave of CTAs a head block, the batch's positions (each sequence's prefix
 tiles, then one for its drafts) cut into equal shares. So stage 2
-(kernel._merge_shares_kernel) merges these partials unchanged. A segment
+(kernel._merge_shares_kernel) merges these partials unchanged. The plan
+reads the indptrs paged's translation writes: this kernel is that
+kernel's programmatic dependent launch (DEPENDENT), set up while it runs. A segment
 of sequence b (its part of the CTA's share: prefix tokens lo .. hi - 1,
 and its drafts where the share holds their position) reads the 64-token
 tiles of the sequence that meet lo .. hi - 1, and with its drafts every
