@@ -48,12 +48,12 @@ wave of CTAs a head block, the batch's positions (each sequence's prefix
 tiles, then one for its drafts) cut into equal shares. So stage 2
 (kernel._merge_shares_kernel) merges these partials unchanged. The plan
 reads the indptrs paged's translation writes: this kernel is that
-kernel's programmatic dependent launch (DEPENDENT), set up while it runs. A segment
-of sequence b (its part of the CTA's share: prefix tokens lo .. hi - 1,
-and its drafts where the share holds their position) reads the 64-token
-tiles of the sequence that meet lo .. hi - 1, and with its drafts every
-tile up to the sequence's end n = prefix + L, where the drafts live in the
-cache. Draft i sees key p where lo <= p < hi, or with the drafts
+kernel's programmatic dependent launch (DEPENDENT), set up while it
+runs. A segment of sequence b (its part of the CTA's share: prefix
+tokens lo .. hi - 1, and its drafts where the share holds their
+position) reads the 64-token tiles of the sequence that meet lo .. hi - 1,
+and with its drafts every tile up to the sequence's end n = prefix + L,
+where the drafts live in the cache. Draft i sees key p where lo <= p < hi, or with the drafts
 p < prefix + 1 + i (bottom-right causal); tiles that reach outside that
 window are masked. Rows of the last tile at n or past are not the
 sequence's: each warpgroup zeroes them in its half of V before its
@@ -82,7 +82,7 @@ from triton.runtime.jit import constexpr_function
 
 from . import hopper, launcher, problem
 from .config import COMPILE_OPTIONS
-from .kernel import PLAN_BLOCK
+from .kernel import PLAN_BLOCK, _dependent_options
 from .kernel_sm90 import (
     _dest,
     _launch_dependents,
@@ -893,6 +893,6 @@ def launch(
         BLOCK_H=block_h,
         BLOCK_B=PLAN_BLOCK,
         DEPENDENT=dependent,
-        **({"launch_pdl": True} if dependent else {}),
+        **_dependent_options(dependent),
         **LAUNCH_OPTIONS,
     )
