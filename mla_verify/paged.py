@@ -393,9 +393,13 @@ def _prepare(
 # Which bf16 calls on pages of 64 or 128 tokens run the seesaw kernel
 # (kernel_seesaw.py): at most SEESAW_MAX_BATCH sequences; sequences of
 # SEESAW_MIN_ROWS query rows or more (heads x drafts) in a batch of at most
-# SEESAW_ROWS_MAX_BATCH; of SEESAW_NARROW_ROWS or more in a batch of
-# SEESAW_NARROW_MIN_BATCH to SEESAW_ROWS_MAX_BATCH; or of SEESAW_WIDE_ROWS or
-# more in a batch of at most SEESAW_WIDE_MAX_BATCH, the largest measured.
+# SEESAW_ROWS_MAX_BATCH; in a batch of SEESAW_NARROW_MIN_BATCH or more,
+# sequences of SEESAW_NARROW_ROWS rows or more up to SEESAW_ROWS_MAX_BATCH
+# and of SEESAW_SMALL_ROWS or fewer up to SEESAW_SMALL_MAX_BATCH; or of
+# SEESAW_WIDE_ROWS or more in a batch of at most SEESAW_WIDE_MAX_BATCH, the
+# largest measured. The translated call keeps the rest: 33-127 rows (64 is
+# one Hopper tile) at any batch, fewer than 256 rows at batch 2-7, and the
+# batches past each term's largest.
 # Side by side against the translated call on the same pages: at batch 1
 # 1.05x on the H200 (RESULTS.md, "The seesaw kernel on pages": 18 shapes,
 # 1.00-1.13x); at batch 8-64 on an H100 (RESULTS.md, "The seesaw kernel at
@@ -410,18 +414,20 @@ def _prepare(
 # H100 (RESULTS.md, "The seesaw kernel past batch 64", the small batches):
 # 512 rows or more 1.02-1.11x; 256 rows 1.02-1.08x with 2K contexts and
 # 0.94-1.00x with 16K, left with the batch-1 and batch-8 terms on either
-# side; under 256 rows 0.957x, left on the translated call. Since
-# 1a57ce4's faster seesaw, 128 rows at batch 16-128 on an H100
-# (RESULTS.md, "The seesaw kernel at 128 rows a sequence"): 1.01-1.14x with
-# 8K-64K contexts, 0.96-1.01x with 2K-4K; at batch 8 0.97-0.99x, and 64 rows
-# 0.94-1.00x at batch 8-64, left on the translated call. Batches 5-7 were
-# not measured. The context is not known on the host, so the rule cannot
-# weigh it.
+# side; under 256 rows 0.957x with an older seesaw, left on the translated
+# call. At batch 8-64 on an H100 since 30fee13 (RESULTS.md, "The seesaw
+# kernel on small and 128-row sequences"): 8-16 rows 1.00-1.06x, 32 rows
+# 0.985-1.02x, 128 rows at batch 8 1.00-1.03x with 2K-16K contexts and
+# 1.07-1.10x with 64K; 64 rows 0.94-0.98x with 2K, left on the translated
+# call. Batches 5-7 were not measured. The context is not known on the
+# host, so the rule cannot weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
 SEESAW_ROWS_MAX_BATCH = 128
 SEESAW_NARROW_ROWS = 128
-SEESAW_NARROW_MIN_BATCH = 16
+SEESAW_NARROW_MIN_BATCH = 8
+SEESAW_SMALL_ROWS = 32
+SEESAW_SMALL_MAX_BATCH = 64
 SEESAW_WIDE_ROWS = 512
 SEESAW_WIDE_MAX_BATCH = 256
 
@@ -435,6 +441,10 @@ def seesaw_shape(batch_size: int, rows: int) -> bool:
         or (
             rows >= SEESAW_NARROW_ROWS
             and SEESAW_NARROW_MIN_BATCH <= batch_size <= SEESAW_ROWS_MAX_BATCH
+        )
+        or (
+            rows <= SEESAW_SMALL_ROWS
+            and SEESAW_NARROW_MIN_BATCH <= batch_size <= SEESAW_SMALL_MAX_BATCH
         )
         or (rows >= SEESAW_WIDE_ROWS and batch_size <= SEESAW_WIDE_MAX_BATCH)
     )
