@@ -43,10 +43,9 @@ more at batch 129-256, run a native paged kernel instead (``seesaw_serves``,
 kernel_seesaw.py): the translation then writes the indptrs alone, the
 seesaw kernel reads the pages and the drafts' rows where the cache holds
 them (v_scale scales its output, in fp32), and stage 2 merges its partials
-as the Hopper kernel's. On Hopper stage 1 (the seesaw kernel, or
-kernel_sm90's) is the translation's programmatic dependent launch: its
-CTAs take their SMs and set up while the translation runs, and wait for it
-before they read what it wrote.
+as the Hopper kernel's. The seesaw kernel is the translation's
+programmatic dependent launch: its CTAs take their SMs and set up while
+the translation runs, and wait for it before they read the indptrs.
 
 Cost of the translation over a native paged kernel: one more launch (bs x min(16,
 cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
@@ -135,8 +134,8 @@ def _translate_kernel(
     # sequence req's prefix positions and drafts; without INDICES (the
     # seesaw kernel reads the pages itself) the indptrs alone.
     if LAUNCH_DEPENDENTS:
-        # Stage 1 launches at once (a dependent launch): its CTAs find
-        # their SMs and set up while this runs, then wait for it.
+        # The seesaw kernel launches at once (a dependent launch): its CTAs
+        # find their SMs and set up while this runs, then wait for it.
         gdc_launch_dependents()
     chunk = tl.program_id(0)
     req = tl.program_id(1)
@@ -296,7 +295,7 @@ def paged_forward(
             D_NOPE=V_HEAD_DIM,
             D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
             INDICES=call.seesaw is None,
-            LAUNCH_DEPENDENTS=call.dependent,
+            LAUNCH_DEPENDENTS=call.seesaw is not None and call.seesaw.dependent,
             num_warps=4,
             **COMPILE_OPTIONS,
         )
@@ -362,9 +361,6 @@ class _PagedCall:
     slot_stride: int
     slots_per_block: int
     seesaw: _SeesawLaunch | None
-    # Stage 1 goes out as the translation's programmatic dependent launch
-    # (plan.dependent_launch): the translation lets it launch at its start.
-    dependent: bool
     launches: launcher.Recording = field(default_factory=launcher.Recording, compare=False)
     # The translated call's verify_mla_fwd host work, once its first call
     # has done it (api.kept_call).
@@ -390,15 +386,7 @@ def _prepare(
         seesaw = _seesaw_launch(q, kv_cache)
     num_chunks = 1 if seesaw else max(1, min(triton.cdiv(max_tokens, BLOCK_P), MAX_CHUNKS))
     return _PagedCall(
-        sm_scale,
-        k_scale,
-        v_scale,
-        max_tokens,
-        num_chunks,
-        slot_stride,
-        slots_per_block,
-        seesaw,
-        plan.dependent_launch(q.device),
+        sm_scale, k_scale, v_scale, max_tokens, num_chunks, slot_stride, slots_per_block, seesaw
     )
 
 

@@ -563,7 +563,8 @@ AOT_SCRIPT = textwrap.dedent(
                 constexprs = dict(
                     DRAFT_LEN=3, PAGE_SIZE=page, BLOCK_P=paged.BLOCK_P, BLOCK_B=paged.BLOCK_B,
                     D_NOPE=512, D_ROPE=64, INDICES=page != 128,
-                    LAUNCH_DEPENDENTS=arch == "sm90",  # as on Hopper: stage 1 let go at once
+                    # as before the seesaw kernel: indptrs alone, its launch let go at once
+                    LAUNCH_DEPENDENTS=arch == "sm90" and page == 128,
                 )
                 src = _signature(paged._translate_kernel, pointers, set(), constexprs)
                 triton.compile(src, target=TARGETS[arch][0], options={"num_warps": 4})
