@@ -38,8 +38,9 @@ output. (Drafts' rows scaled and rounded to q's dtype put an output past
 the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
 On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, of 256
-query rows a sequence or more (heads x drafts) at batch 2-128, or of 512 or
-more at batch 129-256, run a native paged kernel instead (``seesaw_serves``,
+query rows a sequence or more (heads x drafts) at batch 2-128, of 128 or
+more at batch 8-128, of 32 or fewer at batch 8-64, or of 512 or more at
+batch 129-256, run a native paged kernel instead (``seesaw_serves``,
 kernel_seesaw.py): the translation then writes the indptrs alone, the
 seesaw kernel reads the pages and the drafts' rows where the cache holds
 them (v_scale scales its output, in fp32), and stage 2 merges its partials
