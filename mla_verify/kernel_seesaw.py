@@ -19,9 +19,10 @@ kernel past batch 64"). Its right warpgroup adding P_A A_R before B's
 softmax, so that tile A is reloaded by mid-pair, made it 1.04x faster again
 on an H100 (RESULTS.md, "The seesaw's right warpgroup adds P_A A_R before
 B's softmax"); since then it also serves 128-row sequences at batch 16-128
-(RESULTS.md, "The seesaw kernel at 128 rows a sequence"), and since 850ae38
-those from batch 8 and sequences of 32 rows or fewer at batch 8-64
-(RESULTS.md, "The seesaw kernel on small and 128-row sequences").
+(RESULTS.md, "The seesaw kernel at 128 rows a sequence"), and now those
+from batch 8, sequences of 32 rows or fewer at batch 8-64 and of 16 or
+fewer at batch 2-64 (RESULTS.md, "The seesaw kernel on small and 128-row
+sequences").
 
 Each CTA holds 64 query rows (BLOCK_H heads x L drafts) in two
 warpgroups of 240 registers. The left holds output columns 0-255, the right

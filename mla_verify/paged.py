@@ -39,12 +39,12 @@ the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
 On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, of 256
 query rows a sequence or more (heads x drafts) at batch 2-128, of 128 or
-more at batch 8-128, of 32 or fewer at batch 8-64, or of 512 or more at
-batch 129-256, run a native paged kernel instead (``seesaw_serves``,
-kernel_seesaw.py): the translation then writes the indptrs alone, the
-seesaw kernel reads the pages and the drafts' rows where the cache holds
-them (v_scale scales its output, in fp32), and stage 2 merges its partials
-as the Hopper kernel's. The seesaw kernel is the translation's
+more at batch 8-128, of 32 or fewer at batch 8-64 (16 or fewer from batch
+1), or of 512 or more at batch 129-256, run a native paged kernel instead
+(``seesaw_serves``, kernel_seesaw.py): the translation then writes the
+indptrs alone, the seesaw kernel reads the pages and the drafts' rows where
+the cache holds them (v_scale scales its output, in fp32), and stage 2
+merges its partials as the Hopper kernel's. The seesaw kernel is the translation's
 programmatic dependent launch: its CTAs take their SMs and set up while
 the translation runs, and wait for it before they read the indptrs.
 
@@ -396,10 +396,11 @@ def _prepare(
 # SEESAW_MIN_ROWS query rows or more (heads x drafts) in a batch of at most
 # SEESAW_ROWS_MAX_BATCH; in a batch of SEESAW_NARROW_MIN_BATCH or more,
 # sequences of SEESAW_NARROW_ROWS rows or more up to SEESAW_ROWS_MAX_BATCH
-# and of SEESAW_SMALL_ROWS or fewer up to SEESAW_SMALL_MAX_BATCH; or of
-# SEESAW_WIDE_ROWS or more in a batch of at most SEESAW_WIDE_MAX_BATCH, the
-# largest measured. The translated call keeps the rest: 33-127 rows (64 is
-# one Hopper tile) at any batch, fewer than 256 rows at batch 2-7, and the
+# and of SEESAW_SMALL_ROWS or fewer up to SEESAW_SMALL_MAX_BATCH; sequences
+# of SEESAW_TINY_ROWS or fewer up to SEESAW_SMALL_MAX_BATCH at any batch; or
+# of SEESAW_WIDE_ROWS or more in a batch of at most SEESAW_WIDE_MAX_BATCH,
+# the largest measured. The translated call keeps the rest: 33-127 rows (64
+# is one Hopper tile) at any batch, 17-255 rows at batch 2-7, and the
 # batches past each term's largest.
 # Side by side against the translated call on the same pages: at batch 1
 # 1.05x on the H200 (RESULTS.md, "The seesaw kernel on pages": 18 shapes,
@@ -420,8 +421,10 @@ def _prepare(
 # kernel on small and 128-row sequences"): 8-16 rows 1.00-1.06x, 32 rows
 # 0.985-1.02x, 128 rows at batch 8 1.00-1.03x with 2K-16K contexts and
 # 1.07-1.10x with 64K; 64 rows 0.94-0.98x with 2K, left on the translated
-# call. Batches 5-7 were not measured. The context is not known on the
-# host, so the rule cannot weigh it.
+# call. At batch 2 and 4 (the same section): 8-16 rows 1.00-1.10x with 2K
+# and 16K contexts; 32 rows 0.94-1.04x and 128 rows 0.97-1.03x, left on the
+# translated call. Batches 5-7 were not measured. The context is not known
+# on the host, so the rule cannot weigh it.
 SEESAW_MAX_BATCH = 1
 SEESAW_MIN_ROWS = 256
 SEESAW_ROWS_MAX_BATCH = 128
@@ -429,6 +432,7 @@ SEESAW_NARROW_ROWS = 128
 SEESAW_NARROW_MIN_BATCH = 8
 SEESAW_SMALL_ROWS = 32
 SEESAW_SMALL_MAX_BATCH = 64
+SEESAW_TINY_ROWS = 16
 SEESAW_WIDE_ROWS = 512
 SEESAW_WIDE_MAX_BATCH = 256
 
@@ -445,7 +449,8 @@ def seesaw_shape(batch_size: int, rows: int) -> bool:
         )
         or (
             rows <= SEESAW_SMALL_ROWS
-            and SEESAW_NARROW_MIN_BATCH <= batch_size <= SEESAW_SMALL_MAX_BATCH
+            and batch_size <= SEESAW_SMALL_MAX_BATCH
+            and (batch_size >= SEESAW_NARROW_MIN_BATCH or rows <= SEESAW_TINY_ROWS)
         )
         or (rows >= SEESAW_WIDE_ROWS and batch_size <= SEESAW_WIDE_MAX_BATCH)
     )

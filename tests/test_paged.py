@@ -388,12 +388,13 @@ SEESAW_SHAPES = [
 ]
 
 
-def test_seesaw_rule_takes_batch_one_and_all_but_one_tile_rows_from_batch_8():
+def test_seesaw_rule_takes_batch_one_wide_and_small_sequences():
     """paged.seesaw_shape: batch 1 at any size, batches of up to 128 whose
     sequences hold 256 query rows (heads x drafts) or more, batches of 8 to
     128 whose sequences hold 128 or more, batches of 8 to 64 whose
-    sequences hold 32 or fewer, batches of up to 256 (the largest measured)
-    whose sequences hold 512 or more, nothing else."""
+    sequences hold 32 or fewer, batches of up to 64 whose sequences hold 16
+    or fewer, batches of up to 256 (the largest measured) whose sequences
+    hold 512 or more, nothing else."""
     assert paged.seesaw_shape(1, 1) and paged.seesaw_shape(1, 128)
     assert paged.seesaw_shape(8, 256) and paged.seesaw_shape(128, 256)
     assert paged.seesaw_shape(8, 128) and paged.seesaw_shape(128, 128)
@@ -402,7 +403,9 @@ def test_seesaw_rule_takes_batch_one_and_all_but_one_tile_rows_from_batch_8():
     assert not paged.seesaw_shape(2, 255) and not paged.seesaw_shape(64, 127)
     assert not paged.seesaw_shape(8, 33) and not paged.seesaw_shape(64, 64)
     assert not paged.seesaw_shape(7, 128) and not paged.seesaw_shape(129, 128)
-    assert not paged.seesaw_shape(7, 32) and not paged.seesaw_shape(65, 8)
+    assert paged.seesaw_shape(2, 16) and paged.seesaw_shape(7, 8)
+    assert not paged.seesaw_shape(7, 32) and not paged.seesaw_shape(2, 17)
+    assert not paged.seesaw_shape(65, 8) and not paged.seesaw_shape(65, 32)
     assert not paged.seesaw_shape(129, 256) and not paged.seesaw_shape(256, 511)
     assert not paged.seesaw_shape(257, 512) and not paged.seesaw_shape(1024, 1024)
 
@@ -412,7 +415,7 @@ def test_seesaw_rule_takes_batch_one_and_all_but_one_tile_rows_from_batch_8():
 def test_gpu_seesaw_serves_by_the_rule():
     """On Hopper the shipped rule sends a batch of 256-row sequences to the
     seesaw kernel and a batch of 64-row ones to the translated call; 128-row
-    and 16-row sequences to the seesaw kernel at batch 8, not at 7; past
+    and 32-row sequences to the seesaw kernel at batch 8, not at 7; past
     batch 128, sequences of 512 rows to the seesaw kernel and of 256 to the
     translated call."""
     wide = make_paged_batch(64, 4, [300] * 8, page_size=64, device="cuda")
@@ -421,7 +424,7 @@ def test_gpu_seesaw_serves_by_the_rule():
     assert not paged.seesaw_serves(narrow.q, narrow.kv_cache)
     _check(wide, "H64 L4 batch 8 by the rule")
     lens_8 = [1 + (53 * b) % 900 for b in range(8)]
-    for heads, drafts in (32, 4), (8, 2):
+    for heads, drafts in (32, 4), (8, 4):
         eight = make_paged_batch(heads, drafts, lens_8, page_size=64, device="cuda")
         seven = make_paged_batch(heads, drafts, [300] * 7, page_size=64, device="cuda")
         assert paged.seesaw_serves(eight.q, eight.kv_cache)
