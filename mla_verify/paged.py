@@ -44,9 +44,10 @@ more at batch 8-128, of 32 or fewer at batch 8-64 (16 or fewer from batch
 (``seesaw_serves``, kernel_seesaw.py): the translation then writes the
 indptrs alone, the seesaw kernel reads the pages and the drafts' rows where
 the cache holds them (v_scale scales its output, in fp32), and stage 2
-merges its partials as the Hopper kernel's. The seesaw kernel is the translation's
-programmatic dependent launch: its CTAs take their SMs and set up while
-the translation runs, and wait for it before they read the indptrs.
+merges its partials as the Hopper kernel's. The seesaw kernel is the
+translation's programmatic dependent launch: its CTAs take their SMs and
+set up while the translation runs, and wait for it before they read the
+indptrs.
 
 Cost of the translation over a native paged kernel: one more launch (bs x min(16,
 cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
@@ -449,9 +450,9 @@ def seesaw_shape(batch_size: int, rows: int) -> bool:
         )
         or (
             rows <= SEESAW_SMALL_ROWS
-            and batch_size <= SEESAW_SMALL_MAX_BATCH
-            and (batch_size >= SEESAW_NARROW_MIN_BATCH or rows <= SEESAW_TINY_ROWS)
+            and SEESAW_NARROW_MIN_BATCH <= batch_size <= SEESAW_SMALL_MAX_BATCH
         )
+        or (rows <= SEESAW_TINY_ROWS and batch_size <= SEESAW_SMALL_MAX_BATCH)
         or (rows >= SEESAW_WIDE_ROWS and batch_size <= SEESAW_WIDE_MAX_BATCH)
     )
 
