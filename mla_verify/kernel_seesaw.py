@@ -56,9 +56,9 @@ runs. A segment of sequence b (its part of the CTA's share: prefix
 tokens lo .. hi - 1, and its drafts where the share holds their
 position) reads the 64-token tiles of the sequence that meet lo .. hi - 1,
 and with its drafts every tile up to the sequence's end n = prefix + L,
-where the drafts live in the cache. Draft i sees key p where lo <= p < hi, or with the drafts
-p < prefix + 1 + i (bottom-right causal); tiles that reach outside that
-window are masked. Rows of the last tile at n or past are not the
+where the drafts live in the cache. Draft i sees key p where
+lo <= p < hi, or with the drafts p < prefix + 1 + i (bottom-right causal);
+tiles that reach outside that window are masked. Rows of the last tile at n or past are not the
 sequence's: each warpgroup zeroes them in its half of V before its
 product (P is 0 there, but the rows may hold anything, NaN included).
 
