@@ -3,6 +3,7 @@ step of absorbed-MLA models (DeepSeek-V3/R1, Kimi-K2).
 
     from mla_verify import verify_mla_fwd     # SGLang's extend-attention convention
     from mla_verify import verify_mla_paged   # FlashMLA's paged-cache convention
+    from mla_verify import paged_metadata     # a step's part of every layer's paged call
 
 Importing the package loads the tuned tables once and registers the
 torch.library ops (``mla_verify.ops``); launches only look up.
@@ -15,16 +16,18 @@ from .api import can_handle, set_debug, verify_mla_fwd  # noqa: E402
 from .config import VerifyConfig, default_config  # noqa: E402
 from .device import current_arch  # noqa: E402
 from .lookup import block_config, resolve_config  # noqa: E402
-from .paged import verify_mla_paged  # noqa: E402
+from .paged import PagedMetadata, paged_metadata, verify_mla_paged  # noqa: E402
 from .reference import verify_mla_reference  # noqa: E402
 from .workspace import prepare_paged_workspace, prepare_workspace, workspace_bytes  # noqa: E402
 
 __all__ = [
+    "PagedMetadata",
     "VerifyConfig",
     "block_config",
     "can_handle",
     "current_arch",
     "default_config",
+    "paged_metadata",
     "prepare_paged_workspace",
     "prepare_workspace",
     "resolve_config",

@@ -402,7 +402,8 @@ def compile_seesaw(draft_len: int, arch: str = "sm90"):
         DRAFT_LEN=draft_len,
         BLOCK_H=hopper.block_heads(128, draft_len),
         BLOCK_B=kernel.PLAN_BLOCK,
-        DEPENDENT=True,  # as on a CUDA device
+        WAIT_PRIOR=True,  # as on a CUDA device after the translation
+        LAUNCH_DEPENDENTS=True,
     )
     # A block table's row stride is any int (a launch's own table).
     aligned = _launch_aligned(fn, pointers) - {"stride_table"}

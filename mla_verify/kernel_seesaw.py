@@ -51,8 +51,9 @@ wave of CTAs a head block, the batch's positions (each sequence's prefix
 tiles, then one for its drafts) cut into equal shares. So stage 2
 (kernel._merge_shares_kernel) merges these partials unchanged. The plan
 reads the indptrs paged's translation writes: this kernel is that
-kernel's programmatic dependent launch (DEPENDENT), set up while it
-runs. A segment of sequence b (its part of the CTA's share: prefix
+kernel's programmatic dependent launch (WAIT_PRIOR), set up while it
+runs; or, given a step's metadata, it reads the metadata's and waits for
+nothing. A segment of sequence b (its part of the CTA's share: prefix
 tokens lo .. hi - 1, and its drafts where the share holds their
 position) reads the 64-token tiles of the sequence that meet lo .. hi - 1,
 and with its drafts every tile up to the sequence's end n = prefix + L,
@@ -735,7 +736,8 @@ def _seesaw_kernel(
     DRAFT_LEN: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_B: gl.constexpr,
-    DEPENDENT: gl.constexpr,
+    WAIT_PRIOR: gl.constexpr,
+    LAUNCH_DEPENDENTS: gl.constexpr,
 ):
     nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
@@ -766,10 +768,11 @@ def _seesaw_kernel(
         mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
     fence_async_shared()
     _warps_barrier()
-    if DEPENDENT:
+    if WAIT_PRIOR:
         # The indptrs are the translation's, and this grid its dependent
         # launch: the CTA was placed and set up while it ran.
         _grid_wait()
+    if LAUNCH_DEPENDENTS:
         # Stage 2 may launch from here (kernel_sm90's reason), not before
         # the wait: it reads the indptrs before its own.
         _launch_dependents()
@@ -852,7 +855,8 @@ def launch(
     min_share: int,
     score_scale: float,
     v_scale: float,
-    dependent: bool,
+    wait_prior: bool,
+    launch_dependents: bool,
 ) -> None:
     """Stage 1 over a paged cache, ``pool`` its token rows [slots, 576]
     (block n's page from slot n * ``slots_per_block``), on ``ctas`` CTAs a
@@ -860,9 +864,10 @@ def launch(
     partials (``part_o`` / ``part_lse`` rows (slot, head, draft)), for
     ``q`` [bs * L, H, 576] and ``o`` [bs * L, H, 512]; ``kv_indptr`` holds
     the prefix lengths (cache_seqlens - L) prefix-summed. ``score_scale``
-    is in the log2 domain. ``dependent``: a programmatic dependent launch
+    is in the log2 domain. ``wait_prior``: a programmatic dependent launch
     of the kernel that writes the indptrs (paged's translation), waited for
-    before the plan reads them, and stage 2 one of this kernel."""
+    before the plan reads them. ``launch_dependents``: stage 2 is one of
+    this kernel, let go once the indptrs are readable."""
     if page_size & (page_size - 1):  # the kernel finds pages by a shift
         raise ValueError(f"page_size: expected a power of two, got {page_size}")
     head_blocks = hopper.head_blocks(q.shape[1], block_h)
@@ -895,7 +900,8 @@ def launch(
         DRAFT_LEN=draft_len,
         BLOCK_H=block_h,
         BLOCK_B=PLAN_BLOCK,
-        DEPENDENT=dependent,
-        **_dependent_options(dependent),
+        WAIT_PRIOR=wait_prior,
+        LAUNCH_DEPENDENTS=launch_dependents,
+        **_dependent_options(wait_prior),
         **LAUNCH_OPTIONS,
     )

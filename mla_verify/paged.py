@@ -13,9 +13,9 @@ Draft i of sequence b sees positions ``< cache_seqlens[b] - L + i + 1``
 q . c`` and its value ``v_scale * c[:512]``, drafts included: they live in
 the same cache.
 
-How: one small Triton kernel (``_translate_kernel``, grid chunks x bs)
-rewrites the call into the token-indexed form of ``verify_mla_fwd`` inside
-the per-device workspace, on the device (no host sync, graph-safe):
+How: one small Triton kernel (translate.py, grid chunks x bs) rewrites
+the call into the token-indexed form of ``verify_mla_fwd`` inside the
+per-device workspace, on the device (no host sync, graph-safe):
 
     kv_indptr   [bs+1]            prefix-summed prefix lengths cache_seqlens - L
     kv_indices  [<= bs*max_tokens] slot block_table[b, p // page] * page + p % page
@@ -49,6 +49,12 @@ translation's programmatic dependent launch: its CTAs take their SMs and
 set up while the translation runs, and wait for it before they read the
 indptrs.
 
+A step's metadata (``paged_metadata``): the indptrs and indices depend on
+the block table and the lengths alone, which every layer of a step shares.
+Made once a step and passed to each layer's call, they leave the layer's
+translation the drafts' rows alone, and the seesaw kernel no translation
+at all: it launches first and reads the metadata's indptrs.
+
 Cost of the translation over a native paged kernel: one more launch (bs x min(16,
 cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
 kv_indices (0.7% of a bf16 token's 1152 bytes, 1.4% of fp8's 576), and the
@@ -58,17 +64,14 @@ again per sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
-import triton
-import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
-from . import api, hopper, launcher, plan, prepared
+from . import api, hopper, launcher, plan, prepared, translate
 from .api import _as_scale, _expect
-from .config import COMPILE_OPTIONS
 from .device import is_cuda_sm90, sm_count
 from .kernel import INTERPRETED, LOG2E, launch_merge_shares
 from .problem import (
@@ -88,97 +91,7 @@ from .problem import (
 from .workspace import capturing, get_workspace, seesaw_grid, seesaw_partial_rows
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
-# Prefix positions a translation program writes per step, and at most this
-# many programs per sequence (each strides over the sequence's prefix):
-# enough to spread a long prefix's indices over the GPU, few enough that a
-# short batch in a long block table launches little.
-BLOCK_P = 1024
-MAX_CHUNKS = 16
-BLOCK_B = 1024  # sequences the prefix sum reads per step
 MAX_SLOTS = 2**31 - 1  # int32 slots, as kv_indices holds them
-
-
-# --- the translation kernel ----------------------------------------------------
-
-
-@triton.jit
-def _prefix_len(seqlen, max_tokens, DRAFT_LEN: tl.constexpr):
-    # Clamped to 0 .. max_tokens - L: an out-of-range length (trusted; the
-    # debug mode checks it) never makes the kernels read outside the table.
-    return tl.minimum(tl.maximum(seqlen, DRAFT_LEN), max_tokens) - DRAFT_LEN
-
-
-@triton.jit(do_not_specialize=["stride_table", "max_tokens", "num_chunks"])
-def _translate_kernel(
-    KV_CACHE,
-    BLOCK_TABLE,
-    CACHE_SEQLENS,
-    QO_INDPTR,
-    KV_INDPTR,
-    KV_INDICES,
-    K_EXT,
-    stride_cache_block,
-    stride_cache_tok,
-    slots_per_block,
-    stride_table,
-    max_tokens,
-    num_chunks,
-    DRAFT_LEN: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    D_NOPE: tl.constexpr,
-    D_ROPE: tl.constexpr,
-    INDICES: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr,
-):
-    # Program (chunk, req): chunk-th of num_chunks strided shares of
-    # sequence req's prefix positions and drafts; without INDICES (the
-    # seesaw kernel reads the pages itself) the indptrs alone.
-    if LAUNCH_DEPENDENTS:
-        # The seesaw kernel launches at once (a dependent launch): its CTAs
-        # find their SMs and set up while this runs, then wait for it.
-        gdc_launch_dependents()
-    chunk = tl.program_id(0)
-    req = tl.program_id(1)
-
-    # Where this sequence's prefix starts in kv_indices: the lengths before it.
-    start = 0
-    for first in range(0, req, BLOCK_B):
-        offs_b = first + tl.arange(0, BLOCK_B)
-        seqlens = tl.load(CACHE_SEQLENS + offs_b, mask=offs_b < req, other=DRAFT_LEN)
-        start += tl.sum(_prefix_len(seqlens, max_tokens, DRAFT_LEN))
-    prefix = _prefix_len(tl.load(CACHE_SEQLENS + req), max_tokens, DRAFT_LEN)
-    if chunk == 0:
-        tl.store(KV_INDPTR + req + 1, start + prefix)
-        tl.store(QO_INDPTR + req + 1, (req + 1) * DRAFT_LEN)
-        if req == 0:
-            tl.store(KV_INDPTR, 0)
-            tl.store(QO_INDPTR, 0)
-
-    if not INDICES:
-        return
-    ptr_table = BLOCK_TABLE + req.to(tl.int64) * stride_table
-    for p0 in range(chunk * BLOCK_P, prefix, num_chunks * BLOCK_P):
-        offs_p = p0 + tl.arange(0, BLOCK_P)
-        mask_p = offs_p < prefix
-        block = tl.load(ptr_table + offs_p // PAGE_SIZE, mask=mask_p, other=0)
-        slot = block * slots_per_block + offs_p % PAGE_SIZE
-        tl.store(KV_INDICES + start + offs_p, slot, mask=mask_p)
-
-    # The drafts: positions prefix .. prefix + L - 1, copied into q's dtype.
-    offs_d = tl.arange(0, D_NOPE)
-    offs_r = tl.arange(0, D_ROPE)
-    for i in range(chunk, DRAFT_LEN, num_chunks):
-        pos = prefix + i
-        block = tl.load(ptr_table + pos // PAGE_SIZE).to(tl.int64)
-        ptr_row = KV_CACHE + block * stride_cache_block + (pos % PAGE_SIZE) * stride_cache_tok
-        kv_c = tl.load(ptr_row + offs_d).to(tl.float32)  # [512]
-        k_pe = tl.load(ptr_row + D_NOPE + offs_r).to(tl.float32)  # [64]
-        row = (req * DRAFT_LEN + i).to(tl.int64)
-        ptr_k = K_EXT + row * (D_NOPE + D_ROPE)
-        tl.store(ptr_k + offs_d, kv_c.to(K_EXT.dtype.element_ty))
-        tl.store(ptr_k + D_NOPE + offs_r, k_pe.to(K_EXT.dtype.element_ty))
 
 
 # --- the entry point ---------------------------------------------------------------
@@ -194,6 +107,7 @@ def verify_mla_paged(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
+    metadata: PagedMetadata | None = None,
 ) -> torch.Tensor:
     """MLA target-verify attention over a paged cache, in FlashMLA's convention.
 
@@ -211,15 +125,24 @@ def verify_mla_paged(
     scales; page 1, 16, 32, 64 or 128; block_table [bs, max_blocks] int32;
     cache_seqlens [bs] int32. L is 1..16.
 
+    ``metadata``: this step's ``paged_metadata(kv_cache, block_table,
+    cache_seqlens, L)``, made once and passed to every layer's call, as
+    FlashMLA's scheduling metadata is; each call then skips the part of its
+    work that only the block table and the lengths decide. Without it the
+    call derives that part itself. It must be made from this call's
+    block_table and cache_seqlens as they are now (trusted, like them).
+
     Graph-safe: no host sync; with ``out`` given and the workspace prepared
     (``prepare_paged_workspace``) nothing allocates. Block-table entries and
     lengths are trusted (``L <= cache_seqlens[b] <= max_blocks * page``,
     entries of the used pages in 0..num_blocks-1); ``set_debug(True)``
-    checks them on every call outside capture. Raises ValueError, naming the
-    argument, for shapes, dtypes, devices or scales that disagree.
+    checks them, and that ``metadata`` is theirs, on every call outside
+    capture. Raises ValueError, naming the argument, for shapes, dtypes,
+    devices or scales that disagree.
 
     Inside ``torch.compile`` the call goes through the custom op
-    ``mla_verify::verify_mla_paged`` (``mla_verify.ops``).
+    ``mla_verify::verify_mla_paged`` (``mla_verify.ops``), which derives the
+    metadata itself (``metadata`` is not passed to it).
     """
     if torch.compiler.is_compiling():
         if out is None:
@@ -239,6 +162,7 @@ def verify_mla_paged(
         k_scale=k_scale,
         v_scale=v_scale,
         out=out,
+        metadata=metadata,
     )
 
 
@@ -252,57 +176,64 @@ def paged_forward(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
+    metadata: PagedMetadata | None = None,
 ) -> torch.Tensor:
     """``verify_mla_paged`` without the compile dispatch: the custom ops'
     implementation."""
     key = None
+    given = metadata.tensors() if isinstance(metadata, PagedMetadata) else (None,) * 3
     if not api._debug:  # the debug mode reads values on every call
         # seesaw_shape is read as a value: the benchmark and tests replace it.
-        scalars = (sm_scale, k_scale, v_scale, seesaw_shape)
-        key = prepared.signature((q, kv_cache, block_table, cache_seqlens, out), scalars)
+        scalars = (sm_scale, k_scale, v_scale, seesaw_shape, metadata is None)
+        key = prepared.signature((q, kv_cache, block_table, cache_seqlens, out, *given), scalars)
     call = prepared.get(key)
     if call is None:
-        call = _prepare(q, kv_cache, block_table, cache_seqlens, out, sm_scale, k_scale, v_scale)
+        call = _prepare(
+            q, kv_cache, block_table, cache_seqlens, out, sm_scale, k_scale, v_scale, metadata
+        )
         prepared.keep(key, call)
     bs, draft_len, num_heads, _ = q.shape
     if api._debug and not capturing(q.device):
         check_paged_values(kv_cache, block_table, cache_seqlens, draft_len)
+        if metadata is not None:
+            check_metadata_values(metadata, kv_cache, block_table, cache_seqlens)
 
     if out is None:
         out = q.new_empty(bs, draft_len, num_heads, V_HEAD_DIM)
     views = get_workspace(q.device).paged_views(bs, draft_len, call.max_tokens, q.dtype)
+    if metadata is not None:
+        views = dataclasses.replace(
+            views,
+            kv_indices=metadata.kv_indices,
+            qo_indptr=metadata.qo_indptr,
+            kv_indptr=metadata.kv_indptr,
+        )
     # The kernels this signature launched the first time (launcher.Recording);
     # the verify_mla_fwd work below keeps its own.
     with launcher.replayed(call.launches):
-        launcher.launch(
-            _translate_kernel,
-            (call.num_chunks, bs),
-            kv_cache,
-            block_table,
-            cache_seqlens,
-            views.qo_indptr,
-            views.kv_indptr,
-            views.kv_indices,
-            views.k_extend,
-            call.slots_per_block * call.slot_stride,
-            call.slot_stride,
-            call.slots_per_block,
-            block_table.stride(0),
-            call.max_tokens,
-            call.num_chunks,
-            DRAFT_LEN=draft_len,
-            PAGE_SIZE=kv_cache.shape[1],
-            BLOCK_P=BLOCK_P,
-            BLOCK_B=BLOCK_B,
-            D_NOPE=V_HEAD_DIM,
-            D_ROPE=QK_HEAD_DIM - V_HEAD_DIM,
-            INDICES=call.seesaw is None,
-            LAUNCH_DEPENDENTS=call.seesaw is not None and call.seesaw.dependent,
-            num_warps=4,
-            **COMPILE_OPTIONS,
-        )
+        # The translation: all of it; without the indices where the seesaw
+        # kernel reads the pages; with metadata the drafts' rows alone, and
+        # nothing for the seesaw kernel.
+        if metadata is None or call.seesaw is None:
+            translate.launch(
+                kv_cache,
+                block_table,
+                cache_seqlens,
+                qo_indptr=views.qo_indptr,
+                kv_indptr=views.kv_indptr,
+                kv_indices=views.kv_indices,
+                k_extend=views.k_extend,
+                slot_stride=call.slot_stride,
+                slots_per_block=call.slots_per_block,
+                draft_len=draft_len,
+                num_chunks=call.num_chunks,
+                indptrs=metadata is None,
+                indices=metadata is None and call.seesaw is None,
+                drafts=call.seesaw is None,
+                launch_dependents=call.seesaw is not None and call.seesaw.dependent,
+            )
         if call.seesaw is not None:
-            _seesaw_forward(q, kv_cache, block_table, out, views, call)
+            _seesaw_forward(q, kv_cache, block_table, out, views, call, metadata is None)
             return out
     k_buffer = token_pool(kv_cache)
     tensors = (
@@ -370,11 +301,13 @@ class _PagedCall:
 
 
 def _prepare(
-    q, kv_cache, block_table, cache_seqlens, out, sm_scale, k_scale, v_scale
+    q, kv_cache, block_table, cache_seqlens, out, sm_scale, k_scale, v_scale, metadata
 ) -> _PagedCall:
     """``paged_forward``'s work before its launches, from metadata alone
     (ValueError for what disagrees)."""
     validate_paged(q, kv_cache, block_table, cache_seqlens, out)
+    if metadata is not None:
+        check_metadata(metadata, kv_cache, block_table, q.shape[1])
     k_scale = _as_scale(k_scale, "k_scale", positive=True)
     v_scale = _as_scale(v_scale, "v_scale", nonzero=True)
     if sm_scale is None:
@@ -386,9 +319,160 @@ def _prepare(
     seesaw = None
     if seesaw_serves(q, kv_cache) and block_table.numel() < 2**31:
         seesaw = _seesaw_launch(q, kv_cache)
-    num_chunks = 1 if seesaw else max(1, min(triton.cdiv(max_tokens, BLOCK_P), MAX_CHUNKS))
+    # The indices' programs; one a sequence where only the indptrs or the
+    # drafts are written.
+    num_chunks = 1 if seesaw or metadata else translate.chunks(max_tokens)
     return _PagedCall(
         sm_scale, k_scale, v_scale, max_tokens, num_chunks, slot_stride, slots_per_block, seesaw
+    )
+
+
+# --- a step's metadata ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PagedMetadata:
+    """What the paged calls of one step share (``paged_metadata``): the
+    token-indexed form's indptrs and indices (``translate.py``), which only
+    the block table and the lengths decide, for a cache of this layout."""
+
+    batch_size: int
+    draft_len: int
+    max_tokens: int  # block_table.shape[1] x page
+    page_size: int
+    slots_per_block: int
+    qo_indptr: torch.Tensor  # [bs+1] int32
+    kv_indptr: torch.Tensor  # [bs+1] int32
+    kv_indices: torch.Tensor  # [bs * max_tokens] int32, the first kv_indptr[-1] used
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.qo_indptr, self.kv_indptr, self.kv_indices
+
+
+def paged_metadata(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    draft_len: int,
+    *,
+    out: PagedMetadata | None = None,
+) -> PagedMetadata:
+    """The part of a step's paged calls that the block table and the
+    lengths decide, for every layer's ``verify_mla_paged(...,
+    metadata=...)``: make it once a step, after block_table and
+    cache_seqlens are set, as FlashMLA's ``get_mla_metadata``.
+
+    ``kv_cache``: any layer's cache (its shape and strides alone are read:
+    every layer's must share them). ``draft_len``: L, the drafts of every
+    sequence. ``out``: a metadata of the same shapes to write into, in
+    place: nothing allocates, so the call can be captured in a CUDA graph
+    beside the layers' calls. Raises ValueError, naming the argument, for
+    shapes, dtypes or devices that disagree."""
+    check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN)
+    _validate_cache(kv_cache)
+    _validate_table(block_table, cache_seqlens, block_table.shape[0], draft_len, kv_cache)
+    bs, page_size = block_table.shape[0], kv_cache.shape[1]
+    slot_stride, slots_per_block, _ = pool_layout(kv_cache)
+    max_tokens = block_table.shape[1] * page_size
+    if out is None:
+        device = block_table.device
+        out = PagedMetadata(
+            bs,
+            draft_len,
+            max_tokens,
+            page_size,
+            slots_per_block,
+            torch.empty(bs + 1, dtype=torch.int32, device=device),
+            torch.empty(bs + 1, dtype=torch.int32, device=device),
+            torch.empty(bs * max_tokens, dtype=torch.int32, device=device),
+        )
+    else:
+        check_metadata(out, kv_cache, block_table, draft_len, name="out")
+    translate.launch(
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        qo_indptr=out.qo_indptr,
+        kv_indptr=out.kv_indptr,
+        kv_indices=out.kv_indices,
+        k_extend=out.kv_indices,  # not written: no drafts are copied
+        slot_stride=slot_stride,
+        slots_per_block=slots_per_block,
+        draft_len=draft_len,
+        num_chunks=translate.chunks(max_tokens),
+        indptrs=True,
+        indices=True,
+        drafts=False,
+    )
+    return out
+
+
+def check_metadata(
+    metadata: PagedMetadata,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    draft_len: int,
+    name: str = "metadata",
+) -> None:
+    """``metadata`` was made for calls of this shape (no value reads):
+    ValueError naming ``name`` otherwise."""
+    _expect(
+        isinstance(metadata, PagedMetadata),
+        name,
+        "a PagedMetadata (paged_metadata)",
+        type(metadata).__name__,
+    )
+    _, slots_per_block, _ = pool_layout(kv_cache)
+    made_for = {
+        "batch_size": block_table.shape[0],
+        "draft_len": draft_len,
+        "max_tokens": block_table.shape[1] * kv_cache.shape[1],
+        "page_size": kv_cache.shape[1],
+        "slots_per_block": slots_per_block,
+    }
+    for field_name, expected in made_for.items():
+        actual = getattr(metadata, field_name)
+        _expect(actual == expected, f"{name}.{field_name}", f"{expected} (this call's)", actual)
+    bs = block_table.shape[0]
+    for field_name, numel in (("qo_indptr", bs + 1), ("kv_indptr", bs + 1)):
+        t = getattr(metadata, field_name)
+        _expect(t.shape == (numel,), f"{name}.{field_name}.shape", (numel,), tuple(t.shape))
+    kv_indices = metadata.kv_indices
+    expected = (bs * made_for["max_tokens"],)
+    _expect(
+        kv_indices.shape == expected, f"{name}.kv_indices.shape", expected, tuple(kv_indices.shape)
+    )
+    for t in metadata.tensors():
+        _expect(t.dtype == torch.int32, f"{name} tensors' dtype", torch.int32, t.dtype)
+        _expect(t.is_contiguous(), f"{name} tensors", "contiguous", "a strided view")
+        _expect(
+            t.device == block_table.device,
+            f"{name} tensors' device",
+            f"{block_table.device} (block_table's)",
+            t.device,
+        )
+
+
+def check_metadata_values(
+    metadata: PagedMetadata,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+) -> None:
+    """Debug mode: ``metadata`` is the translation of this block table and
+    these lengths (synchronises)."""
+    fresh = paged_metadata(kv_cache, block_table, cache_seqlens, metadata.draft_len)
+    used = int(fresh.kv_indptr[-1])
+    same = (
+        torch.equal(fresh.qo_indptr, metadata.qo_indptr)
+        and torch.equal(fresh.kv_indptr, metadata.kv_indptr)
+        and torch.equal(fresh.kv_indices[:used], metadata.kv_indices[:used])
+    )
+    _expect(
+        same,
+        "metadata",
+        "paged_metadata of this call's block_table and cache_seqlens",
+        "metadata of other values (made before they changed?)",
     )
 
 
@@ -490,9 +574,11 @@ def _seesaw_launch(q: torch.Tensor, kv_cache: torch.Tensor) -> _SeesawLaunch:
     )
 
 
-def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall):
+def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, after_translation):
     """Both stages of a paged call on the seesaw kernel; ``views`` hold the
-    translated indptrs."""
+    indptrs, which the translation just launched writes where
+    ``after_translation`` (else a step's metadata holds them, written by an
+    earlier launch)."""
     from . import kernel_seesaw
 
     bs, draft_len, num_heads, _ = q.shape
@@ -517,7 +603,8 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall):
         min_share=launch.min_share,
         score_scale=call.sm_scale * call.k_scale * LOG2E,
         v_scale=call.v_scale,
-        dependent=launch.dependent,
+        wait_prior=launch.dependent and after_translation,
+        launch_dependents=launch.dependent,
     )
     launch_merge_shares(
         o,
@@ -587,7 +674,33 @@ def validate_paged(
         "as in q.contiguous())",
         q.stride(0),
     )
+    _validate_cache(kv_cache)
+    _expect(
+        kv_cache.dtype not in Q_DTYPES or kv_cache.dtype == q.dtype,
+        "kv_cache.dtype",
+        f"{q.dtype} (q's) or an fp8 dtype",
+        kv_cache.dtype,
+    )
+    _validate_table(block_table, cache_seqlens, bs, draft_len, kv_cache, "q's batch")
+    if out is not None:
+        expected = (bs, draft_len, num_heads, V_HEAD_DIM)
+        _expect(tuple(out.shape) == expected, "out.shape", expected, tuple(out.shape))
+        _expect(out.dtype == q.dtype, "out.dtype", f"{q.dtype} (q's)", out.dtype)
+        _expect(out.stride(-1) == 1, "out.stride(-1)", "1", out.stride(-1))
+        _expect(
+            bs == 1 or draft_len == 1 or out.stride(0) == draft_len * out.stride(1),
+            "out.stride(0)",
+            f"{draft_len} * out.stride(1) = {draft_len * out.stride(1)} (batch and draft dims "
+            "merged, as in a contiguous out)",
+            out.stride(0),
+        )
+    for name, t in tensors.items():
+        _expect(t.device == q.device, f"{name}.device", f"{q.device} (q's)", t.device)
 
+
+def _validate_cache(kv_cache: torch.Tensor) -> None:
+    """The cache's shape, dtype and strides (validate_paged)."""
+    _expect(isinstance(kv_cache, torch.Tensor), "kv_cache", "a tensor", type(kv_cache).__name__)
     _expect(
         kv_cache.dim() == 4, "kv_cache.shape", "[num_blocks, page, 1, 576]", tuple(kv_cache.shape)
     )
@@ -597,12 +710,6 @@ def validate_paged(
     _expect(kv_heads == 1, "kv_cache.shape[2] (KV heads)", 1, kv_heads)
     _expect(kv_dim == QK_HEAD_DIM, "kv_cache.shape[3]", QK_HEAD_DIM, kv_dim)
     _expect(kv_cache.dtype in KV_DTYPES, "kv_cache.dtype", f"one of {KV_DTYPES}", kv_cache.dtype)
-    _expect(
-        kv_cache.dtype not in Q_DTYPES or kv_cache.dtype == q.dtype,
-        "kv_cache.dtype",
-        f"{q.dtype} (q's) or an fp8 dtype",
-        kv_cache.dtype,
-    )
     _expect(kv_cache.stride(-1) == 1, "kv_cache.stride(-1)", "1", kv_cache.stride(-1))
     blk, tok = kv_cache.stride(0), kv_cache.stride(1)
     if page_size == 1:
@@ -620,13 +727,31 @@ def validate_paged(
     slots = pool_layout(kv_cache)[2]
     _expect(slots <= MAX_SLOTS, "kv_cache", f"at most {MAX_SLOTS} token rows", slots)
 
+
+def _validate_table(
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    bs: int,
+    draft_len: int,
+    kv_cache: torch.Tensor,
+    whose_batch: str = "block_table's",
+) -> None:
+    """The block table's and the lengths' shapes, dtypes, strides and
+    devices, for ``bs`` sequences of ``draft_len`` drafts in ``kv_cache``
+    (validate_paged)."""
+    for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
+        _expect(isinstance(t, torch.Tensor), name, "a tensor", type(t).__name__)
+    page_size = kv_cache.shape[1]
     _expect(
         block_table.dim() == 2, "block_table.shape", "[bs, max_blocks]", tuple(block_table.shape)
+    )
+    check_range(
+        "block_table.shape[0] (batch size)", block_table.shape[0], MIN_BATCH_SIZE, MAX_BATCH_SIZE
     )
     _expect(
         block_table.shape[0] == bs,
         "block_table.shape[0]",
-        f"{bs} (q's batch)",
+        f"{bs} ({whose_batch})",
         block_table.shape[0],
     )
     _expect(
@@ -657,20 +782,13 @@ def validate_paged(
         "1",
         cache_seqlens.stride(0),
     )
-    if out is not None:
-        expected = (bs, draft_len, num_heads, V_HEAD_DIM)
-        _expect(tuple(out.shape) == expected, "out.shape", expected, tuple(out.shape))
-        _expect(out.dtype == q.dtype, "out.dtype", f"{q.dtype} (q's)", out.dtype)
-        _expect(out.stride(-1) == 1, "out.stride(-1)", "1", out.stride(-1))
+    for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
         _expect(
-            bs == 1 or draft_len == 1 or out.stride(0) == draft_len * out.stride(1),
-            "out.stride(0)",
-            f"{draft_len} * out.stride(1) = {draft_len * out.stride(1)} (batch and draft dims "
-            "merged, as in a contiguous out)",
-            out.stride(0),
+            t.device == kv_cache.device,
+            f"{name}.device",
+            f"{kv_cache.device} (kv_cache's)",
+            t.device,
         )
-    for name, t in tensors.items():
-        _expect(t.device == q.device, f"{name}.device", f"{q.device} (q's)", t.device)
 
 
 def check_paged_values(

@@ -349,7 +349,7 @@ class PagedBatch:
         shape = (*self.q.shape[:3], V_DIM)
         return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
 
-    def run(self, out: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, out: torch.Tensor | None = None, metadata=None) -> torch.Tensor:
         from .paged import verify_mla_paged
 
         return verify_mla_paged(
@@ -361,6 +361,15 @@ class PagedBatch:
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             out=out,
+            metadata=metadata,
+        )
+
+    def metadata(self, out=None):
+        """``paged_metadata`` of this batch's block table and lengths."""
+        from .paged import paged_metadata
+
+        return paged_metadata(
+            self.kv_cache, self.block_table, self.cache_seqlens, self.draft_len, out=out
         )
 
     def slots(self, b: int) -> torch.Tensor:

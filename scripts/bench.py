@@ -26,7 +26,9 @@ Measures, in one run on one GPU:
   rate on random 8192^3 operands;
 - per shape, the contenders: ``tuned`` (the shipped table, launched as an
   engine launches it), ``paged`` (``verify_mla_paged`` on a paged copy of
-  the same values, -page rows only), ``paged_seesaw`` and
+  the same values, -page rows only), ``paged_step`` (the same given its
+  step's ``paged_metadata``, made outside the timed call as FlashMLA's
+  metadata is), ``paged_seesaw`` and
   ``paged_translated`` (the same with the seesaw kernel at any batch size
   where it can serve the call, and never: ``paged.seesaw_shape``'s rule
   opened or closed), ``default`` (the built-in default config),
@@ -245,7 +247,8 @@ def _make_contender(name: str, batch: Batch, ctx: RunContext) -> Contender | str
     if name.startswith(REV_PREFIX):
         return rev_contender(bench_revisions.loaded_revisions[name], batch, ctx.arch)
     if name in PAGED_CALLS:
-        return paged_contender(batch, ctx.arch, name=name, seesaw=PAGED_CALLS[name])
+        seesaw, step = PAGED_CALLS[name]
+        return paged_contender(batch, ctx.arch, name=name, seesaw=seesaw, step=step)
     if name == "torch_ref":
         tokens = sum(batch.prefix_lens)
         if tokens > ctx.torch_ref_max_tokens:

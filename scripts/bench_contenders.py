@@ -37,6 +37,7 @@ ROPE_DIM = Q_DIM - V_DIM
 CONTENDERS = (
     "tuned",
     "paged",
+    "paged_step",
     "paged_seesaw",
     "paged_translated",
     "default",
@@ -227,6 +228,7 @@ def paged_contender(
     name: str = "paged",
     given: str = "",
     seesaw: bool | None = None,
+    step: bool = False,
 ) -> Contender:
     """``verify_mla_paged`` (this package's, or a revision's for ``rev:``
     contenders) on each rotation set's paged cache (``batch.paged``: the
@@ -234,7 +236,10 @@ def paged_contender(
     positions); the tables' config, as ``tuned``. ``seesaw``: None, the
     package's rule (``paged.seesaw_shape``); True, the seesaw kernel at
     every batch size where it can serve the call; False, never (the
-    translated call). The rule is set while each launch is captured."""
+    translated call). The rule is set while each launch is captured.
+    ``step``: each set's ``paged_metadata`` made once, outside the timed
+    call, and passed to it, as FlashMLA's scheduling metadata is (an
+    engine makes it once a step for all its layers)."""
     s = batch.spec
     bs, L, H = s.batch_size, s.draft_len, s.num_heads
     q = batch.q.view(bs, L, H, Q_DIM)
@@ -248,9 +253,13 @@ def paged_contender(
         return seesaw
 
     def make(kv_cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor):
+        step_args = {}
+        if step:
+            step_args["metadata"] = package.paged_metadata(kv_cache, block_table, seqlens, L)
+
         def launch() -> None:
             package.verify_mla_paged(
-                q, kv_cache, block_table, seqlens, sm_scale=batch.sm_scale, out=out4
+                q, kv_cache, block_table, seqlens, sm_scale=batch.sm_scale, out=out4, **step_args
             )
 
         def launch_ruled() -> None:
@@ -270,7 +279,17 @@ def paged_contender(
         out,
         True,
         config,
-        "; ".join(filter(None, (source, f"verify_mla_paged, {s.page_size}-token pages", given))),
+        "; ".join(
+            filter(
+                None,
+                (
+                    source,
+                    f"verify_mla_paged, {s.page_size}-token pages",
+                    "the step's metadata made once" if step else "",
+                    given,
+                ),
+            )
+        ),
     )
 
 
@@ -532,8 +551,14 @@ def load_sglang_verify(path: Path) -> Callable[..., bool]:
 # --- where each runs --------------------------------------------------------------------
 
 
-# verify_mla_paged as shipped, with the seesaw kernel forced on, and off.
-PAGED_CALLS = {"paged": None, "paged_seesaw": True, "paged_translated": False}
+# verify_mla_paged as shipped, given its step's metadata, with the seesaw
+# kernel forced on, and off: paged_contender's (seesaw, step).
+PAGED_CALLS = {
+    "paged": (None, False),
+    "paged_step": (None, True),
+    "paged_seesaw": (True, False),
+    "paged_translated": (False, False),
+}
 PAGED_CONTENDERS = (*PAGED_CALLS, "tuned", "flashmla")
 
 

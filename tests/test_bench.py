@@ -630,7 +630,7 @@ def test_contenders_run_only_where_they_compute_the_call():
         }
 
     package = {"tuned", "default", "triton", "torch_ref"}
-    paged = {"paged", "paged_seesaw", "paged_translated"}
+    paged = {"paged", "paged_step", "paged_seesaw", "paged_translated"}
     assert runs("H16L4B32C16K") == set(bench_contenders.CONTENDERS) - paged
     bf16_only = {"flashinfer", "flashmla", "sglang"}
     assert runs("H16L4B32C16K-fp8") == set(bench_contenders.CONTENDERS) - paged - bf16_only
@@ -642,7 +642,12 @@ def test_contenders_run_only_where_they_compute_the_call():
     assert runs("H16L4B32C16K-page64") == paged | {"tuned", "flashmla"}
     assert runs("H16L4B32C16K-page128") == paged | {"tuned"}
     for page in (1, 16, 32):
-        assert runs(f"H16L4B32C16K-page{page}") == {"paged", "paged_translated", "tuned"}
+        assert runs(f"H16L4B32C16K-page{page}") == {
+            "paged",
+            "paged_step",
+            "paged_translated",
+            "tuned",
+        }
     for text in ("H16L4B32C16K", "H16L4B32C16K-tree-ragged", "H4L4B32C16K-d256", *KINDS):
         spec = bench_shapes.parse_shape(text)  # another revision's tuned: where tuned runs
         assert bench_contenders.not_applicable(

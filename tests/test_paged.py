@@ -309,6 +309,145 @@ def test_debug_mode_checks_lengths_and_table(device):
         set_debug(False)
 
 
+# --- a step's metadata -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("page_size,kv", [(1, "bf16"), (64, "bf16"), (16, "fp8")])
+def test_metadata_gives_the_same_output(page_size, kv, device):
+    """A call given its step's metadata (paged_metadata) computes what the
+    call without it does: the same kernels on the same token-indexed form,
+    bit for bit, and within tolerance of the reference."""
+    over = FP8 if kv == "fp8" else {}
+    batch = make_paged_batch(H, L, LENS, page_size=page_size, seed=20, device=device, **over)
+    alone = batch.run(batch.new_output())
+    metadata = batch.metadata()
+    assert isinstance(metadata, mla_verify.PagedMetadata)
+    given = batch.run(batch.new_output(), metadata=metadata)
+    assert torch.equal(given, alone)
+    check_close(given, batch.reference(), what=f"metadata, page {page_size}")
+
+
+def test_metadata_is_the_translation(device):
+    """The metadata's indptrs and indices, written over poisoned tensors
+    (out=), are the host's: what a call's own translation writes."""
+    batch = make_paged_batch(H, L, LENS, page_size=16, seed=21, device=device)
+    metadata = batch.metadata()
+    for t in metadata.tensors():
+        t.fill_(-(2**30))
+    assert batch.metadata(out=metadata) is metadata
+    bs = len(LENS)
+    assert metadata.qo_indptr.tolist() == [b * L for b in range(bs + 1)]
+    assert metadata.kv_indptr.tolist() == torch.tensor([0, *LENS]).cumsum(0).tolist()
+    slots = torch.cat([batch.slots(b)[:n] for b, n in enumerate(LENS)])
+    assert torch.equal(metadata.kv_indices[: sum(LENS)].long().cpu(), slots)
+
+
+def test_metadata_rewritten_in_place_for_new_lengths(device):
+    """One metadata, rewritten (out=) after the block table and the lengths
+    change, serves the new call: the engine's step loop under a graph."""
+    shapes = dict(page_size=16, max_blocks=8, num_blocks=20, device=device)
+    first = make_paged_batch(H, L, [40, 0, 9], seed=22, **shapes)
+    second = make_paged_batch(H, L, [3, 77, 0], seed=23, **shapes)
+    metadata = first.metadata()
+    check_close(first.run(metadata=metadata), first.reference(), what="first")
+    tensors = [t.data_ptr() for t in metadata.tensors()]
+    assert second.metadata(out=metadata) is metadata
+    assert [t.data_ptr() for t in metadata.tensors()] == tensors
+    check_close(second.run(metadata=metadata), second.reference(), what="rewritten")
+
+
+BAD_METADATA = {
+    "not_metadata": (lambda b: {"metadata": b.block_table}, "metadata"),
+    "other_draft_len": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(b.kv_cache, b.block_table, b.cache_seqlens, L + 1)
+        },
+        "metadata.draft_len",
+    ),
+    "other_batch": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(
+                b.kv_cache, b.block_table[:1], b.cache_seqlens[:1], L
+            )
+        },
+        "metadata.batch_size",
+    ),
+    "other_table_width": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(
+                b.kv_cache, torch.cat([b.block_table] * 2, dim=1), b.cache_seqlens, L
+            )
+        },
+        "metadata.max_tokens",
+    ),
+    "other_page": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(
+                b.kv_cache.view(-1, 1, 1, 576),
+                torch.cat([b.block_table] * 16, 1),
+                b.cache_seqlens,
+                L,
+            )
+        },
+        "metadata.page_size",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_METADATA))
+def test_bad_metadata_names_the_argument(case):
+    batch = make_paged_batch(H, L, [20, 0], page_size=16, seed=24)
+    over, match = BAD_METADATA[case]
+    with pytest.raises(ValueError, match=match) as info:
+        verify_mla_paged(**_bad(batch, **over(batch)))
+    assert "expected" in str(info.value) and "got" in str(info.value)
+
+
+def test_bad_paged_metadata_arguments_are_named():
+    batch = make_paged_batch(H, L, [20, 0], page_size=16, seed=25)
+    args = (batch.kv_cache, batch.block_table, batch.cache_seqlens)
+    for call, match in (
+        (lambda: mla_verify.paged_metadata(*args, 0), "draft_len"),
+        (lambda: mla_verify.paged_metadata(*args, 17), "draft_len"),
+        (
+            lambda: mla_verify.paged_metadata(args[0], args[1].long(), args[2], L),
+            "block_table.dtype",
+        ),
+        (
+            lambda: mla_verify.paged_metadata(args[0], args[1], args[2][:1], L),
+            "cache_seqlens.shape",
+        ),
+        (
+            lambda: mla_verify.paged_metadata(args[0][..., :512], *args[1:], L),
+            r"kv_cache.shape\[3\]",
+        ),
+        (
+            lambda: mla_verify.paged_metadata(
+                *args, L, out=mla_verify.paged_metadata(args[0], args[1][:1], args[2][:1], L)
+            ),
+            "out.batch_size",
+        ),
+    ):
+        with pytest.raises(ValueError, match=match) as info:
+            call()
+        assert "expected" in str(info.value) and "got" in str(info.value)
+
+
+def test_debug_mode_checks_metadata(device):
+    """Metadata of lengths since changed computes a wrong answer silently;
+    the debug mode compares it with the call's own translation."""
+    batch = make_paged_batch(H, L, [20, 5], page_size=16, extra_columns=2, seed=26, device=device)
+    metadata = batch.metadata()
+    set_debug(True)
+    try:
+        check_close(batch.run(metadata=metadata), batch.reference(), what="debug, current")
+        batch.cache_seqlens[1] += 1
+        with pytest.raises(ValueError, match="metadata"):
+            batch.run(metadata=metadata)
+    finally:
+        set_debug(False)
+
+
 # --- GPU ------------------------------------------------------------------------
 
 GPU_SHAPES = [
@@ -451,29 +590,34 @@ def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales,
     any batch size where asked (paged.seesaw_shape admitting every shape):
     the cache's rows past each sequence are NaN, and the output is
     poisoned. Then the same batch on the translated path, where a rule that
-    admits no shape leaves it."""
+    admits no shape leaves it. Each with and without the step's metadata."""
     batch = make_paged_batch(
         heads, draft_len, lens, page_size=page_size, device="cuda", seed=5, **scales
     )
-    monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows: True)
-    assert paged.seesaw_serves(batch.q, batch.kv_cache)
-    _check(batch, f"seesaw H{heads} L{draft_len} page {page_size}")
-    monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows: False)
-    assert not paged.seesaw_serves(batch.q, batch.kv_cache)
-    _check(batch, f"translated H{heads} L{draft_len} page {page_size}")
+    metadata = batch.metadata()
+    for seesaw, kind in ((True, "seesaw"), (False, "translated")):
+        monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows, on=seesaw: on)
+        assert paged.seesaw_serves(batch.q, batch.kv_cache) == seesaw
+        what = f"{kind} H{heads} L{draft_len} page {page_size}"
+        _check(batch, what)
+        out = batch.new_output()
+        check_close(batch.run(out, metadata=metadata), batch.reference(), what=f"{what}, metadata")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "page_size,kv,seesaw",
-    [(64, "bf16", False), (64, "fp8", False), (1, "bf16", False), (1, "fp8", False)]
-    + [(64, "bf16", True)],
+    "page_size,kv,seesaw,step",
+    [(64, "bf16", False, False), (64, "fp8", False, False), (1, "bf16", False, False)]
+    + [(1, "fp8", False, False), (64, "bf16", True, False)]
+    + [(64, "bf16", True, True), (1, "bf16", False, True)],
 )
-def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, monkeypatch):
+def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, step, monkeypatch):
     """Capture once with out= given; the engine then rewrites lengths, the
     block table and the cache in place (same shapes); replay gives the new
     answer, and nothing was allocated during capture. ``seesaw``: the
-    batch runs the seesaw kernel (paged.SEESAW_MAX_BATCH opened to it)."""
+    batch runs the seesaw kernel (paged.SEESAW_MAX_BATCH opened to it).
+    ``step``: the graph also rewrites the step's metadata (out=), which
+    the call reads."""
     heads, draft_len, bs = 16, 4, 8
     monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", bs if seesaw else 0)
     pages = -(-(9000 + draft_len) // page_size)
@@ -497,10 +641,17 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, monkeypatc
     )
     ws = workspace.get_workspace(torch.device("cuda"))
     out = first.new_output()
+    metadata = first.metadata() if step else None
+
+    def run() -> None:
+        if step:
+            first.metadata(out=metadata)
+        first.run(out, metadata=metadata)
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        first.run(out)  # compile and warm up outside capture
+        run()  # compile and warm up outside capture
     torch.cuda.current_stream().wait_stream(stream)
     buffers = [t.data_ptr() for t in (ws.part_o, ws.part_lse, ws.paged_index, ws.paged_drafts)]
     # torch's capture_begin allocates two 512-byte blocks of graph state,
@@ -514,7 +665,7 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, monkeypatc
     graph = torch.cuda.CUDAGraph()
     allocated = torch.cuda.memory_allocated()
     with torch.cuda.graph(graph):
-        first.run(out)
+        run()
     assert torch.cuda.memory_allocated() == allocated
     assert buffers == [
         t.data_ptr() for t in (ws.part_o, ws.part_lse, ws.paged_index, ws.paged_drafts)
@@ -555,7 +706,7 @@ def test_module_names():
 AOT_SCRIPT = textwrap.dedent(
     """
     import triton
-    from mla_verify import paged
+    from mla_verify import translate
     from mla_verify.aot import TARGETS, _signature
     INDEX_POINTERS = ("BLOCK_TABLE", "CACHE_SEQLENS", "QO_INDPTR", "KV_INDPTR", "KV_INDICES")
     for arch, fp8 in (("sm90", "fp8e4nv"), ("gfx942", "fp8e4b8")):
@@ -564,12 +715,15 @@ AOT_SCRIPT = textwrap.dedent(
                 pointers = {"KV_CACHE": "*" + kv, "K_EXT": "*" + q}
                 pointers |= {name: "*i32" for name in INDEX_POINTERS}
                 constexprs = dict(
-                    DRAFT_LEN=3, PAGE_SIZE=page, BLOCK_P=paged.BLOCK_P, BLOCK_B=paged.BLOCK_B,
-                    D_NOPE=512, D_ROPE=64, INDICES=page != 128,
-                    # as before the seesaw kernel: indptrs alone, its launch let go at once
+                    DRAFT_LEN=3, PAGE_SIZE=page, BLOCK_P=translate.BLOCK_P,
+                    BLOCK_B=translate.BLOCK_B, D_NOPE=512, D_ROPE=64,
+                    # page 1: a call's whole translation; 64: a step's metadata;
+                    # 128: before the seesaw kernel, indptrs alone, its launch let go at once
+                    INDPTRS=page != 64 or kv == "bf16", INDICES=page != 128,
+                    DRAFTS=page == 1 or kv != "bf16",
                     LAUNCH_DEPENDENTS=arch == "sm90" and page == 128,
                 )
-                src = _signature(paged._translate_kernel, pointers, set(), constexprs)
+                src = _signature(translate._translate_kernel, pointers, set(), constexprs)
                 triton.compile(src, target=TARGETS[arch][0], options={"num_warps": 4})
                 print(arch, kv, page)
     """
