@@ -8,7 +8,8 @@ builds the shape's batch as ``bench.py`` does (one set, in a pool sized to
 it, so not the bench's values) and makes ``--calls`` eager calls of one of
 the bench's contenders (``--contender``): ``tuned``, ``verify_mla_fwd``
 with the config the shipped table gives (each call: stage 1, then stage
-2); ``paged``, ``verify_mla_paged`` on a ``-page<N>`` shape's pages; or
+2); ``paged``, ``verify_mla_paged`` on a ``-page<N>`` shape's pages
+(``paged_step``: given the step's metadata, made once); or
 ``flashmla``, FlashMLA on its own 64-token pages of the same values (the
 ``-page64`` shape's very pages), where ``import flash_mla`` works
 (``scripts/build_flashmla.py``). It times nothing itself; a profiler
@@ -42,7 +43,7 @@ from mla_verify.cli import Parser
 
 logger = logging.getLogger("profile_call")
 
-CONTENDERS = ("tuned", "paged", "flashmla")  # bench.py's names
+CONTENDERS = ("tuned", "paged", "paged_step", "flashmla")  # bench.py's names
 
 
 def parse_counts(text: str) -> list[int]:
@@ -141,11 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _launch(name: str, batch: bench_batch.Batch, device: torch.device, seed: int):
     """One call of the paged entry point or of FlashMLA on the batch's
     first set, as the bench makes it; or why it cannot be made."""
-    if name == "paged":
+    if name in ("paged", "paged_step"):
         # The arch only names the config the bench would report beside the
         # call (verify_mla_paged picks its own; on the CPU the built-in one).
         arch = mla_verify.current_arch(device) if device.type == "cuda" else "sm90"
-        return bench_contenders.paged_contender(batch, arch).launches[0]
+        step = name == "paged_step"
+        return bench_contenders.paged_contender(batch, arch, step=step).launches[0]
     flashmla = bench_contenders.FlashMLA(enabled=True)
     if not flashmla.available:
         return flashmla.reason
