@@ -1,11 +1,15 @@
 """torch.library custom ops: the entry points inside ``torch.compile`` graphs.
 
     mla_verify::verify_mla_paged(Tensor q, Tensor kv_cache, Tensor block_table,
-        Tensor cache_seqlens, float? sm_scale=None, float k_scale=1., float v_scale=1.)
-        -> Tensor
+        Tensor cache_seqlens, float? sm_scale=None, float k_scale=1., float v_scale=1.,
+        Tensor? qo_indptr=None, Tensor? kv_indptr=None, Tensor? kv_indices=None) -> Tensor
     mla_verify::verify_mla_paged_out(Tensor q, Tensor kv_cache, Tensor block_table,
         Tensor cache_seqlens, Tensor(a!) out, float? sm_scale=None, float k_scale=1.,
-        float v_scale=1.) -> ()
+        float v_scale=1., Tensor? qo_indptr=None, Tensor? kv_indptr=None,
+        Tensor? kv_indices=None) -> ()
+    mla_verify::paged_metadata_out(Tensor kv_cache, Tensor block_table,
+        Tensor cache_seqlens, int draft_len, Tensor(a!) qo_indptr, Tensor(b!) kv_indptr,
+        Tensor(c!) kv_indices) -> ()
     mla_verify::verify_mla_fwd(Tensor q_extend, Tensor k_extend, Tensor v_extend,
         Tensor(a!) o_extend, Tensor k_buffer, Tensor v_buffer, Tensor qo_indptr,
         Tensor kv_indptr, Tensor kv_indices, Tensor? custom_mask, bool is_causal,
@@ -17,8 +21,9 @@ each op as one opaque node with a fake implementation for shapes; the
 workspace the ops use for partials and translations is scratch, consumed
 within the call in stream order.
 
-``mla_verify.verify_mla_paged`` dispatches to the paged ops by itself while
-compiling. For SGLang's convention, ``verify_mla_fwd`` below is the twin of
+``mla_verify.verify_mla_paged`` and ``mla_verify.paged_metadata`` dispatch
+to the paged ops by themselves while compiling (a step's metadata passed
+as its three tensors). For SGLang's convention, ``verify_mla_fwd`` below is the twin of
 ``mla_verify.verify_mla_fwd`` (same arguments, same bool): the gate runs on
 metadata at trace time, and only an accepted call becomes the op, which
 declares that it writes ``o_extend``; on False the caller falls back, as in
@@ -29,9 +34,21 @@ eager mode.
 # as objects to infer the schemas.
 import torch
 
-from . import api
-from .paged import paged_forward
+from . import api, paged
 from .problem import V_HEAD_DIM
+
+
+def _metadata(q, kv_cache, block_table, qo_indptr, kv_indptr, kv_indices):
+    # The step's metadata the ops were given as its tensors, or None.
+    given = (qo_indptr, kv_indptr, kv_indices)
+    if all(t is None for t in given):
+        return None
+    if any(t is None for t in given):
+        raise ValueError(
+            "qo_indptr, kv_indptr, kv_indices: expected all three (a paged_metadata's "
+            f"tensors) or none, got {sum(t is not None for t in given)} of them"
+        )
+    return paged.metadata_of(kv_cache, block_table, q.shape[1], *given)
 
 
 @torch.library.custom_op("mla_verify::verify_mla_paged", mutates_args=())
@@ -43,14 +60,24 @@ def verify_mla_paged_op(
     sm_scale: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    qo_indptr: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return paged_forward(
-        q, kv_cache, block_table, cache_seqlens, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+    return paged.paged_forward(
+        q,
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        sm_scale=sm_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        metadata=_metadata(q, kv_cache, block_table, qo_indptr, kv_indptr, kv_indices),
     )
 
 
 @verify_mla_paged_op.register_fake
-def _(q, kv_cache, block_table, cache_seqlens, sm_scale=None, k_scale=1.0, v_scale=1.0):
+def _(q, kv_cache, block_table, cache_seqlens, *args, **kwargs):
     return q.new_empty(*q.shape[:3], V_HEAD_DIM)
 
 
@@ -64,8 +91,11 @@ def verify_mla_paged_out_op(
     sm_scale: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    qo_indptr: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
 ) -> None:
-    paged_forward(
+    paged.paged_forward(
         q,
         kv_cache,
         block_table,
@@ -74,11 +104,34 @@ def verify_mla_paged_out_op(
         k_scale=k_scale,
         v_scale=v_scale,
         out=out,
+        metadata=_metadata(q, kv_cache, block_table, qo_indptr, kv_indptr, kv_indices),
     )
 
 
 @verify_mla_paged_out_op.register_fake
 def _(*args, **kwargs):  # writes out in place: nothing to return
+    return None
+
+
+@torch.library.custom_op(
+    "mla_verify::paged_metadata_out", mutates_args=("qo_indptr", "kv_indptr", "kv_indices")
+)
+def paged_metadata_out_op(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    draft_len: int,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+) -> None:
+    metadata = paged.metadata_of(kv_cache, block_table, draft_len, qo_indptr, kv_indptr, kv_indices)
+    paged.check_metadata(metadata, kv_cache, block_table, draft_len)
+    paged.write_metadata(metadata, kv_cache, block_table, cache_seqlens)
+
+
+@paged_metadata_out_op.register_fake
+def _(*args, **kwargs):  # writes the metadata's tensors in place
     return None
 
 

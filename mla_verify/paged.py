@@ -141,16 +141,17 @@ def verify_mla_paged(
     devices or scales that disagree.
 
     Inside ``torch.compile`` the call goes through the custom op
-    ``mla_verify::verify_mla_paged`` (``mla_verify.ops``), which derives the
-    metadata itself (``metadata`` is not passed to it).
+    ``mla_verify::verify_mla_paged`` (``mla_verify.ops``), ``metadata``
+    passed to it as its tensors.
     """
     if torch.compiler.is_compiling():
+        given = () if metadata is None else metadata.tensors()
         if out is None:
             return torch.ops.mla_verify.verify_mla_paged(
-                q, kv_cache, block_table, cache_seqlens, sm_scale, k_scale, v_scale
+                q, kv_cache, block_table, cache_seqlens, sm_scale, k_scale, v_scale, *given
             )
         torch.ops.mla_verify.verify_mla_paged_out(
-            q, kv_cache, block_table, cache_seqlens, out, sm_scale, k_scale, v_scale
+            q, kv_cache, block_table, cache_seqlens, out, sm_scale, k_scale, v_scale, *given
         )
         return out
     return paged_forward(
@@ -371,40 +372,71 @@ def paged_metadata(
     check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN)
     _validate_cache(kv_cache)
     _validate_table(block_table, cache_seqlens, block_table.shape[0], draft_len, kv_cache)
-    bs, page_size = block_table.shape[0], kv_cache.shape[1]
-    slot_stride, slots_per_block, _ = pool_layout(kv_cache)
-    max_tokens = block_table.shape[1] * page_size
     if out is None:
-        device = block_table.device
-        out = PagedMetadata(
-            bs,
-            draft_len,
-            max_tokens,
-            page_size,
-            slots_per_block,
-            torch.empty(bs + 1, dtype=torch.int32, device=device),
-            torch.empty(bs + 1, dtype=torch.int32, device=device),
-            torch.empty(bs * max_tokens, dtype=torch.int32, device=device),
-        )
+        bs, max_tokens = block_table.shape[0], block_table.shape[1] * kv_cache.shape[1]
+        indptrs = [block_table.new_empty(bs + 1) for _ in range(2)]
+        kv_indices = block_table.new_empty(bs * max_tokens)
+        out = metadata_of(kv_cache, block_table, draft_len, *indptrs, kv_indices)
     else:
         check_metadata(out, kv_cache, block_table, draft_len, name="out")
+    if torch.compiler.is_compiling():  # the op writes the tensors (mla_verify.ops)
+        torch.ops.mla_verify.paged_metadata_out(
+            kv_cache, block_table, cache_seqlens, draft_len, *out.tensors()
+        )
+    else:
+        write_metadata(out, kv_cache, block_table, cache_seqlens)
+    return out
+
+
+def write_metadata(
+    metadata: PagedMetadata,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+) -> None:
+    """``paged_metadata``'s launch: the translation's indptrs and indices
+    into ``metadata``'s tensors (checked beforehand)."""
+    slot_stride, slots_per_block, _ = pool_layout(kv_cache)
     translate.launch(
         kv_cache,
         block_table,
         cache_seqlens,
-        qo_indptr=out.qo_indptr,
-        kv_indptr=out.kv_indptr,
-        kv_indices=out.kv_indices,
-        k_extend=out.kv_indices,  # not written: no drafts are copied
+        qo_indptr=metadata.qo_indptr,
+        kv_indptr=metadata.kv_indptr,
+        kv_indices=metadata.kv_indices,
+        k_extend=metadata.kv_indices,  # not written: no drafts are copied
         slot_stride=slot_stride,
         slots_per_block=slots_per_block,
-        draft_len=draft_len,
-        num_chunks=translate.chunks(max_tokens),
+        draft_len=metadata.draft_len,
+        num_chunks=translate.chunks(metadata.max_tokens),
         indptrs=True,
         indices=True,
         drafts=False,
     )
-    return out
+
+
+def metadata_of(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    draft_len: int,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+) -> PagedMetadata:
+    """A ``PagedMetadata`` of these tensors, for calls on this cache and
+    block table (the custom ops pass a metadata as its tensors)."""
+    _, slots_per_block, _ = pool_layout(kv_cache)
+    page_size = kv_cache.shape[1]
+    return PagedMetadata(
+        block_table.shape[0],
+        draft_len,
+        block_table.shape[1] * page_size,
+        page_size,
+        slots_per_block,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+    )
 
 
 def check_metadata(

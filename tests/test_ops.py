@@ -18,12 +18,12 @@ def _paged_args(batch):
 
 
 def test_ops_are_registered_at_import():
-    schemas = {
-        name: str(getattr(torch.ops.mla_verify, name).default._schema)
-        for name in ("verify_mla_paged", "verify_mla_paged_out", "verify_mla_fwd")
-    }
+    names = ("verify_mla_paged", "verify_mla_paged_out", "paged_metadata_out", "verify_mla_fwd")
+    schemas = {name: str(getattr(torch.ops.mla_verify, name).default._schema) for name in names}
     assert schemas["verify_mla_paged"].endswith("-> Tensor")
+    assert "Tensor? kv_indices=None" in schemas["verify_mla_paged"]
     assert "Tensor(a4!) out" in schemas["verify_mla_paged_out"]
+    assert "Tensor(a6!) kv_indices" in schemas["paged_metadata_out"]
     assert "Tensor(a3!) o_extend" in schemas["verify_mla_fwd"]
 
 
@@ -49,6 +49,27 @@ def test_opcheck_paged(device):
         torch.ops.mla_verify.verify_mla_paged_out.default,
         (*_paged_args(batch), batch.new_output(), 0.1, 1.0, 1.0),
     )
+
+
+def test_opcheck_paged_with_metadata(device):
+    """The step's metadata op, and the paged ops given its tensors."""
+    batch = make_paged_batch(H, L, [5, 0], page_size=16, seed=27, device=device)
+    metadata = batch.metadata()
+    torch.library.opcheck(
+        torch.ops.mla_verify.paged_metadata_out.default,
+        (batch.kv_cache, batch.block_table, batch.cache_seqlens, L, *metadata.tensors()),
+    )
+    torch.library.opcheck(
+        torch.ops.mla_verify.verify_mla_paged.default,
+        (*_paged_args(batch), None, 1.0, 1.0, *metadata.tensors()),
+    )
+    torch.library.opcheck(
+        torch.ops.mla_verify.verify_mla_paged_out.default,
+        (*_paged_args(batch), batch.new_output(), None, 1.0, 1.0, *metadata.tensors()),
+    )
+    partial = metadata.tensors()[:2]
+    with pytest.raises(ValueError, match="expected all three"):
+        torch.ops.mla_verify.verify_mla_paged(*_paged_args(batch), None, 1.0, 1.0, *partial)
 
 
 def test_opcheck_verify_mla_fwd(device):
@@ -105,6 +126,31 @@ def test_compiled_paged_equals_eager(device):
     assert torch.equal(compiled_out, eager_out)
     check_close(compiled_out, batch.reference())
     assert torch.equal(compiled - 1, compiled_out.float())
+
+
+def test_compiled_step_with_metadata_equals_eager(device):
+    """A step that makes its metadata and passes it to the layers' calls
+    (with and without out=) compiles with fullgraph=True: both become the
+    custom ops."""
+    batch = make_paged_batch(H, L, [9, 0, 20], page_size=16, seed=28, device=device)
+
+    def step(q, kv_cache, block_table, cache_seqlens, out):
+        metadata = mla_verify.paged_metadata(kv_cache, block_table, cache_seqlens, L)
+        fresh = mla_verify.verify_mla_paged(
+            q, kv_cache, block_table, cache_seqlens, metadata=metadata
+        )
+        mla_verify.verify_mla_paged(
+            q, kv_cache, block_table, cache_seqlens, out=out, metadata=metadata
+        )
+        return fresh.float() + 1
+
+    eager_out, compiled_out = batch.new_output(), batch.new_output()
+    eager = step(*_paged_args(batch), eager_out)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)(*_paged_args(batch), compiled_out)
+    assert torch.equal(compiled, eager)
+    assert torch.equal(compiled_out, eager_out)
+    check_close(compiled_out, batch.reference())
 
 
 def test_compiled_sglang_call_equals_eager(device):
