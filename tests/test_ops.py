@@ -102,20 +102,21 @@ def test_opcheck_verify_mla_fwd_tree_ragged(device):
     check_close(out, batch.reference())
 
 
-def test_compiled_paged_equals_eager(device):
+@pytest.mark.parametrize("with_metadata", [False, True], ids=["", "metadata"])
+def test_compiled_paged_equals_eager(with_metadata, device):
     """A function calling the public entry point (with and without out=)
-    compiles with fullgraph=True: the call becomes the custom op."""
+    compiles with fullgraph=True: the call becomes the custom op. With
+    metadata, the step makes it first (its own op) and both calls take it."""
     batch = make_paged_batch(
         H, L, [9, 0, 20], page_size=16, seed=22, k_scale=0.5, v_scale=1.5, device=device
     )
 
     def step(q, kv_cache, block_table, cache_seqlens, out):
-        fresh = mla_verify.verify_mla_paged(
-            q, kv_cache, block_table, cache_seqlens, k_scale=0.5, v_scale=1.5
-        )
-        mla_verify.verify_mla_paged(
-            q, kv_cache, block_table, cache_seqlens, k_scale=0.5, v_scale=1.5, out=out
-        )
+        given = {"k_scale": 0.5, "v_scale": 1.5}
+        if with_metadata:
+            given["metadata"] = mla_verify.paged_metadata(kv_cache, block_table, cache_seqlens, L)
+        fresh = mla_verify.verify_mla_paged(q, kv_cache, block_table, cache_seqlens, **given)
+        mla_verify.verify_mla_paged(q, kv_cache, block_table, cache_seqlens, out=out, **given)
         return fresh.float() + 1
 
     eager_out, compiled_out = batch.new_output(), batch.new_output()
@@ -126,31 +127,6 @@ def test_compiled_paged_equals_eager(device):
     assert torch.equal(compiled_out, eager_out)
     check_close(compiled_out, batch.reference())
     assert torch.equal(compiled - 1, compiled_out.float())
-
-
-def test_compiled_step_with_metadata_equals_eager(device):
-    """A step that makes its metadata and passes it to the layers' calls
-    (with and without out=) compiles with fullgraph=True: both become the
-    custom ops."""
-    batch = make_paged_batch(H, L, [9, 0, 20], page_size=16, seed=28, device=device)
-
-    def step(q, kv_cache, block_table, cache_seqlens, out):
-        metadata = mla_verify.paged_metadata(kv_cache, block_table, cache_seqlens, L)
-        fresh = mla_verify.verify_mla_paged(
-            q, kv_cache, block_table, cache_seqlens, metadata=metadata
-        )
-        mla_verify.verify_mla_paged(
-            q, kv_cache, block_table, cache_seqlens, out=out, metadata=metadata
-        )
-        return fresh.float() + 1
-
-    eager_out, compiled_out = batch.new_output(), batch.new_output()
-    eager = step(*_paged_args(batch), eager_out)
-    torch._dynamo.reset()
-    compiled = torch.compile(step, fullgraph=True)(*_paged_args(batch), compiled_out)
-    assert torch.equal(compiled, eager)
-    assert torch.equal(compiled_out, eager_out)
-    check_close(compiled_out, batch.reference())
 
 
 def test_compiled_sglang_call_equals_eager(device):
