@@ -38,17 +38,30 @@ from . import api, paged
 from .problem import V_HEAD_DIM
 
 
-def _metadata(q, kv_cache, block_table, qo_indptr, kv_indptr, kv_indices):
-    # The step's metadata the ops were given as its tensors, or None.
-    given = (qo_indptr, kv_indptr, kv_indices)
-    if all(t is None for t in given):
-        return None
-    if any(t is None for t in given):
+def _paged(q, kv_cache, block_table, cache_seqlens, out, scales, metadata_tensors):
+    # Both paged ops: paged_forward, given the step's metadata as its three
+    # tensors (all or none).
+    if all(t is None for t in metadata_tensors):
+        metadata = None
+    elif any(t is None for t in metadata_tensors):
         raise ValueError(
             "qo_indptr, kv_indptr, kv_indices: expected all three (a paged_metadata's "
-            f"tensors) or none, got {sum(t is not None for t in given)} of them"
+            f"tensors) or none, got {sum(t is not None for t in metadata_tensors)} of them"
         )
-    return paged.metadata_of(kv_cache, block_table, q.shape[1], *given)
+    else:
+        metadata = paged.metadata_of(kv_cache, block_table, q.shape[1], *metadata_tensors)
+    sm_scale, k_scale, v_scale = scales
+    return paged.paged_forward(
+        q,
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        sm_scale=sm_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+        metadata=metadata,
+    )
 
 
 @torch.library.custom_op("mla_verify::verify_mla_paged", mutates_args=())
@@ -64,16 +77,9 @@ def verify_mla_paged_op(
     kv_indptr: torch.Tensor | None = None,
     kv_indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return paged.paged_forward(
-        q,
-        kv_cache,
-        block_table,
-        cache_seqlens,
-        sm_scale=sm_scale,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        metadata=_metadata(q, kv_cache, block_table, qo_indptr, kv_indptr, kv_indices),
-    )
+    scales = (sm_scale, k_scale, v_scale)
+    tensors = (qo_indptr, kv_indptr, kv_indices)
+    return _paged(q, kv_cache, block_table, cache_seqlens, None, scales, tensors)
 
 
 @verify_mla_paged_op.register_fake
@@ -95,17 +101,9 @@ def verify_mla_paged_out_op(
     kv_indptr: torch.Tensor | None = None,
     kv_indices: torch.Tensor | None = None,
 ) -> None:
-    paged.paged_forward(
-        q,
-        kv_cache,
-        block_table,
-        cache_seqlens,
-        sm_scale=sm_scale,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        out=out,
-        metadata=_metadata(q, kv_cache, block_table, qo_indptr, kv_indptr, kv_indices),
-    )
+    scales = (sm_scale, k_scale, v_scale)
+    tensors = (qo_indptr, kv_indptr, kv_indices)
+    _paged(q, kv_cache, block_table, cache_seqlens, out, scales, tensors)
 
 
 @verify_mla_paged_out_op.register_fake

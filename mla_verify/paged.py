@@ -372,6 +372,9 @@ def paged_metadata(
     check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN)
     _validate_cache(kv_cache)
     _validate_table(block_table, cache_seqlens, block_table.shape[0], draft_len, kv_cache)
+    check_range(
+        "block_table.shape[0] (batch size)", block_table.shape[0], MIN_BATCH_SIZE, MAX_BATCH_SIZE
+    )
     if out is None:
         bs, max_tokens = block_table.shape[0], block_table.shape[1] * kv_cache.shape[1]
         indptrs = [block_table.new_empty(bs + 1) for _ in range(2)]
@@ -713,7 +716,7 @@ def validate_paged(
         f"{q.dtype} (q's) or an fp8 dtype",
         kv_cache.dtype,
     )
-    _validate_table(block_table, cache_seqlens, bs, draft_len, kv_cache, "q's batch")
+    _validate_table(block_table, cache_seqlens, bs, draft_len, kv_cache)
     if out is not None:
         expected = (bs, draft_len, num_heads, V_HEAD_DIM)
         _expect(tuple(out.shape) == expected, "out.shape", expected, tuple(out.shape))
@@ -766,24 +769,20 @@ def _validate_table(
     bs: int,
     draft_len: int,
     kv_cache: torch.Tensor,
-    whose_batch: str = "block_table's",
 ) -> None:
     """The block table's and the lengths' shapes, dtypes, strides and
-    devices, for ``bs`` sequences of ``draft_len`` drafts in ``kv_cache``
-    (validate_paged)."""
+    devices, for ``bs`` sequences (q's batch) of ``draft_len`` drafts in
+    ``kv_cache`` (validate_paged)."""
     for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
         _expect(isinstance(t, torch.Tensor), name, "a tensor", type(t).__name__)
     page_size = kv_cache.shape[1]
     _expect(
         block_table.dim() == 2, "block_table.shape", "[bs, max_blocks]", tuple(block_table.shape)
     )
-    check_range(
-        "block_table.shape[0] (batch size)", block_table.shape[0], MIN_BATCH_SIZE, MAX_BATCH_SIZE
-    )
     _expect(
         block_table.shape[0] == bs,
         "block_table.shape[0]",
-        f"{bs} ({whose_batch})",
+        f"{bs} (q's batch)",
         block_table.shape[0],
     )
     _expect(

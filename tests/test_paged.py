@@ -279,6 +279,41 @@ BAD_INPUT = {
     "k_scale_negative": (lambda b: {"k_scale": -1.0}, "k_scale"),
     "v_scale_zero": (lambda b: {"v_scale": 0.0}, "v_scale"),
     "sm_scale_nan": (lambda b: {"sm_scale": float("nan")}, "sm_scale"),
+    # a step's metadata made for another call, or not one
+    "not_metadata": (lambda b: {"metadata": b.block_table}, "metadata"),
+    "other_draft_len": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(b.kv_cache, b.block_table, b.cache_seqlens, L + 1)
+        },
+        "metadata.draft_len",
+    ),
+    "other_batch": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(
+                b.kv_cache, b.block_table[:1], b.cache_seqlens[:1], L
+            )
+        },
+        "metadata.batch_size",
+    ),
+    "other_table_width": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(
+                b.kv_cache, torch.cat([b.block_table] * 2, dim=1), b.cache_seqlens, L
+            )
+        },
+        "metadata.max_tokens",
+    ),
+    "other_page": (
+        lambda b: {
+            "metadata": mla_verify.paged_metadata(
+                b.kv_cache.view(-1, 1, 1, 576),
+                torch.cat([b.block_table] * 16, 1),
+                b.cache_seqlens,
+                L,
+            )
+        },
+        "metadata.page_size",
+    ),
 }
 
 
@@ -354,53 +389,6 @@ def test_metadata_rewritten_in_place_for_new_lengths(device):
     assert second.metadata(out=metadata) is metadata
     assert [t.data_ptr() for t in metadata.tensors()] == tensors
     check_close(second.run(metadata=metadata), second.reference(), what="rewritten")
-
-
-BAD_METADATA = {
-    "not_metadata": (lambda b: {"metadata": b.block_table}, "metadata"),
-    "other_draft_len": (
-        lambda b: {
-            "metadata": mla_verify.paged_metadata(b.kv_cache, b.block_table, b.cache_seqlens, L + 1)
-        },
-        "metadata.draft_len",
-    ),
-    "other_batch": (
-        lambda b: {
-            "metadata": mla_verify.paged_metadata(
-                b.kv_cache, b.block_table[:1], b.cache_seqlens[:1], L
-            )
-        },
-        "metadata.batch_size",
-    ),
-    "other_table_width": (
-        lambda b: {
-            "metadata": mla_verify.paged_metadata(
-                b.kv_cache, torch.cat([b.block_table] * 2, dim=1), b.cache_seqlens, L
-            )
-        },
-        "metadata.max_tokens",
-    ),
-    "other_page": (
-        lambda b: {
-            "metadata": mla_verify.paged_metadata(
-                b.kv_cache.view(-1, 1, 1, 576),
-                torch.cat([b.block_table] * 16, 1),
-                b.cache_seqlens,
-                L,
-            )
-        },
-        "metadata.page_size",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_METADATA))
-def test_bad_metadata_names_the_argument(case):
-    batch = make_paged_batch(H, L, [20, 0], page_size=16, seed=24)
-    over, match = BAD_METADATA[case]
-    with pytest.raises(ValueError, match=match) as info:
-        verify_mla_paged(**_bad(batch, **over(batch)))
-    assert "expected" in str(info.value) and "got" in str(info.value)
 
 
 def test_bad_paged_metadata_arguments_are_named():
