@@ -123,6 +123,7 @@ def paged_metadata_out_op(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
 ) -> None:
+    paged.validate_metadata_args(kv_cache, block_table, cache_seqlens, draft_len)
     metadata = paged.metadata_of(kv_cache, block_table, draft_len, qo_indptr, kv_indptr, kv_indices)
     paged.check_metadata(metadata, kv_cache, block_table, draft_len)
     paged.write_metadata(metadata, kv_cache, block_table, cache_seqlens)

@@ -369,12 +369,7 @@ def paged_metadata(
     place: nothing allocates, so the call can be captured in a CUDA graph
     beside the layers' calls. Raises ValueError, naming the argument, for
     shapes, dtypes or devices that disagree."""
-    check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN)
-    _validate_cache(kv_cache)
-    _validate_table(block_table, cache_seqlens, block_table.shape[0], draft_len, kv_cache)
-    check_range(
-        "block_table.shape[0] (batch size)", block_table.shape[0], MIN_BATCH_SIZE, MAX_BATCH_SIZE
-    )
+    validate_metadata_args(kv_cache, block_table, cache_seqlens, draft_len)
     if out is None:
         bs, max_tokens = block_table.shape[0], block_table.shape[1] * kv_cache.shape[1]
         indptrs = [block_table.new_empty(bs + 1) for _ in range(2)]
@@ -389,6 +384,19 @@ def paged_metadata(
     else:
         write_metadata(out, kv_cache, block_table, cache_seqlens)
     return out
+
+
+def validate_metadata_args(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, draft_len: int
+) -> None:
+    """``paged_metadata``'s arguments (and its op's): ValueError naming the
+    argument where shapes, dtypes or devices disagree."""
+    check_range("draft_len", draft_len, MIN_DRAFT_LEN, MAX_DRAFT_LEN)
+    _validate_cache(kv_cache)
+    _validate_table(block_table, cache_seqlens, None, draft_len, kv_cache)
+    check_range(
+        "block_table.shape[0] (batch size)", block_table.shape[0], MIN_BATCH_SIZE, MAX_BATCH_SIZE
+    )
 
 
 def write_metadata(
@@ -766,19 +774,21 @@ def _validate_cache(kv_cache: torch.Tensor) -> None:
 def _validate_table(
     block_table: torch.Tensor,
     cache_seqlens: torch.Tensor,
-    bs: int,
+    bs: int | None,
     draft_len: int,
     kv_cache: torch.Tensor,
 ) -> None:
     """The block table's and the lengths' shapes, dtypes, strides and
-    devices, for ``bs`` sequences (q's batch) of ``draft_len`` drafts in
-    ``kv_cache`` (validate_paged)."""
+    devices, for ``bs`` sequences (q's batch; None: the block table's own)
+    of ``draft_len`` drafts in ``kv_cache``."""
     for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
         _expect(isinstance(t, torch.Tensor), name, "a tensor", type(t).__name__)
     page_size = kv_cache.shape[1]
     _expect(
         block_table.dim() == 2, "block_table.shape", "[bs, max_blocks]", tuple(block_table.shape)
     )
+    if bs is None:
+        bs = block_table.shape[0]
     _expect(
         block_table.shape[0] == bs,
         "block_table.shape[0]",

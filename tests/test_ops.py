@@ -70,6 +70,12 @@ def test_opcheck_paged_with_metadata(device):
     partial = metadata.tensors()[:2]
     with pytest.raises(ValueError, match="expected all three"):
         torch.ops.mla_verify.verify_mla_paged(*_paged_args(batch), None, 1.0, 1.0, *partial)
+    # The raw metadata op checks its arguments as paged_metadata does.
+    bad_lengths = batch.cache_seqlens[:1]
+    with pytest.raises(ValueError, match="cache_seqlens.shape"):
+        torch.ops.mla_verify.paged_metadata_out(
+            batch.kv_cache, batch.block_table, bad_lengths, L, *metadata.tensors()
+        )
 
 
 def test_opcheck_verify_mla_fwd(device):

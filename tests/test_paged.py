@@ -406,6 +406,10 @@ def test_bad_paged_metadata_arguments_are_named():
             "cache_seqlens.shape",
         ),
         (
+            lambda: mla_verify.paged_metadata(args[0], args[1].tolist(), args[2], L),
+            "block_table",
+        ),
+        (
             lambda: mla_verify.paged_metadata(args[0][..., :512], *args[1:], L),
             r"kv_cache.shape\[3\]",
         ),
