@@ -387,14 +387,15 @@ def _compile_hopper_kernel(
         return triton.compile(src, target=target, options=options)
 
 
-def compile_seesaw(draft_len: int, arch: str = "sm90"):
+def compile_seesaw(draft_len: int, arch: str = "sm90", planned: bool = False):
     """The paged seesaw kernel (kernel_seesaw.py) for ``draft_len`` drafts,
-    compiled for ``arch`` as a launch on a bf16 cache would build it."""
+    compiled for ``arch`` as a launch on a bf16 cache would build it;
+    ``planned``: as a call given a step's planned metadata builds it."""
     from . import kernel_seesaw
 
     fn = kernel_seesaw._seesaw_kernel
     pointers = {name: "*bf16" for name in ("Q", "O")}
-    pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "BLOCK_TABLE")}
+    pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "BLOCK_TABLE", "PLAN")}
     pointers |= {"PART_O": "*fp32", "PART_LSE": "*fp32"}
     for name, (_, _, box, layout) in zip(("nope_desc", "rope_desc"), kernel_seesaw.page_layouts()):
         pointers[name] = f"tensordesc<bf16[{hopper.TOKENS}, {box}],{layout!r}>"
@@ -402,8 +403,9 @@ def compile_seesaw(draft_len: int, arch: str = "sm90"):
         DRAFT_LEN=draft_len,
         BLOCK_H=hopper.block_heads(128, draft_len),
         BLOCK_B=kernel.PLAN_BLOCK,
-        WAIT_PRIOR=True,  # as on a CUDA device after the translation
+        WAIT_PRIOR=not planned,  # as on a CUDA device after the translation
         LAUNCH_DEPENDENTS=True,
+        PLANNED=planned,
     )
     # A block table's row stride is any int (a launch's own table).
     aligned = _launch_aligned(fn, pointers) - {"stride_table"}

@@ -697,6 +697,76 @@ def _store_half(
     _warps_barrier()
 
 
+# --- the plan -----------------------------------------------------------------------
+
+PLAN_FIELDS = gl.constexpr(8)  # int32s a CTA's planned share takes (_plan's seven, padded)
+
+
+@gluon.jit
+def _plan(KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B: gl.constexpr):
+    # kernel_sm90's plan for a batch whose sequences all have L drafts: the
+    # same shares, so that stage 2 finds the same partials. The CTAs a head
+    # block that hold a share, and CTA cta's (kernel_sm90._share: its first
+    # and last request, where the first one's positions begin, its
+    # positions s0 .. s1 - 1, and the drafts' positions a request).
+    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPGROUP], [0])
+    total = 0
+    most = 0
+    for start in range(0, batch_size, BLOCK_B):
+        offs = start + gl.arange(0, BLOCK_B, layout=plan_layout)
+        positions = _request_positions(KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1)
+        total += gl.sum(positions, 0)
+        most = gl.maximum(most, gl.max(positions, 0))
+    uniform = most.to(gl.int64) * batch_size == total
+    drafts = DRAFT_POSITIONS
+    if uniform:
+        drafts = 1
+    total += (drafts - 1) * batch_size
+    ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
+    s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
+    s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
+    share_block = (KV_INDPTR, QO_INDPTR, 0, QO_INDPTR, 0)  # no RAGGED: no first row read
+    _, b0, b1, base0, _, _, _ = _share(
+        share_block, batch_size, drafts, s0, s1, BLOCK_B, plan_layout
+    )
+    return ctas, b0, b1, base0, s0, s1, drafts
+
+
+@gluon.jit
+def _planned(PLAN, cta):
+    # _plan's answer for CTA cta, as _plan_kernel stored it.
+    row = PLAN + cta * PLAN_FIELDS
+    return (
+        gl.load(row),
+        gl.load(row + 1),
+        gl.load(row + 2),
+        gl.load(row + 3),
+        gl.load(row + 4),
+        gl.load(row + 5),
+        gl.load(row + 6),
+    )
+
+
+@gluon.jit(do_not_specialize=["batch_size", "min_share"])
+def _plan_kernel(PLAN, QO_INDPTR, KV_INDPTR, batch_size, min_share, BLOCK_B: gl.constexpr):
+    # Each CTA's share of the seesaw kernel's grid (1 x its CTAs a head
+    # block: the plan is the same for every head block), for a step's
+    # metadata: the seesaw kernel then reads it (PLANNED) instead of
+    # planning at its start.
+    cta = gl.program_id(1)
+    ctas, b0, b1, base0, s0, s1, drafts = _plan(
+        KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B
+    )
+    row = PLAN + cta * PLAN_FIELDS
+    gl.store(row, ctas)
+    gl.store(row + 1, b0)
+    gl.store(row + 2, b1)
+    gl.store(row + 3, base0)
+    gl.store(row + 4, s0)
+    gl.store(row + 5, s1)
+    gl.store(row + 6, drafts)
+
+
 # --- the kernel --------------------------------------------------------------------
 
 
@@ -718,6 +788,7 @@ def _seesaw_kernel(
     BLOCK_TABLE,
     PART_O,
     PART_LSE,
+    PLAN,
     nope_desc,
     rope_desc,
     stride_q_tok,
@@ -738,6 +809,7 @@ def _seesaw_kernel(
     BLOCK_B: gl.constexpr,
     WAIT_PRIOR: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
+    PLANNED: gl.constexpr,
 ):
     nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
@@ -778,27 +850,15 @@ def _seesaw_kernel(
         _launch_dependents()
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPGROUP], [0])
-    # kernel_sm90's plan for a batch whose sequences all have L drafts:
-    # the same shares, so that stage 2 finds the same partials.
-    total = 0
-    most = 0
-    for start in range(0, batch_size, BLOCK_B):
-        offs = start + gl.arange(0, BLOCK_B, layout=plan_layout)
-        positions = _request_positions(KV_INDPTR, QO_INDPTR, offs, offs < batch_size, 0, 1)
-        total += gl.sum(positions, 0)
-        most = gl.maximum(most, gl.max(positions, 0))
-    uniform = most.to(gl.int64) * batch_size == total
-    drafts = DRAFT_POSITIONS
-    if uniform:
-        drafts = 1
-    total += (drafts - 1) * batch_size
-    ctas = _share_count(gl.num_programs(1), total, uniform, batch_size, min_share)
+    if PLANNED:  # a step's metadata holds each CTA's share (_plan_kernel)
+        ctas, b0, b1, base0, s0, s1, drafts = _planned(PLAN, cta)
+    else:
+        ctas, b0, b1, base0, s0, s1, drafts = _plan(
+            KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B
+        )
     share_block = (KV_INDPTR, QO_INDPTR, 0, QO_INDPTR, head_block * BLOCK_H * DRAFT_LEN)
     if cta < ctas:
-        s0 = (cta.to(gl.int64) * total // ctas).to(gl.int32)
-        s1 = ((cta + 1).to(gl.int64) * total // ctas).to(gl.int32)
-        share = _share(share_block, batch_size, drafts, s0, s1, BLOCK_B, plan_layout)
+        share = (share_block, b0, b1, base0, s0, s1, drafts)
         q_args = (Q, stride_q_tok, stride_q_head)
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
@@ -857,6 +917,7 @@ def launch(
     v_scale: float,
     wait_prior: bool,
     launch_dependents: bool,
+    plan=None,
 ) -> None:
     """Stage 1 over a paged cache, ``pool`` its token rows [slots, 576]
     (block n's page from slot n * ``slots_per_block``), on ``ctas`` CTAs a
@@ -867,7 +928,9 @@ def launch(
     is in the log2 domain. ``wait_prior``: a programmatic dependent launch
     of the kernel that writes the indptrs (paged's translation), waited for
     before the plan reads them. ``launch_dependents``: stage 2 is one of
-    this kernel, let go once the indptrs are readable."""
+    this kernel, let go once the indptrs are readable. ``plan``: each CTA's
+    share as ``launch_plan`` wrote it for this grid, read instead of
+    planned."""
     if page_size & (page_size - 1):  # the kernel finds pages by a shift
         raise ValueError(f"page_size: expected a power of two, got {page_size}")
     head_blocks = hopper.head_blocks(q.shape[1], block_h)
@@ -882,6 +945,7 @@ def launch(
         block_table,
         part_o,
         part_lse,
+        kv_indptr if plan is None else plan,  # PLAN: not read unless planned
         nope_desc,
         rope_desc,
         q.stride(0),
@@ -902,6 +966,32 @@ def launch(
         BLOCK_B=PLAN_BLOCK,
         WAIT_PRIOR=wait_prior,
         LAUNCH_DEPENDENTS=launch_dependents,
+        PLANNED=plan is not None,
         **_dependent_options(wait_prior),
         **LAUNCH_OPTIONS,
+    )
+
+
+def plan_numel(ctas: int) -> int:
+    """int32s of ``launch_plan``'s plan for a grid of ``ctas`` CTAs a head
+    block."""
+    return ctas * PLAN_FIELDS.value
+
+
+def launch_plan(plan, qo_indptr, kv_indptr, *, batch_size: int, ctas: int, min_share: int):
+    """Each CTA's share of ``launch``'s grid (``ctas`` CTAs a head block,
+    shares of ``min_share`` positions at least) into ``plan``
+    [plan_numel(ctas)] int32, from the indptrs: for a step's metadata, so
+    that every layer's launch reads its share instead of planning it."""
+    launcher.launch(
+        _plan_kernel,
+        (1, ctas),
+        plan,
+        qo_indptr,
+        kv_indptr,
+        batch_size,
+        min_share,
+        BLOCK_B=PLAN_BLOCK,
+        num_warps=4,
+        **COMPILE_OPTIONS,
     )

@@ -53,7 +53,9 @@ A step's metadata (``paged_metadata``): the indptrs and indices depend on
 the block table and the lengths alone, which every layer of a step shares.
 Made once a step and passed to each layer's call, they leave the layer's
 translation the drafts' rows alone, and the seesaw kernel no translation
-at all: it launches first and reads the metadata's indptrs.
+at all: it launches first and reads the metadata's indptrs. Made for the
+calls' heads, it also holds each seesaw CTA's share, planned once
+(kernel_seesaw.launch_plan), which the calls read instead of planning.
 
 Cost of the translation over a native paged kernel: one more launch (bs x min(16,
 cdiv(max_tokens, 1024)) small programs), 4 bytes written and 4 read per prefix token for
@@ -234,7 +236,7 @@ def paged_forward(
                 launch_dependents=call.seesaw is not None and call.seesaw.dependent,
             )
         if call.seesaw is not None:
-            _seesaw_forward(q, kv_cache, block_table, out, views, call, metadata is None)
+            _seesaw_forward(q, kv_cache, block_table, out, views, call, metadata)
             return out
     k_buffer = token_pool(kv_cache)
     tensors = (
@@ -319,7 +321,7 @@ def _prepare(
     # The seesaw kernel offsets into the block table in int32.
     seesaw = None
     if seesaw_serves(q, kv_cache) and block_table.numel() < 2**31:
-        seesaw = _seesaw_launch(q, kv_cache)
+        seesaw = _seesaw_launch(*q.shape[:3], kv_cache)
     # The indices' programs; one a sequence where only the indptrs or the
     # drafts are written.
     num_chunks = 1 if seesaw or metadata else translate.chunks(max_tokens)
@@ -345,9 +347,21 @@ class PagedMetadata:
     qo_indptr: torch.Tensor  # [bs+1] int32
     kv_indptr: torch.Tensor  # [bs+1] int32
     kv_indices: torch.Tensor  # [bs * max_tokens] int32, the first kv_indptr[-1] used
+    # Where made for num_heads and the seesaw kernel serves such calls: each
+    # of its CTAs' shares (kernel_seesaw.launch_plan), and the grid planned
+    # (heads a head block, CTAs a head block, the shares' least positions).
+    seesaw_plan: torch.Tensor | None = None
+    seesaw_grid: tuple[int, int, int] | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The indptrs and indices: what the custom ops take (mla_verify.ops)."""
         return self.qo_indptr, self.kv_indptr, self.kv_indices
+
+    def plan_for(self, launch: _SeesawLaunch) -> torch.Tensor | None:
+        """The seesaw plan, where made for ``launch``'s grid."""
+        if self.seesaw_grid != (launch.block_h, launch.ctas, launch.min_share):
+            return None
+        return self.seesaw_plan
 
 
 def paged_metadata(
@@ -356,6 +370,7 @@ def paged_metadata(
     cache_seqlens: torch.Tensor,
     draft_len: int,
     *,
+    num_heads: int | None = None,
     out: PagedMetadata | None = None,
 ) -> PagedMetadata:
     """The part of a step's paged calls that the block table and the
@@ -365,19 +380,44 @@ def paged_metadata(
 
     ``kv_cache``: any layer's cache (its shape and strides alone are read:
     every layer's must share them). ``draft_len``: L, the drafts of every
-    sequence. ``out``: a metadata of the same shapes to write into, in
-    place: nothing allocates, so the call can be captured in a CUDA graph
-    beside the layers' calls. Raises ValueError, naming the argument, for
-    shapes, dtypes or devices that disagree."""
+    sequence. ``num_heads``: the calls' query heads, where known; then,
+    where the seesaw kernel serves such calls, each of its CTAs' shares is
+    planned here too, and not at the start of every layer's call (not
+    inside torch.compile, where the calls plan their own). ``out``:
+    a metadata made for the same shapes to write into, in place: nothing
+    allocates, so the call can be captured in a CUDA graph beside the
+    layers' calls (it keeps the heads it was made for). Raises ValueError,
+    naming the argument, for shapes, dtypes or devices that disagree."""
     validate_metadata_args(kv_cache, block_table, cache_seqlens, draft_len)
+    if num_heads is not None:
+        check_range("num_heads", num_heads, MIN_HEADS, MAX_HEADS)
     if out is None:
         bs, max_tokens = block_table.shape[0], block_table.shape[1] * kv_cache.shape[1]
         indptrs = [block_table.new_empty(bs + 1) for _ in range(2)]
         kv_indices = block_table.new_empty(bs * max_tokens)
         out = metadata_of(kv_cache, block_table, draft_len, *indptrs, kv_indices)
+        # The seesaw's shares: not inside torch.compile, whose op writes the
+        # indptrs and indices alone (the calls then plan their own).
+        planned = num_heads is not None and not torch.compiler.is_compiling()
+        if planned and _seesaw_serves_cache(bs, num_heads * draft_len, kv_cache):
+            from . import kernel_seesaw  # Gluon: only where the seesaw kernel serves
+
+            launch = _seesaw_launch(bs, draft_len, num_heads, kv_cache)
+            plan_numel = kernel_seesaw.plan_numel(launch.ctas)
+            out = dataclasses.replace(
+                out,
+                seesaw_plan=block_table.new_empty(plan_numel),
+                seesaw_grid=(launch.block_h, launch.ctas, launch.min_share),
+            )
     else:
         check_metadata(out, kv_cache, block_table, draft_len, name="out")
     if torch.compiler.is_compiling():  # the op writes the tensors (mla_verify.ops)
+        _expect(
+            out.seesaw_plan is None,
+            "out",
+            "a metadata made without num_heads inside torch.compile",
+            "one holding a seesaw plan, which the op would leave unwritten",
+        )
         torch.ops.mla_verify.paged_metadata_out(
             kv_cache, block_table, cache_seqlens, draft_len, *out.tensors()
         )
@@ -424,6 +464,18 @@ def write_metadata(
         indices=True,
         drafts=False,
     )
+    if metadata.seesaw_grid is not None:
+        from . import kernel_seesaw
+
+        _, ctas, min_share = metadata.seesaw_grid
+        kernel_seesaw.launch_plan(
+            metadata.seesaw_plan,
+            metadata.qo_indptr,
+            metadata.kv_indptr,
+            batch_size=metadata.batch_size,
+            ctas=ctas,
+            min_share=min_share,
+        )
 
 
 def metadata_of(
@@ -485,7 +537,7 @@ def check_metadata(
     _expect(
         kv_indices.shape == expected, f"{name}.kv_indices.shape", expected, tuple(kv_indices.shape)
     )
-    for t in metadata.tensors():
+    for t in (t for t in metadata.tensors() if t is not None):
         _expect(t.dtype == torch.int32, f"{name} tensors' dtype", torch.int32, t.dtype)
         _expect(t.is_contiguous(), f"{name} tensors", "contiguous", "a strided view")
         _expect(
@@ -503,13 +555,23 @@ def check_metadata_values(
     cache_seqlens: torch.Tensor,
 ) -> None:
     """Debug mode: ``metadata`` is the translation of this block table and
-    these lengths (synchronises)."""
-    fresh = paged_metadata(kv_cache, block_table, cache_seqlens, metadata.draft_len)
+    these lengths, and its seesaw plan theirs (synchronises)."""
+    tensors = ("qo_indptr", "kv_indptr", "kv_indices", "seesaw_plan")
+    fresh = dataclasses.replace(
+        metadata,
+        **{
+            name: torch.empty_like(getattr(metadata, name))
+            for name in tensors
+            if getattr(metadata, name) is not None
+        },
+    )
+    paged_metadata(kv_cache, block_table, cache_seqlens, metadata.draft_len, out=fresh)
     used = int(fresh.kv_indptr[-1])
     same = (
         torch.equal(fresh.qo_indptr, metadata.qo_indptr)
         and torch.equal(fresh.kv_indptr, metadata.kv_indptr)
         and torch.equal(fresh.kv_indices[:used], metadata.kv_indices[:used])
+        and (metadata.seesaw_plan is None or torch.equal(fresh.seesaw_plan, metadata.seesaw_plan))
     )
     _expect(
         same,
@@ -590,38 +652,49 @@ def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     device, bf16 q and cache, pages of a multiple of 64 tokens, rows TMA can
     copy. Metadata only."""
     return (
-        seesaw_shape(q.shape[0], q.shape[1] * q.shape[2])
+        _seesaw_serves_cache(q.shape[0], q.shape[1] * q.shape[2], kv_cache)
+        and q.dtype == torch.bfloat16
+        and hopper.copy_aligned(q)
+    )
+
+
+def _seesaw_serves_cache(batch_size: int, rows: int, kv_cache: torch.Tensor) -> bool:
+    """``seesaw_serves``' part that q does not decide: whether the seesaw
+    kernel would compute calls of ``batch_size`` sequences of ``rows`` query
+    rows on this cache, given a bf16 q whose rows TMA can copy."""
+    return (
+        seesaw_shape(batch_size, rows)
         and hopper.available()
         and not INTERPRETED
-        and q.dtype == torch.bfloat16
         and kv_cache.dtype == torch.bfloat16
-        and is_cuda_sm90(q.device)
+        and is_cuda_sm90(kv_cache.device)
         and hopper.tiles_in_pages(kv_cache.shape[1])
-        and hopper.copy_aligned(q)
         and hopper.copy_aligned(token_pool(kv_cache))
     )
 
 
-def _seesaw_launch(q: torch.Tensor, kv_cache: torch.Tensor) -> _SeesawLaunch:
-    bs, draft_len, num_heads, _ = q.shape
-    sms = sm_count(q.device)
+def _seesaw_launch(
+    batch_size: int, draft_len: int, num_heads: int, kv_cache: torch.Tensor
+) -> _SeesawLaunch:
+    bs = batch_size
+    sms = sm_count(kv_cache.device)
     block_h, ctas = seesaw_grid(num_heads, draft_len, sms)
-    config = api._tuned_config(q, num_heads, draft_len, bs, kv_cache.dtype, MLA_HEAD_DIMS)
+    config = api._tuned_config(kv_cache, num_heads, draft_len, bs, kv_cache.dtype, MLA_HEAD_DIMS)
     return _SeesawLaunch(
         block_h,
         ctas,
         plan.min_share(config),
         seesaw_partial_rows(num_heads, draft_len, sms),  # what prepare_paged_workspace sizes
-        plan.dependent_launch(q.device),
+        plan.dependent_launch(kv_cache.device),
         plan.merge_column_blocks(bs, num_heads, draft_len, ctas),
     )
 
 
-def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, after_translation):
+def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, metadata):
     """Both stages of a paged call on the seesaw kernel; ``views`` hold the
-    indptrs, which the translation just launched writes where
-    ``after_translation`` (else a step's metadata holds them, written by an
-    earlier launch)."""
+    indptrs: the translation's just launched, or the step's ``metadata``'s
+    (written by an earlier launch), with each CTA's share where it planned
+    them for this grid."""
     from . import kernel_seesaw
 
     bs, draft_len, num_heads, _ = q.shape
@@ -646,8 +719,9 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, afte
         min_share=launch.min_share,
         score_scale=call.sm_scale * call.k_scale * LOG2E,
         v_scale=call.v_scale,
-        wait_prior=launch.dependent and after_translation,
+        wait_prior=launch.dependent and metadata is None,
         launch_dependents=launch.dependent,
+        plan=None if metadata is None else metadata.plan_for(launch),
     )
     launch_merge_shares(
         o,

@@ -364,12 +364,17 @@ class PagedBatch:
             metadata=metadata,
         )
 
-    def metadata(self, out=None):
+    def metadata(self, out=None, num_heads: int | None = None):
         """``paged_metadata`` of this batch's block table and lengths."""
         from .paged import paged_metadata
 
         return paged_metadata(
-            self.kv_cache, self.block_table, self.cache_seqlens, self.draft_len, out=out
+            self.kv_cache,
+            self.block_table,
+            self.cache_seqlens,
+            self.draft_len,
+            num_heads=num_heads,
+            out=out,
         )
 
     def slots(self, b: int) -> torch.Tensor:

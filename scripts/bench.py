@@ -27,8 +27,8 @@ Measures, in one run on one GPU:
 - per shape, the contenders: ``tuned`` (the shipped table, launched as an
   engine launches it), ``paged`` (``verify_mla_paged`` on a paged copy of
   the same values, -page rows only), ``paged_step`` (the same given its
-  step's ``paged_metadata``, made outside the timed call as FlashMLA's
-  metadata is), ``paged_seesaw`` and
+  step's ``paged_metadata`` for the shape's heads, made outside the timed
+  call as FlashMLA's metadata is), ``paged_seesaw`` and
   ``paged_translated`` (the same with the seesaw kernel at any batch size
   where it can serve the call, and never: ``paged.seesaw_shape``'s rule
   opened or closed), ``default`` (the built-in default config),

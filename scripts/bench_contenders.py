@@ -237,9 +237,10 @@ def paged_contender(
     package's rule (``paged.seesaw_shape``); True, the seesaw kernel at
     every batch size where it can serve the call; False, never (the
     translated call). The rule is set while each launch is captured.
-    ``step``: each set's ``paged_metadata`` made once, outside the timed
-    call, and passed to it, as FlashMLA's scheduling metadata is (an
-    engine makes it once a step for all its layers)."""
+    ``step``: each set's ``paged_metadata`` (for the shape's heads) made
+    once, outside the timed call, and passed to it, as FlashMLA's
+    scheduling metadata is (an engine makes it once a step for all its
+    layers)."""
     s = batch.spec
     bs, L, H = s.batch_size, s.draft_len, s.num_heads
     q = batch.q.view(bs, L, H, Q_DIM)
@@ -255,7 +256,9 @@ def paged_contender(
     def make(kv_cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor):
         step_args = {}
         if step:
-            step_args["metadata"] = package.paged_metadata(kv_cache, block_table, seqlens, L)
+            step_args["metadata"] = package.paged_metadata(
+                kv_cache, block_table, seqlens, L, num_heads=H
+            )
 
         def launch() -> None:
             package.verify_mla_paged(

@@ -325,8 +325,9 @@ SEESAW_SCRIPT = textwrap.dedent(
     from mla_verify import aot
     sys.path.insert(0, str(Path(aot.__file__).parents[1] / "scripts"))
     import sass_report
-    for draft_len in (1, 2, 3, 4, 8, 16):
-        compiled = aot.compile_seesaw(draft_len)
+    # Unplanned at every draft count; planned (a step's metadata) at two.
+    for draft_len, planned in [(n, False) for n in (1, 2, 3, 4, 8, 16)] + [(1, True), (4, True)]:
+        compiled = aot.compile_seesaw(draft_len, planned=planned)
         found = aot.resources(compiled, "sm90")
         sass = aot.sass(compiled)
         tma = len(re.findall(r"\\bUTMALDG\\b", sass))
@@ -335,7 +336,7 @@ SEESAW_SCRIPT = textwrap.dedent(
         loops = [lp for lp in loops if sass_report.count(ins, lp)["wgmma"]]
         pair_loops = [lp for lp in loops if not any(other.body < lp.body for other in loops)]
         local = sum(sass_report.count(ins, lp)["local"] for lp in pair_loops)
-        print(draft_len, found.shared, found.scratch, tma, len(pair_loops), local)
+        print(draft_len, int(planned), found.shared, found.scratch, tma, len(pair_loops), local)
     """
 )
 
@@ -343,19 +344,41 @@ SEESAW_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_seesaw_kernel_compiles_fits_and_keeps_its_registers():
     """The paged seesaw kernel (kernel_seesaw.py) compiles for sm90 at every
-    draft count's tile, fits the H200's shared memory and loads by TMA. Its
+    draft count's tile (and planned by a step's metadata, at two), fits the
+    H200's shared memory and loads by TMA. Its
     two pair loops (the warpgroups' innermost wgmma loops, what runs) never
     touch local memory. Outside them a few of a segment's scalars may sit
     on the stack, read once a segment (triton 3.6: 0-8 bytes; 3.9: 56-96),
     so the stack is bounded at 128 bytes."""
     rows = [line.split() for line in _run_script(SEESAW_SCRIPT, timeout=900).splitlines()]
-    assert [int(row[0]) for row in rows] == [1, 2, 3, 4, 8, 16], rows
-    for draft_len, shared, scratch, tma, pair_loops, local in (map(int, row) for row in rows):
+    cases = [(int(row[0]), int(row[1])) for row in rows]
+    assert cases == [(n, 0) for n in (1, 2, 3, 4, 8, 16)] + [(1, 1), (4, 1)], rows
+    for draft_len, _, shared, scratch, tma, pair_loops, local in (map(int, row) for row in rows):
         assert shared <= arch_shared_memory("sm90"), (draft_len, shared)
         assert tma > 0, draft_len
         assert pair_loops == 2, (draft_len, pair_loops)
         assert local == 0, (draft_len, local)
         assert scratch <= 128, (draft_len, scratch)
+
+
+def test_seesaw_plan_kernel_compiles():
+    """The kernel that plans the seesaw kernel's shares for a step's
+    metadata (kernel_seesaw._plan_kernel) compiles for sm90 without
+    spilling."""
+    out = _run_script(
+        textwrap.dedent(
+            """
+            import triton
+            from mla_verify import aot, kernel, kernel_seesaw
+            pointers = {name: "*i32" for name in ("PLAN", "QO_INDPTR", "KV_INDPTR")}
+            constexprs = dict(BLOCK_B=kernel.PLAN_BLOCK)
+            src = aot._signature(kernel_seesaw._plan_kernel, pointers, set(), constexprs)
+            compiled = triton.compile(src, target=aot.TARGETS["sm90"][0], options={"num_warps": 4})
+            print(aot.resources(compiled, "sm90").scratch)
+            """
+        )
+    )
+    assert out.split() == ["0"], out
 
 
 def test_kernels_keep_fma_contraction_where_triton_defaults_it_off():

@@ -425,6 +425,19 @@ def test_bad_paged_metadata_arguments_are_named():
         assert "expected" in str(info.value) and "got" in str(info.value)
 
 
+def test_metadata_for_heads(device):
+    """Made for the calls' heads, the metadata plans the seesaw kernel's
+    shares only where that kernel serves (never under the interpreter),
+    and serves the call alike; heads out of range are named."""
+    batch = make_paged_batch(H, L, LENS, page_size=64, seed=27, device=device)
+    metadata = batch.metadata(num_heads=H)
+    assert (metadata.seesaw_plan is not None) == paged.seesaw_serves(batch.q, batch.kv_cache)
+    check_close(batch.run(metadata=metadata), batch.reference(), what="metadata for heads")
+    with pytest.raises(ValueError, match="num_heads") as info:
+        batch.metadata(num_heads=0)
+    assert "expected" in str(info.value) and "got" in str(info.value)
+
+
 def test_debug_mode_checks_metadata(device):
     """Metadata of lengths since changed computes a wrong answer silently;
     the debug mode compares it with the call's own translation."""
@@ -582,18 +595,22 @@ def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales,
     any batch size where asked (paged.seesaw_shape admitting every shape):
     the cache's rows past each sequence are NaN, and the output is
     poisoned. Then the same batch on the translated path, where a rule that
-    admits no shape leaves it. Each with and without the step's metadata."""
+    admits no shape leaves it. Each without the step's metadata, with it,
+    and with it made for the heads (the seesaw's shares planned there)."""
     batch = make_paged_batch(
         heads, draft_len, lens, page_size=page_size, device="cuda", seed=5, **scales
     )
-    metadata = batch.metadata()
     for seesaw, kind in ((True, "seesaw"), (False, "translated")):
         monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows, on=seesaw: on)
         assert paged.seesaw_serves(batch.q, batch.kv_cache) == seesaw
         what = f"{kind} H{heads} L{draft_len} page {page_size}"
         _check(batch, what)
-        out = batch.new_output()
-        check_close(batch.run(out, metadata=metadata), batch.reference(), what=f"{what}, metadata")
+        for num_heads in (None, heads):  # with heads, the seesaw's shares planned too
+            metadata = batch.metadata(num_heads=num_heads)
+            assert (metadata.seesaw_plan is not None) == (seesaw and num_heads is not None)
+            out = batch.new_output()
+            got = batch.run(out, metadata=metadata)
+            check_close(got, batch.reference(), what=f"{what}, metadata for {num_heads} heads")
 
 
 @pytest.mark.gpu
@@ -608,8 +625,8 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, step, monk
     block table and the cache in place (same shapes); replay gives the new
     answer, and nothing was allocated during capture. ``seesaw``: the
     batch runs the seesaw kernel (paged.SEESAW_MAX_BATCH opened to it).
-    ``step``: the graph also rewrites the step's metadata (out=), which
-    the call reads."""
+    ``step``: the graph also rewrites the step's metadata (out=), made for
+    the heads (the seesaw's shares planned there), which the call reads."""
     heads, draft_len, bs = 16, 4, 8
     monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", bs if seesaw else 0)
     pages = -(-(9000 + draft_len) // page_size)
@@ -633,7 +650,9 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, step, monk
     )
     ws = workspace.get_workspace(torch.device("cuda"))
     out = first.new_output()
-    metadata = first.metadata() if step else None
+    metadata = first.metadata(num_heads=heads) if step else None
+    if step and ON_HOPPER:
+        assert (metadata.seesaw_plan is not None) == seesaw
 
     def run() -> None:
         if step:
