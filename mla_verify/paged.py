@@ -84,7 +84,6 @@ from .problem import (
     MIN_BATCH_SIZE,
     MIN_DRAFT_LEN,
     MIN_HEADS,
-    MLA_HEAD_DIMS,
     Q_DTYPES,
     QK_HEAD_DIM,
     V_HEAD_DIM,
@@ -626,6 +625,14 @@ SEESAW_TINY_ROWS = 16
 SEESAW_WIDE_ROWS = 512
 SEESAW_WIDE_MAX_BATCH = 256
 
+# The seesaw's least share, in 64-token positions, whatever the tuned entry
+# (tuned for the token-indexed kernel) holds. At batch 8 with 2K contexts on
+# an H100 (RESULTS.md, "The seesaw's least share"), 3 ran the seesaw's six
+# shapes (8-32 rows) 4-10% faster than the tables' 2 or 4, and 2 and 6 ran
+# slower; the translated calls, which it does not reach, ran within 1%.
+# Where a batch's positions fill the grid's CTAs past 3 each, it plays no part.
+SEESAW_MIN_SHARE = 3
+
 
 def seesaw_shape(batch_size: int, rows: int) -> bool:
     """The rule's part that reads the shape alone: a batch of
@@ -679,11 +686,10 @@ def _seesaw_launch(
     bs = batch_size
     sms = sm_count(kv_cache.device)
     block_h, ctas = seesaw_grid(num_heads, draft_len, sms)
-    config = api._tuned_config(kv_cache, num_heads, draft_len, bs, kv_cache.dtype, MLA_HEAD_DIMS)
     return _SeesawLaunch(
         block_h,
         ctas,
-        plan.min_share(config),
+        SEESAW_MIN_SHARE,
         seesaw_partial_rows(num_heads, draft_len, sms),  # what prepare_paged_workspace sizes
         plan.dependent_launch(kv_cache.device),
         plan.merge_column_blocks(bs, num_heads, draft_len, ctas),
