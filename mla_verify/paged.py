@@ -626,11 +626,11 @@ SEESAW_WIDE_ROWS = 512
 SEESAW_WIDE_MAX_BATCH = 256
 
 # The seesaw's least share, in 64-token positions, whatever the tuned entry
-# (tuned for the token-indexed kernel) holds. At batch 8 with 2K contexts on
-# an H100 (RESULTS.md, "The seesaw's least share"), 3 ran the seesaw's six
-# shapes (8-32 rows) 4-10% faster than the tables' 2 or 4, and 2 and 6 ran
-# slower; the translated calls, which it does not reach, ran within 1%.
-# Where a batch's positions fill the grid's CTAs past 3 each, it plays no part.
+# holds (the tuner measures that on the token-indexed kernel). At batch 8
+# with 2K contexts on an H100 (RESULTS.md, "The seesaw's least share of
+# 3"), 3 ran the seesaw's six 132-CTA shapes (8-32 rows a sequence) 4-10%
+# faster than the entries' 2 or 4; 2 ran as they did, 6 up to 1.3x slower.
+# Where a batch's positions fill the grid past 3 a CTA, it plays no part.
 SEESAW_MIN_SHARE = 3
 
 
