@@ -536,7 +536,7 @@ def check_metadata(
     _expect(
         kv_indices.shape == expected, f"{name}.kv_indices.shape", expected, tuple(kv_indices.shape)
     )
-    for t in (t for t in metadata.tensors() if t is not None):
+    for t in metadata.tensors():
         _expect(t.dtype == torch.int32, f"{name} tensors' dtype", torch.int32, t.dtype)
         _expect(t.is_contiguous(), f"{name} tensors", "contiguous", "a strided view")
         _expect(
@@ -683,7 +683,6 @@ def _seesaw_serves_cache(batch_size: int, rows: int, kv_cache: torch.Tensor) -> 
 def _seesaw_launch(
     batch_size: int, draft_len: int, num_heads: int, kv_cache: torch.Tensor
 ) -> _SeesawLaunch:
-    bs = batch_size
     sms = sm_count(kv_cache.device)
     block_h, ctas = seesaw_grid(num_heads, draft_len, sms)
     return _SeesawLaunch(
@@ -692,7 +691,7 @@ def _seesaw_launch(
         SEESAW_MIN_SHARE,
         seesaw_partial_rows(num_heads, draft_len, sms),  # what prepare_paged_workspace sizes
         plan.dependent_launch(kv_cache.device),
-        plan.merge_column_blocks(bs, num_heads, draft_len, ctas),
+        plan.merge_column_blocks(batch_size, num_heads, draft_len, ctas),
     )
 
 
