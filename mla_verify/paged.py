@@ -317,9 +317,8 @@ def _prepare(
     sm_scale = _as_scale(sm_scale, "sm_scale", positive=True)
     max_tokens = block_table.shape[1] * kv_cache.shape[1]
     slot_stride, slots_per_block, _ = pool_layout(kv_cache)
-    # The seesaw kernel offsets into the block table in int32.
     seesaw = None
-    if seesaw_serves(q, kv_cache) and block_table.numel() < 2**31:
+    if seesaw_serves(q, kv_cache, block_table):
         seesaw = _seesaw_launch(*q.shape[:3], kv_cache)
     # The indices' programs; one a sequence where only the indptrs or the
     # drafts are written.
@@ -398,7 +397,7 @@ def paged_metadata(
         # The seesaw's shares: not inside torch.compile, whose op writes the
         # indptrs and indices alone (the calls then plan their own).
         planned = num_heads is not None and not torch.compiler.is_compiling()
-        if planned and _seesaw_serves_cache(bs, num_heads * draft_len, kv_cache):
+        if planned and _seesaw_serves_cache(bs, num_heads * draft_len, kv_cache, block_table):
             from . import kernel_seesaw  # Gluon: only where the seesaw kernel serves
 
             launch = _seesaw_launch(bs, draft_len, num_heads, kv_cache)
@@ -653,24 +652,28 @@ def seesaw_shape(batch_size: int, rows: int) -> bool:
     )
 
 
-def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor) -> bool:
     """Whether the seesaw kernel (kernel_seesaw.py) computes this paged
     call: its shape admitted by ``seesaw_shape``, on a compiled Hopper
     device, bf16 q and cache, pages of a multiple of 64 tokens, rows TMA can
-    copy. Metadata only."""
+    copy, a block table int32 offsets reach. Metadata only."""
     return (
-        _seesaw_serves_cache(q.shape[0], q.shape[1] * q.shape[2], kv_cache)
+        _seesaw_serves_cache(q.shape[0], q.shape[1] * q.shape[2], kv_cache, block_table)
         and q.dtype == torch.bfloat16
         and hopper.copy_aligned(q)
     )
 
 
-def _seesaw_serves_cache(batch_size: int, rows: int, kv_cache: torch.Tensor) -> bool:
+def _seesaw_serves_cache(
+    batch_size: int, rows: int, kv_cache: torch.Tensor, block_table: torch.Tensor
+) -> bool:
     """``seesaw_serves``' part that q does not decide: whether the seesaw
     kernel would compute calls of ``batch_size`` sequences of ``rows`` query
-    rows on this cache, given a bf16 q whose rows TMA can copy."""
+    rows on this cache and block table, given a bf16 q whose rows TMA can
+    copy (what ``paged_metadata`` plans for)."""
     return (
         seesaw_shape(batch_size, rows)
+        and block_table.numel() < 2**31  # the kernel offsets into it in int32
         and hopper.available()
         and not INTERPRETED
         and kv_cache.dtype == torch.bfloat16

@@ -431,7 +431,8 @@ def test_metadata_for_heads(device):
     and serves the call alike; heads out of range are named."""
     batch = make_paged_batch(H, L, LENS, page_size=64, seed=27, device=device)
     metadata = batch.metadata(num_heads=H)
-    assert (metadata.seesaw_plan is not None) == paged.seesaw_serves(batch.q, batch.kv_cache)
+    served = paged.seesaw_serves(batch.q, batch.kv_cache, batch.block_table)
+    assert (metadata.seesaw_plan is not None) == served
     check_close(batch.run(metadata=metadata), batch.reference(), what="metadata for heads")
     with pytest.raises(ValueError, match="num_heads") as info:
         batch.metadata(num_heads=0)
@@ -564,21 +565,21 @@ def test_gpu_seesaw_serves_by_the_rule():
     translated call."""
     wide = make_paged_batch(64, 4, [300] * 8, page_size=64, device="cuda")
     narrow = make_paged_batch(16, 4, [300] * 8, page_size=64, device="cuda")
-    assert paged.seesaw_serves(wide.q, wide.kv_cache)
-    assert not paged.seesaw_serves(narrow.q, narrow.kv_cache)
+    assert paged.seesaw_serves(wide.q, wide.kv_cache, wide.block_table)
+    assert not paged.seesaw_serves(narrow.q, narrow.kv_cache, narrow.block_table)
     _check(wide, "H64 L4 batch 8 by the rule")
     lens_8 = [1 + (53 * b) % 900 for b in range(8)]
     for heads, drafts in (32, 4), (8, 4):
         eight = make_paged_batch(heads, drafts, lens_8, page_size=64, device="cuda")
         seven = make_paged_batch(heads, drafts, [300] * 7, page_size=64, device="cuda")
-        assert paged.seesaw_serves(eight.q, eight.kv_cache)
-        assert not paged.seesaw_serves(seven.q, seven.kv_cache)
+        assert paged.seesaw_serves(eight.q, eight.kv_cache, eight.block_table)
+        assert not paged.seesaw_serves(seven.q, seven.kv_cache, seven.block_table)
         _check(eight, f"H{heads} L{drafts} batch 8 by the rule")
     lens = [1 + (37 * b) % 700 for b in range(130)]
     wider = make_paged_batch(128, 4, lens, page_size=64, device="cuda")
     past = make_paged_batch(64, 4, lens, page_size=64, device="cuda")
-    assert paged.seesaw_serves(wider.q, wider.kv_cache)
-    assert not paged.seesaw_serves(past.q, past.kv_cache)
+    assert paged.seesaw_serves(wider.q, wider.kv_cache, wider.block_table)
+    assert not paged.seesaw_serves(past.q, past.kv_cache, past.block_table)
     _check(wider, "H128 L4 batch 130 by the rule")
 
 
@@ -602,7 +603,7 @@ def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales,
     )
     for seesaw, kind in ((True, "seesaw"), (False, "translated")):
         monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows, on=seesaw: on)
-        assert paged.seesaw_serves(batch.q, batch.kv_cache) == seesaw
+        assert paged.seesaw_serves(batch.q, batch.kv_cache, batch.block_table) == seesaw
         what = f"{kind} H{heads} L{draft_len} page {page_size}"
         _check(batch, what)
         for num_heads in (None, heads):  # with heads, the seesaw's shares planned too
@@ -644,7 +645,7 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, step, monk
         **GPU_KV[kv],
     )
     if ON_HOPPER:
-        assert paged.seesaw_serves(first.q, first.kv_cache) == seesaw
+        assert paged.seesaw_serves(first.q, first.kv_cache, first.block_table) == seesaw
     mla_verify.prepare_paged_workspace(
         bs, heads, draft_len, shapes["max_blocks"], page_size, first.kv_cache.dtype
     )
