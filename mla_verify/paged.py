@@ -625,12 +625,14 @@ SEESAW_WIDE_ROWS = 512
 SEESAW_WIDE_MAX_BATCH = 256
 
 # The seesaw's least share, in 64-token positions, whatever the tuned entry
-# holds (the tuner measures that on the token-indexed kernel). At batch 8
-# with 2K contexts on an H100 (RESULTS.md, "The seesaw's least share of
-# 3"), 3 ran the seesaw's six 132-CTA shapes (8-32 rows a sequence) 4-10%
-# faster than the entries' 2 or 4; 2 ran as they did, 6 up to 1.3x slower.
-# Where a batch's positions fill the grid past 3 a CTA, it plays no part.
+# holds (the tuner measures that on the token-indexed kernel): 2 for a
+# single sequence, 3 for a batch. On an H100 (RESULTS.md, "The seesaw's
+# least share by batch"), 3 ran batches of 4-8 with 2K contexts 5-7%
+# faster than 2 and 12-16% faster than 4; a single sequence ran 6% faster
+# at 2 than at 3 with 2K contexts, 1-2% with 4K-8K. Where a batch's
+# positions fill the grid past the share a CTA, it plays no part.
 SEESAW_MIN_SHARE = 3
+SEESAW_MIN_SHARE_ONE_SEQUENCE = 2
 
 
 def seesaw_shape(batch_size: int, rows: int) -> bool:
@@ -691,7 +693,7 @@ def _seesaw_launch(
     return _SeesawLaunch(
         block_h,
         ctas,
-        SEESAW_MIN_SHARE,
+        SEESAW_MIN_SHARE_ONE_SEQUENCE if batch_size == 1 else SEESAW_MIN_SHARE,
         seesaw_partial_rows(num_heads, draft_len, sms),  # what prepare_paged_workspace sizes
         plan.dependent_launch(kv_cache.device),
         plan.merge_column_blocks(batch_size, num_heads, draft_len, ctas),
