@@ -81,6 +81,7 @@ from .problem import (
     MAX_BATCH_SIZE,
     MAX_DRAFT_LEN,
     MAX_HEADS,
+    MAX_POOL_SLOTS,
     MIN_BATCH_SIZE,
     MIN_DRAFT_LEN,
     MIN_HEADS,
@@ -92,7 +93,6 @@ from .problem import (
 from .workspace import capturing, get_workspace, seesaw_grid, seesaw_partial_rows
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
-MAX_SLOTS = 2**31 - 1  # int32 slots, as kv_indices holds them
 
 
 # --- the entry point ---------------------------------------------------------------
@@ -852,7 +852,7 @@ def _validate_cache(kv_cache: torch.Tensor) -> None:
         kv_cache.stride(),
     )
     slots = pool_layout(kv_cache)[2]
-    _expect(slots <= MAX_SLOTS, "kv_cache", f"at most {MAX_SLOTS} token rows", slots)
+    _expect(slots <= MAX_POOL_SLOTS, "kv_cache", f"at most {MAX_POOL_SLOTS} token rows", slots)
 
 
 def _validate_table(
