@@ -89,7 +89,6 @@ from .config import COMPILE_OPTIONS
 from .kernel import PLAN_BLOCK, _dependent_options
 from .kernel_sm90 import (
     _dest,
-    _grid_wait,
     _launch_dependents,
     _partial_rows,
     _request_positions,
@@ -769,6 +768,15 @@ def _plan_kernel(PLAN, QO_INDPTR, KV_INDPTR, batch_size, min_share, BLOCK_B: gl.
 
 
 # --- the kernel --------------------------------------------------------------------
+
+
+@gluon.jit
+def _grid_wait():
+    # PTX griddepcontrol.wait, as kernel_sm90._launch_dependents: until the
+    # grid this one depends on has finished and its writes are visible.
+    gl.inline_asm_elementwise(
+        "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
 
 
 @gluon.jit(do_not_specialize=["batch_size", "min_share", "page_shift", "slots_per_block"])

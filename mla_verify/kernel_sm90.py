@@ -92,7 +92,6 @@ from triton.runtime.jit import constexpr_function
 
 from . import fp8, hopper, launcher, problem
 from .config import COMPILE_OPTIONS
-from .kernel import _dependent_options
 
 # Triton 3.6 names (the H200's) and their later renames (CI's Triton): a
 # barrier among the calling partition's warps, and a cp.async gather.
@@ -164,15 +163,6 @@ def _launch_dependents():
         dtype=gl.int32,
         is_pure=False,
         pack=1,
-    )
-
-
-@gluon.jit
-def _grid_wait():
-    # PTX griddepcontrol.wait, as _launch_dependents: until the grid this
-    # one depends on has finished and its writes are visible.
-    gl.inline_asm_elementwise(
-        "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
     )
 
 
@@ -1849,15 +1839,11 @@ def _prefix_kernel_sm90(
     DRAFT_MASK: gl.constexpr,
 ):
     if LAUNCH_DEPENDENTS:
-        # This grid is a dependent launch too: it was placed while the
-        # grid before it (paged's translation, or an engine's kernel) ran,
-        # and reads nothing before that grid is done.
-        _grid_wait()
-        # Stage 2 may launch from here (kernel.dependent_launch): with one
-        # CTA per SM its programs find room only as this grid's CTAs exit,
-        # so they cannot hold one back; each plans on an SM freed early
-        # and waits for the whole grid before it reads a partial. Not
-        # before the wait: stage 2 reads the indptrs before its own.
+        # Stage 2 may launch from the start (kernel.dependent_launch):
+        # with one CTA per SM its programs find room only as this
+        # grid's CTAs exit, so they cannot hold one back; each plans on
+        # an SM freed early and waits for the whole grid before it
+        # reads a partial.
         _launch_dependents()
     KV_FP8: gl.constexpr = K_BUF.dtype.element_ty == gl.float8e4nv
     gl.static_assert(MLA or not (SCORE_VALUE and KV_FP8), "score/value with fp8 KV: MLA only")
@@ -2187,9 +2173,8 @@ def launch_prefix(
     replaces the causal draft block, and its prefix bits are read too where
     ``prefix_mask``. ``score_value`` picks that schedule
     (``hopper.score_value_kv_dtypes``) over columns.
-    ``launch_dependents``: this grid is a programmatic dependent launch of
-    the kernel before it, and stage 2 one of this grid, let go once that
-    kernel is done. ``v_buffer``: V's cache, read only by a
+    ``launch_dependents``: stage 2 is a programmatic dependent launch and may
+    go out at this grid's start. ``v_buffer``: V's cache, read only by a
     module for other head dims than MLA's (MLA reads V from K's rows). The
     module's RAGGED: some request may have fewer than ``draft_len`` drafts
     (its rows packed, its head blocks' shares aligned; each CTA orders the
@@ -2251,7 +2236,6 @@ def launch_prefix(
         LAUNCH_DEPENDENTS=launch_dependents,
         PREFIX_MASK=draft_mask and prefix_mask,
         DRAFT_MASK=draft_mask,
-        **_dependent_options(launch_dependents),
         **hopper.launch_options(score_value),
         **COMPILE_OPTIONS,
     )

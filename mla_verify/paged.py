@@ -44,10 +44,10 @@ more at batch 8-128, of 32 or fewer at batch 8-64 (16 or fewer from batch
 (``seesaw_serves``, kernel_seesaw.py): the translation then writes the
 indptrs alone, the seesaw kernel reads the pages and the drafts' rows where
 the cache holds them (v_scale scales its output, in fp32), and stage 2
-merges its partials as the Hopper kernel's. On Hopper stage 1 (the
-seesaw kernel, or kernel_sm90's) is the translation's programmatic
-dependent launch: its CTAs take their SMs and set up while the translation
-runs, and wait for it before they read what it wrote.
+merges its partials as the Hopper kernel's. The seesaw kernel is the
+translation's programmatic dependent launch: its CTAs take their SMs and
+set up while the translation runs, and wait for it before they read the
+indptrs.
 
 A step's metadata (``paged_metadata``): the indptrs and indices depend on
 the block table and the lengths alone, which every layer of a step shares.
@@ -232,7 +232,7 @@ def paged_forward(
                 indptrs=metadata is None,
                 indices=metadata is None and call.seesaw is None,
                 drafts=call.seesaw is None,
-                launch_dependents=call.dependent,
+                launch_dependents=call.seesaw is not None and call.seesaw.dependent,
             )
         if call.seesaw is not None:
             _seesaw_forward(q, kv_cache, block_table, out, views, call, metadata)
@@ -296,9 +296,6 @@ class _PagedCall:
     slot_stride: int
     slots_per_block: int
     seesaw: _SeesawLaunch | None
-    # Stage 1 goes out as the translation's programmatic dependent launch
-    # (plan.dependent_launch): the translation lets it launch at its start.
-    dependent: bool
     launches: launcher.Recording = field(default_factory=launcher.Recording, compare=False)
     # The translated call's verify_mla_fwd host work, once its first call
     # has done it (api.kept_call).
@@ -327,15 +324,7 @@ def _prepare(
     # drafts are written.
     num_chunks = 1 if seesaw or metadata else translate.chunks(max_tokens)
     return _PagedCall(
-        sm_scale,
-        k_scale,
-        v_scale,
-        max_tokens,
-        num_chunks,
-        slot_stride,
-        slots_per_block,
-        seesaw,
-        plan.dependent_launch(q.device),
+        sm_scale, k_scale, v_scale, max_tokens, num_chunks, slot_stride, slots_per_block, seesaw
     )
 
 

@@ -76,8 +76,7 @@ def dependent_launch(device: torch.device) -> bool:
     """Whether stage 2 goes out as a programmatic dependent launch (CUDA,
     sm90 and later): its grid launches while stage 1 drains, plans, and
     waits in the kernel for stage 1's partials, so the gap between the two
-    launches overlaps stage 1's tail. The Hopper kernels' stage 1 then goes
-    out as one too, of the kernel before it, and waits for it at its start."""
+    launches overlaps stage 1's tail."""
     return not INTERPRETED and has_dependent_launch(device)
 
 

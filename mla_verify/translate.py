@@ -70,8 +70,8 @@ def _translate_kernel(
     # Program (chunk, req): chunk-th of num_chunks strided shares of
     # sequence req's prefix positions and drafts.
     if LAUNCH_DEPENDENTS:
-        # Stage 1 launches at once (a dependent launch): its CTAs find
-        # their SMs and set up while this runs, then wait for it.
+        # The seesaw kernel launches at once (a dependent launch): its CTAs
+        # find their SMs and set up while this runs, then wait for it.
         gdc_launch_dependents()
     chunk = tl.program_id(0)
     req = tl.program_id(1)

@@ -730,11 +730,10 @@ AOT_SCRIPT = textwrap.dedent(
                     DRAFT_LEN=3, PAGE_SIZE=page, BLOCK_P=translate.BLOCK_P,
                     BLOCK_B=translate.BLOCK_B, D_NOPE=512, D_ROPE=64,
                     # page 1: a call's whole translation; 64: a step's metadata;
-                    # 128: before the seesaw kernel, indptrs alone; on Hopper
-                    # stage 1's launch let go at once
+                    # 128: before the seesaw kernel, indptrs alone, its launch let go at once
                     INDPTRS=page != 64 or kv == "bf16", INDICES=page != 128,
                     DRAFTS=page == 1 or kv != "bf16",
-                    LAUNCH_DEPENDENTS=arch == "sm90" and page != 64,
+                    LAUNCH_DEPENDENTS=arch == "sm90" and page == 128,
                 )
                 src = _signature(translate._translate_kernel, pointers, set(), constexprs)
                 triton.compile(src, target=TARGETS[arch][0], options={"num_warps": 4})
