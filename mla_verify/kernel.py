@@ -1262,6 +1262,7 @@ def launch_merge_shares(
     column_blocks: int,
     dependent: bool,
     ragged: bool,
+    warps: int = MERGE_WARPS,
 ) -> None:
     """Stage 2 after the Hopper kernel's shares (``share_ctas`` CTAs per head
     block of ``block_h`` heads, shares of ``min_share`` positions at least),
@@ -1270,7 +1271,8 @@ def launch_merge_shares(
     programs a (request, head), each a block of columns
     (``plan.merge_column_blocks``). ``dependent``: a programmatic dependent
     launch (``plan.dependent_launch``). ``ragged``: as stage 1 was launched
-    (some request may have fewer than ``draft_len`` drafts)."""
+    (some request may have fewer than ``draft_len`` drafts). ``warps``: a
+    program's (fewer after paged's seesaw kernel: ``paged._seesaw_merge_warps``)."""
     num_heads, d_v = o.shape[1], o.shape[2]
     blocks = column_blocks
     l_pad = triton.next_power_of_2(draft_len)
@@ -1308,7 +1310,7 @@ def launch_merge_shares(
         WIDE_BLOCKS=wide_blocks if wide_blocks < blocks else 0,
         WIDE_ROWS=wide_rows,
         WAIT_PRIOR=dependent,
-        num_warps=MERGE_WARPS,
+        num_warps=warps,
         num_stages=1,
         **COMPILE_OPTIONS,
         **_dependent_options(dependent),

@@ -75,7 +75,7 @@ import torch
 from . import api, hopper, launcher, plan, prepared, translate
 from .api import _as_scale, _expect
 from .device import is_cuda_sm90, sm_count
-from .kernel import INTERPRETED, LOG2E, launch_merge_shares
+from .kernel import INTERPRETED, LOG2E, MERGE_WARPS, launch_merge_shares
 from .problem import (
     KV_DTYPES,
     MAX_BATCH_SIZE,
@@ -281,6 +281,7 @@ class _SeesawLaunch:
     partial_rows: int
     dependent: bool
     merge_blocks: int
+    merge_warps: int
 
 
 @dataclass(frozen=True)
@@ -634,6 +635,22 @@ SEESAW_WIDE_MAX_BATCH = 256
 SEESAW_MIN_SHARE = 3
 SEESAW_MIN_SHARE_ONE_SEQUENCE = 2
 
+# Warps of a stage-2 program after the seesaw kernel (``_seesaw_merge_warps``):
+# 2 for a batch of sequences of at most 32 query rows, 1 for a single
+# sequence of at most 64, else kernel.MERGE_WARPS (4, as after kernel_sm90's
+# stage 1). Measured, not derived: on an H100 (RESULTS.md, "Stage 2 after
+# the seesaw in fewer warps"), with 2K contexts, 2 warps took 0.92-0.995
+# of 4's time on those batch-8 rows and 1 warp 0.85-0.91 on those single
+# sequences; on 128 rows or more at batch 8 they took up to 1.15 and 1.31
+# of it. A narrower program holds its tile in fewer, wider threads, about
+# as many registers in all (6,144 at 4 warps, 5,120 at 2, 5,760 at 1 for
+# H16 L1 B8's tile, sm90), so none fits beside a seesaw CTA (4,096 left);
+# at 2 warps 12 fit an idle SM where 10 did.
+SEESAW_MERGE_WARPS = 2
+SEESAW_MERGE_MAX_ROWS = 32
+SEESAW_MERGE_WARPS_ONE_SEQUENCE = 1
+SEESAW_MERGE_MAX_ROWS_ONE_SEQUENCE = 64
+
 
 def seesaw_shape(batch_size: int, rows: int) -> bool:
     """The rule's part that reads the shape alone: a batch of
@@ -697,7 +714,19 @@ def _seesaw_launch(
         seesaw_partial_rows(num_heads, draft_len, sms),  # what prepare_paged_workspace sizes
         plan.dependent_launch(kv_cache.device),
         plan.merge_column_blocks(batch_size, num_heads, draft_len, ctas),
+        _seesaw_merge_warps(batch_size, num_heads * draft_len),
     )
+
+
+def _seesaw_merge_warps(batch_size: int, rows: int) -> int:
+    """Warps of a stage-2 program after the seesaw kernel, for a batch of
+    ``batch_size`` sequences of ``rows`` query rows each."""
+    if batch_size == 1:
+        if rows <= SEESAW_MERGE_MAX_ROWS_ONE_SEQUENCE:
+            return SEESAW_MERGE_WARPS_ONE_SEQUENCE
+    elif rows <= SEESAW_MERGE_MAX_ROWS:
+        return SEESAW_MERGE_WARPS
+    return MERGE_WARPS
 
 
 def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, metadata):
@@ -747,6 +776,7 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
         column_blocks=launch.merge_blocks,
         dependent=launch.dependent,
         ragged=False,
+        warps=launch.merge_warps,
     )
 
 

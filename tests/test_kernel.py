@@ -503,10 +503,12 @@ def test_int64_index_tensors(device):
     _run_and_check(batch, SMALL, device)
 
 
-def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, block_h=None):
+def _merge_shares(
+    batch, part_o, part_lse, ctas, min_share, column_blocks, block_h=None, warps=kernel.MERGE_WARPS
+):
     """Stage 2 after ``ctas`` CTAs per head block of ``block_h`` heads (all
     of them by default: one head block) on the given partials, into a
-    NaN-filled output."""
+    NaN-filled output, in programs of ``warps`` warps."""
     out = batch.new_output()
     kernel.launch_merge_shares(
         out,
@@ -522,6 +524,7 @@ def _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, block
         column_blocks=column_blocks,
         dependent=plan.dependent_launch(out.device),
         ragged=batch.q.shape[0] < batch.batch_size * batch.draft_len,
+        warps=warps,
     )
     return out
 
@@ -590,7 +593,23 @@ def test_merge_after_shares_past_one_plan_block(device):
     _check_merge_after_shares(2, 40, 1, prefix_lens, 4, device)
 
 
-def _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_blocks, device):
+@pytest.mark.parametrize("warps", [1, 2])
+@pytest.mark.parametrize(
+    "draft_len,ctas,prefix_lens,column_blocks",
+    [(3, 12, [2000], 4), (4, 20, [3000, 100, 200], 16), (1, 17, [64] * 32, 1)],
+)
+def test_merge_after_shares_in_fewer_warps(
+    draft_len, ctas, prefix_lens, column_blocks, warps, device
+):
+    """Stage 2 in programs of 1 or 2 warps (paged's, after the seesaw
+    kernel) merges as in 4: one request over many shares, a long one
+    beside short ones (wide tiles), many short ones."""
+    _check_merge_after_shares(draft_len, ctas, 1, prefix_lens, column_blocks, device, warps=warps)
+
+
+def _check_merge_after_shares(
+    draft_len, ctas, min_share, prefix_lens, column_blocks, device, warps=kernel.MERGE_WARPS
+):
     heads = 3
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     # The host-side model of the share rule, which stage 2 must follow.
@@ -598,7 +617,7 @@ def _check_merge_after_shares(draft_len, ctas, min_share, prefix_lens, column_bl
     gen = torch.Generator(device=device).manual_seed(0)
     part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
     part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
-    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks)
+    out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, warps=warps)
 
     for b, slots in enumerate(pieces):
         rows = slice(b * draft_len, (b + 1) * draft_len)
