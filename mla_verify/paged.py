@@ -722,11 +722,9 @@ def _seesaw_merge_warps(batch_size: int, rows: int) -> int:
     """Warps of a stage-2 program after the seesaw kernel, for a batch of
     ``batch_size`` sequences of ``rows`` query rows each."""
     if batch_size == 1:
-        if rows <= SEESAW_MERGE_MAX_ROWS_ONE_SEQUENCE:
-            return SEESAW_MERGE_WARPS_ONE_SEQUENCE
-    elif rows <= SEESAW_MERGE_MAX_ROWS:
-        return SEESAW_MERGE_WARPS
-    return MERGE_WARPS
+        few = rows <= SEESAW_MERGE_MAX_ROWS_ONE_SEQUENCE
+        return SEESAW_MERGE_WARPS_ONE_SEQUENCE if few else MERGE_WARPS
+    return SEESAW_MERGE_WARPS if rows <= SEESAW_MERGE_MAX_ROWS else MERGE_WARPS
 
 
 def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, metadata):
