@@ -44,7 +44,8 @@ Measures, in one run on one GPU:
   the working tree's (``load_revision``), so that revisions are compared
   in one process on the same batches (timed in separate processes, two
   revisions differed by up to 10% from order and clock alone);
-  ``rev:<git rev>:triton``: that revision's ``triton``. All read the
+  ``rev:<git rev>:triton``: that revision's ``triton``;
+  ``rev:<git rev>:step``: its ``paged_step`` (-page rows only). All read the
   same KV values; each is checked against the float32 reference with the
   package's tolerance (``mla_verify.testing.check_close``) before it is
   timed. Each runs only where it computes the shape's call: FlashInfer,
@@ -147,6 +148,7 @@ from bench_output import (
 from bench_revisions import (
     REPO_ROOT,
     REV_PREFIX,
+    REV_STEP_SUFFIX,
     REV_TRITON_SUFFIX,
     load_revision,
     run_git,
@@ -548,15 +550,17 @@ def contender_arg(text: str) -> str:
     ``rev:<directory>`` holding one's mla_verify/ and configs/), imported now
     (before any GPU work) and named by its commit (the directory's name)."""
     if text.startswith(REV_PREFIX):
-        rev, kernel = text.removeprefix(REV_PREFIX), None
+        rev, kernel, step = text.removeprefix(REV_PREFIX), None, False
         if rev.endswith(REV_TRITON_SUFFIX):
             rev, kernel = rev.removesuffix(REV_TRITON_SUFFIX), "triton"
+        elif rev.endswith(REV_STEP_SUFFIX):
+            rev, step = rev.removesuffix(REV_STEP_SUFFIX), True
         try:
             revision = load_revision(rev)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
-        if kernel is not None:
-            revision = dataclasses.replace(revision, kernel=kernel)
+        if kernel is not None or step:
+            revision = dataclasses.replace(revision, kernel=kernel, step=step)
             bench_revisions.loaded_revisions[revision.name] = revision
         return revision.name
     if text not in CONTENDERS:
@@ -614,7 +618,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "rev:<git rev>: tuned as this package was at that commit (its own code and shipped "
         "tables), timed side by side with the working tree's, e.g. rev:HEAD~2; or "
         "rev:<directory> holding a revision's mla_verify/ and configs/ (where there is no "
-        "git history); rev:<rev>:triton: that revision's portable kernel, as triton. "
+        "git history); rev:<rev>:triton: that revision's portable kernel, as triton; "
+        "rev:<rev>:step: its paged call given the step's metadata, as paged_step. "
         "tuned is the baseline of the ratios",
     )
     parser.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer")

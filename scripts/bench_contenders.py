@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from bench_batch import ACT_DTYPE, FLASHMLA_PAGE, Batch, paged_kv_with_drafts
-from bench_revisions import REV_PREFIX, Revision
+from bench_revisions import REV_PREFIX, REV_STEP_SUFFIX, Revision
 from bench_shapes import ShapeSpec
 
 import mla_verify
@@ -192,11 +192,12 @@ def rev_contender(rev: Revision, batch: Batch, arch: str) -> Contender:
     own tables (config=None, as an engine calls it) on the same rotation
     sets; the config its own ``resolve_config`` names. With ``kernel``
     "triton": its portable kernel with its own ``resolve_config(...,
-    kernel="triton")``, as the ``triton`` contender."""
+    kernel="triton")``, as the ``triton`` contender. With ``step``: its
+    paged call given the step's metadata, as ``paged_step``."""
     s = batch.spec
     package = rev.module
     if s.page_size:
-        return paged_contender(batch, arch, package, rev.name, f"rev:{rev.given}")
+        return paged_contender(batch, arch, package, rev.name, f"rev:{rev.given}", step=rev.step)
     kv_dtype = batch.k_buffer.dtype
     config, source = package.resolve_config(
         s.num_heads,
@@ -576,9 +577,10 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
     point with the token-indexed one on the same values, and FlashMLA at
     page 64; tree, ragged and head-dim rows the package's kernels and the
     reference, head-dim rows SGLang's kernel too (every request L causal
-    drafts). A ``rev:`` contender runs where ``tuned`` does."""
+    drafts). A ``rev:`` contender runs where ``tuned`` does, and a
+    ``rev:...:step`` one where ``paged_step`` does."""
     if name.startswith(REV_PREFIX):
-        name = "tuned"
+        name = "paged_step" if name.endswith(REV_STEP_SUFFIX) else "tuned"
     kind = ", ".join(
         what
         for what, on in (

@@ -25,13 +25,17 @@ REV_PREFIX = "rev:"
 # rev:<git rev>:triton: that revision's portable Triton kernel with its own
 # block_config(..., kernel="triton"), as the ``triton`` contender is.
 REV_TRITON_SUFFIX = ":triton"
+# rev:<git rev>:step: that revision's paged call given the step's metadata,
+# as the ``paged_step`` contender is (-page rows only).
+REV_STEP_SUFFIX = ":step"
 
 
-def _rev_name(commit: str, kernel: str | None = None) -> str:
+def _rev_name(commit: str, kernel: str | None = None, step: bool = False) -> str:
     """A revision contender's name: its commit (or directory name), so that
     rows keep their meaning after branches move; ``:triton`` for its
-    portable kernel."""
-    return f"{REV_PREFIX}{commit[:12]}" + (REV_TRITON_SUFFIX if kernel == "triton" else "")
+    portable kernel, ``:step`` for its paged call given the step's metadata."""
+    suffix = (REV_TRITON_SUFFIX if kernel == "triton" else "") + (REV_STEP_SUFFIX if step else "")
+    return f"{REV_PREFIX}{commit[:12]}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,11 @@ class Revision:
     commit: str
     module: types.ModuleType
     kernel: str | None = None  # "triton": its portable kernel, not ``tuned``
+    step: bool = False  # its paged call given the step's metadata (``paged_step``)
 
     @property
     def name(self) -> str:
-        return _rev_name(self.commit, self.kernel)
+        return _rev_name(self.commit, self.kernel, self.step)
 
 
 loaded_revisions: dict[str, Revision] = {}  # contender name -> its revision, imported once

@@ -903,6 +903,30 @@ def test_a_revisions_triton_kernel_is_a_contender_of_its_own(head_rev, device, m
     assert contender.name == name and calls == [config] and config.kernel == "triton"
 
 
+def test_a_revisions_step_call_is_a_contender_of_its_own(head_rev, device):
+    """rev:<rev>:step: that revision's paged call given the step's metadata,
+    as the paged_step contender is, on -page rows only; named apart from
+    the revision's tuned, the same import."""
+    args = bench.parse_args(["--contenders", "rev:HEAD", "rev:HEAD:step", "--list-shapes"])
+    name = f"{head_rev.name}:step"
+    assert args.contenders == [head_rev.name, name]
+    assert bench_revisions.loaded_revisions[name].module is head_rev.module
+    plain = bench_shapes.parse_shape("H2L2B2C9")
+    assert bench_contenders.not_applicable(name, plain) == "only on -page<N> rows"
+    assert bench_contenders.not_applicable(head_rev.name, plain) is None
+    spec = bench_shapes.parse_shape("H2L2B2C9-page16")
+    lens = bench_shapes.prefix_lengths(spec)
+    batch = bench_batch.build_batch(
+        spec, lens, rotations=1, slots=sum(lens) + 15, device=torch.device(device), seed=3
+    )
+    ctx = types.SimpleNamespace(device=torch.device(device), arch="sm90")
+    row = {}
+    contender = bench.prepare_contender(name, batch, batch.sets[0].reference(), ctx, row)
+    assert contender is not None and row["rel_err"] < 6e-3, row
+    assert contender.name == name
+    assert row["config_source"].endswith("the step's metadata made once; rev:HEAD"), row
+
+
 def test_the_overview_has_a_column_per_revision():
     ceilings = bench_timing.Ceilings(4.2e12, 780e12)
     rows = []
