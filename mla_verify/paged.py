@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import api, hopper, launcher, plan, prepared, translate
+from . import api, hopper, launcher, plan, prepared, seesaw_merge, translate
 from .api import _as_scale, _expect
 from .device import is_cuda_sm90, sm_count
 from .kernel import INTERPRETED, LOG2E, MERGE_WARPS, launch_merge_shares
@@ -348,19 +348,21 @@ class PagedMetadata:
     kv_indices: torch.Tensor  # [bs * max_tokens] int32, the first kv_indptr[-1] used
     # Where made for num_heads and the seesaw kernel serves such calls: each
     # of its CTAs' shares (kernel_seesaw.launch_plan), and the grid planned
-    # (heads a head block, CTAs a head block, the shares' least positions).
+    # (heads a head block, CTAs a head block, the shares' least positions);
+    # and each request's pieces for stage 2 after it (seesaw_merge.launch_plan).
     seesaw_plan: torch.Tensor | None = None
     seesaw_grid: tuple[int, int, int] | None = None
+    seesaw_merge_plan: torch.Tensor | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The indptrs and indices: what the custom ops take (mla_verify.ops)."""
         return self.qo_indptr, self.kv_indptr, self.kv_indices
 
-    def plan_for(self, launch: _SeesawLaunch) -> torch.Tensor | None:
-        """The seesaw plan, where made for ``launch``'s grid."""
+    def plan_for(self, launch: _SeesawLaunch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The seesaw plan and its merge plan, where made for ``launch``'s grid."""
         if self.seesaw_grid != (launch.block_h, launch.ctas, launch.min_share):
             return None
-        return self.seesaw_plan
+        return self.seesaw_plan, self.seesaw_merge_plan
 
 
 def paged_metadata(
@@ -407,6 +409,7 @@ def paged_metadata(
                 out,
                 seesaw_plan=block_table.new_empty(plan_numel),
                 seesaw_grid=(launch.block_h, launch.ctas, launch.min_share),
+                seesaw_merge_plan=block_table.new_empty(seesaw_merge.plan_numel(bs)),
             )
     else:
         check_metadata(out, kv_cache, block_table, draft_len, name="out")
@@ -473,6 +476,14 @@ def write_metadata(
             metadata.kv_indptr,
             batch_size=metadata.batch_size,
             ctas=ctas,
+            min_share=min_share,
+        )
+        seesaw_merge.launch_plan(
+            metadata.seesaw_merge_plan,
+            metadata.qo_indptr,
+            metadata.kv_indptr,
+            batch_size=metadata.batch_size,
+            share_ctas=ctas,
             min_share=min_share,
         )
 
@@ -555,7 +566,7 @@ def check_metadata_values(
 ) -> None:
     """Debug mode: ``metadata`` is the translation of this block table and
     these lengths, and its seesaw plan theirs (synchronises)."""
-    tensors = ("qo_indptr", "kv_indptr", "kv_indices", "seesaw_plan")
+    tensors = ("qo_indptr", "kv_indptr", "kv_indices", "seesaw_plan", "seesaw_merge_plan")
     fresh = dataclasses.replace(
         metadata,
         **{
@@ -570,7 +581,11 @@ def check_metadata_values(
         torch.equal(fresh.qo_indptr, metadata.qo_indptr)
         and torch.equal(fresh.kv_indptr, metadata.kv_indptr)
         and torch.equal(fresh.kv_indices[:used], metadata.kv_indices[:used])
-        and (metadata.seesaw_plan is None or torch.equal(fresh.seesaw_plan, metadata.seesaw_plan))
+        and all(
+            getattr(metadata, name) is None
+            or torch.equal(getattr(fresh, name), getattr(metadata, name))
+            for name in ("seesaw_plan", "seesaw_merge_plan")
+        )
     )
     _expect(
         same,
@@ -730,14 +745,15 @@ def _seesaw_merge_warps(batch_size: int, rows: int) -> int:
 def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, metadata):
     """Both stages of a paged call on the seesaw kernel; ``views`` hold the
     indptrs: the translation's just launched, or the step's ``metadata``'s
-    (written by an earlier launch), with each CTA's share where it planned
-    them for this grid."""
+    (written by an earlier launch), with each CTA's share and each
+    request's pieces where it planned them for this grid."""
     from . import kernel_seesaw
 
     bs, draft_len, num_heads, _ = q.shape
     launch = call.seesaw
     part_o, part_lse = get_workspace(q.device).views(launch.partial_rows, V_HEAD_DIM)
     o = out.view(bs * draft_len, num_heads, V_HEAD_DIM)
+    planned = None if metadata is None else metadata.plan_for(launch)
     kernel_seesaw.launch(
         q.view(bs * draft_len, num_heads, QK_HEAD_DIM),
         token_pool(kv_cache)[:, 0],
@@ -758,8 +774,21 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
         v_scale=call.v_scale,
         wait_prior=launch.dependent and metadata is None,
         launch_dependents=launch.dependent,
-        plan=None if metadata is None else metadata.plan_for(launch),
+        plan=None if planned is None else planned[0],
     )
+    if planned is not None:
+        seesaw_merge.launch(
+            o,
+            planned[1],
+            part_o,
+            part_lse,
+            batch_size=bs,
+            draft_len=draft_len,
+            column_blocks=launch.merge_blocks,
+            dependent=launch.dependent,
+            warps=launch.merge_warps,
+        )
+        return
     launch_merge_shares(
         o,
         views.qo_indptr,

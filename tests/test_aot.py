@@ -381,6 +381,40 @@ def test_seesaw_plan_kernel_compiles():
     assert out.split() == ["0"], out
 
 
+def test_seesaw_merge_kernels_compile():
+    """The kernels of stage 2 from a step's plan (seesaw_merge: the plan
+    for the metadata, the merge as H16 L1 at batch 8 launches it after the
+    seesaw kernel, in 2 warps) compile for sm90 without spilling."""
+    out = _run_script(
+        textwrap.dedent(
+            """
+            import triton
+            from mla_verify import aot, kernel, hopper, seesaw_merge
+            i32 = {name: "*i32" for name in ("MERGE_PLAN", "QO_INDPTR", "KV_INDPTR")}
+            plan_src = aot._signature(
+                seesaw_merge._merge_plan_kernel, i32, set(),
+                dict(BLOCK_B=kernel.PLAN_BLOCK, TOKENS=hopper.TOKENS,
+                     DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
+                     FIELDS=seesaw_merge.MERGE_PLAN_FIELDS),
+            )
+            pointers = dict(i32, O="*bf16", PART_O="*fp32", PART_LSE="*fp32")
+            merge_src = aot._signature(
+                seesaw_merge._planned_merge_kernel, pointers, set(),
+                dict(DRAFT_LEN=1, L_PAD=1, ROWS=16, D_BLOCK=128, D_V=512,
+                     FIELDS=seesaw_merge.MERGE_PLAN_FIELDS,
+                     WIDE_PIECES=kernel.MERGE_WIDE_PIECES, WIDE_BLOCKS=0, WIDE_ROWS=4,
+                     WAIT_PRIOR=True),
+            )
+            for src, warps in ((plan_src, 4), (merge_src, 2)):
+                target = aot.TARGETS["sm90"][0]
+                compiled = triton.compile(src, target=target, options={"num_warps": warps})
+                print(aot.resources(compiled, "sm90").scratch)
+            """
+        )
+    )
+    assert out.split() == ["0", "0"], out
+
+
 def test_kernels_keep_fma_contraction_where_triton_defaults_it_off():
     """The shipped tables were measured with FMA contraction, Triton's
     default through 3.9; from 3.10 the default is off

@@ -14,7 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from mla_verify import VerifyConfig, block_config, hopper, kernel, plan, verify_mla_fwd
+from mla_verify import (
+    VerifyConfig,
+    block_config,
+    hopper,
+    kernel,
+    plan,
+    seesaw_merge,
+    verify_mla_fwd,
+)
 from mla_verify import device as device_facts
 from mla_verify.config import HOPPER_KERNELS, hopper_config, runs_score_value, splits_scores
 from mla_verify.problem import kv_dtype_name
@@ -605,6 +613,57 @@ def test_merge_after_shares_in_fewer_warps(
     kernel) merges as in 4: one request over many shares, a long one
     beside short ones (wide tiles), many short ones."""
     _check_merge_after_shares(draft_len, ctas, 1, prefix_lens, column_blocks, device, warps=warps)
+
+
+@pytest.mark.parametrize("warps", [1, 4])
+@pytest.mark.parametrize(
+    "draft_len,ctas,min_share,prefix_lens,column_blocks",
+    [(3, 12, 1, [2000], 4), (4, 20, 3, [3000, 100, 200], 16), (1, 17, 2, [64] * 32, 1)],
+)
+def test_merge_from_a_step_plan(
+    draft_len, ctas, min_share, prefix_lens, column_blocks, warps, device
+):
+    """A step's merge plan (seesaw_merge) holds each request's pieces as
+    the share rule cuts them, and stage 2 reading it writes what stage 2
+    planning its own writes: one request over many shares, a long one
+    beside short ones (wide tiles), many short ones."""
+    heads = 3
+    batch = make_batch(heads, draft_len, prefix_lens, device=device)
+    merge_plan = torch.full(
+        (seesaw_merge.plan_numel(batch.batch_size),), -1, dtype=torch.int32, device=device
+    )
+    seesaw_merge.launch_plan(
+        merge_plan,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        batch_size=batch.batch_size,
+        share_ctas=ctas,
+        min_share=min_share,
+    )
+    rows = merge_plan.view(batch.batch_size, -1).tolist()
+    for b, slots in enumerate(plan.share_plan(prefix_lens, ctas, min_share).pieces()):
+        first, slot0, pieces, _ = rows[b]
+        later = [slot0 + 2 * j for j in range(1, pieces)]
+        assert [first, *later] == slots, f"request {b}: plan {rows[b]}, the rule's slots {slots}"
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
+    expected = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, warps=warps)
+    out = batch.new_output()
+    seesaw_merge.launch(
+        out,
+        merge_plan,
+        part_o,
+        part_lse,
+        batch_size=batch.batch_size,
+        draft_len=draft_len,
+        column_blocks=column_blocks,
+        dependent=plan.dependent_launch(out.device),
+        warps=warps,
+    )
+    assert torch.equal(out.isnan(), expected.isnan()), "the rows stage 2 leaves to stage 1"
+    assert torch.equal(out.nan_to_num(), expected.nan_to_num())
 
 
 def _check_merge_after_shares(

@@ -433,6 +433,7 @@ def test_metadata_for_heads(device):
     metadata = batch.metadata(num_heads=H)
     served = paged.seesaw_serves(batch.q, batch.kv_cache, batch.block_table)
     assert (metadata.seesaw_plan is not None) == served
+    assert (metadata.seesaw_merge_plan is not None) == served
     check_close(batch.run(metadata=metadata), batch.reference(), what="metadata for heads")
     with pytest.raises(ValueError, match="num_heads") as info:
         batch.metadata(num_heads=0)
@@ -606,9 +607,11 @@ def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales,
         assert paged.seesaw_serves(batch.q, batch.kv_cache, batch.block_table) == seesaw
         what = f"{kind} H{heads} L{draft_len} page {page_size}"
         _check(batch, what)
-        for num_heads in (None, heads):  # with heads, the seesaw's shares planned too
+        for num_heads in (None, heads):  # with heads, the seesaw's shares and pieces planned too
             metadata = batch.metadata(num_heads=num_heads)
-            assert (metadata.seesaw_plan is not None) == (seesaw and num_heads is not None)
+            planned = seesaw and num_heads is not None
+            assert (metadata.seesaw_plan is not None) == planned
+            assert (metadata.seesaw_merge_plan is not None) == planned
             out = batch.new_output()
             got = batch.run(out, metadata=metadata)
             check_close(got, batch.reference(), what=f"{what}, metadata for {num_heads} heads")
@@ -654,6 +657,7 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, step, monk
     metadata = first.metadata(num_heads=heads) if step else None
     if step and ON_HOPPER:
         assert (metadata.seesaw_plan is not None) == seesaw
+        assert (metadata.seesaw_merge_plan is not None) == seesaw
 
     def run() -> None:
         if step:

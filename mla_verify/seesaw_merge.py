@@ -1,0 +1,213 @@
+"""Stage 2 after the seesaw kernel, its pieces read from a step's plan.
+
+``kernel.launch_merge_shares`` finds each request's pieces at every
+program's start: it sums the batch's positions up to the request and cuts
+them as the seesaw kernel's plan does, before it waits for stage 1. Where
+a step's metadata holds the seesaw's shares (``paged_metadata(...,
+num_heads=H)``), it holds each request's pieces too (``launch_plan``), and
+stage 2 reads three numbers instead (``launch``): its programs that find
+room only once stage 1 is done then wait on one load, not on the plan.
+
+A request's pieces, as ``kernel._merge_shares_kernel`` finds them for a
+uniform batch (every request ``draft_len`` drafts, every head block's CTAs
+cut alike, so the same pieces for every head): the slot of its first
+partial, the slot of the CTA that holds its first position (the later
+pieces are every second slot on), and how many CTAs hold it. One piece:
+stage 1 wrote the request's output, and stage 2 leaves it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from . import hopper, launcher
+from .config import COMPILE_OPTIONS
+from .kernel import (
+    MERGE_SHARES_TILE,
+    MERGE_SHARES_WIDE_TILE,
+    MERGE_WARPS,
+    MERGE_WIDE_PIECES,
+    PLAN_BLOCK,
+    _dependent_options,
+    _merge_request_columns,
+    _share_count,
+    _share_positions,
+)
+
+MERGE_PLAN_FIELDS = 4  # int32s a request's pieces take (three, padded)
+
+
+def plan_numel(batch_size: int) -> int:
+    """int32s of a batch's merge plan (``launch_plan``)."""
+    return batch_size * MERGE_PLAN_FIELDS
+
+
+@triton.jit(do_not_specialize=["batch_size", "share_ctas", "min_share"])
+def _merge_plan_kernel(
+    MERGE_PLAN,
+    QO_INDPTR,
+    KV_INDPTR,
+    batch_size,
+    share_ctas,
+    min_share,
+    BLOCK_B: tl.constexpr,
+    TOKENS: tl.constexpr,
+    DRAFT_POSITIONS: tl.constexpr,
+    FIELDS: tl.constexpr,
+):
+    # Request program_id(0)'s pieces, as _merge_shares_kernel's uniform
+    # path finds them (its equal cuts: the CTA that holds position p is
+    # ((p + 1) * ctas - 1) // total).
+    req = tl.program_id(0)
+    num_rows = (tl.load(QO_INDPTR + req + 1) - tl.load(QO_INDPTR + req)).to(tl.int32)
+    base, n, total, uniform, drafts, _ = _share_positions(
+        KV_INDPTR, QO_INDPTR, req, num_rows, batch_size, 0, BLOCK_B, TOKENS, DRAFT_POSITIONS, False
+    )
+    base = base.to(tl.int64)
+    ctas = _share_count(share_ctas, total, uniform, batch_size, min_share).to(tl.int64)
+    c0 = ((base + 1) * ctas - 1) // total
+    c1 = ((base + n - drafts + 1) * ctas - 1) // total
+    start0 = c0 * total // ctas
+    slot0 = 2 * c0.to(tl.int32)
+    # CTA c0's part is its last segment (slot 2 c0 + 1) where an earlier
+    # request has work in its range, else its first.
+    first = slot0 + (start0 <= base - drafts).to(tl.int32)
+    fields = tl.arange(0, FIELDS)
+    pieces = (c1 - c0 + 1).to(tl.int32)
+    row = tl.where(fields == 0, first, tl.where(fields == 1, slot0, pieces))
+    tl.store(MERGE_PLAN + req * FIELDS + fields, tl.where(fields < 3, row, 0))
+
+
+@triton.jit
+def _planned_merge_kernel(
+    O,
+    MERGE_PLAN,
+    PART_O,
+    PART_LSE,
+    stride_o_tok,
+    stride_o_head,
+    num_heads,
+    DRAFT_LEN: tl.constexpr,
+    L_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    D_BLOCK: tl.constexpr,
+    D_V: tl.constexpr,
+    FIELDS: tl.constexpr,
+    WIDE_PIECES: tl.constexpr,
+    WIDE_BLOCKS: tl.constexpr,
+    WIDE_ROWS: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr,
+):
+    # Columns of block program_id(2) of request program_id(0)'s head
+    # program_id(1), merged from the pieces the plan gives; a request of
+    # at most WIDE_PIECES pieces by the first WIDE_BLOCKS blocks alone,
+    # each D_V // WIDE_BLOCKS columns wide (WIDE_BLOCKS 0: by every block),
+    # as _merge_shares_kernel.
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    block = tl.program_id(2)
+    row = MERGE_PLAN + req * FIELDS
+    first = tl.load(row)
+    slot0 = tl.load(row + 1)
+    pieces = tl.load(row + 2)
+    # Partial rows (slot, head, draft): the seesaw's, for a uniform batch.
+    request = (O, stride_o_tok, stride_o_head, head, req * DRAFT_LEN, DRAFT_LEN)
+    partials = (PART_O, PART_LSE, num_heads * DRAFT_LEN, head * DRAFT_LEN, L_PAD, 0)
+    pieces_at = (first, slot0, pieces)
+    if WIDE_BLOCKS > 0 and pieces <= WIDE_PIECES:
+        if pieces > 1 and block < WIDE_BLOCKS:
+            if WAIT_PRIOR:  # the partials are stage 1's (a dependent launch)
+                gdc_wait()
+            D_WIDE: tl.constexpr = D_V // WIDE_BLOCKS
+            _merge_request_columns(
+                request, partials, pieces_at, block * D_WIDE, L_PAD, WIDE_ROWS, D_WIDE, D_V
+            )
+    elif pieces > 1:
+        if WAIT_PRIOR:
+            gdc_wait()
+        _merge_request_columns(
+            request, partials, pieces_at, block * D_BLOCK, L_PAD, ROWS, D_BLOCK, D_V
+        )
+
+
+def launch_plan(
+    merge_plan: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    *,
+    batch_size: int,
+    share_ctas: int,
+    min_share: int,
+) -> None:
+    """Each request's pieces into ``merge_plan`` [plan_numel(batch_size)]
+    int32, from the indptrs of a uniform batch, for the seesaw's grid of
+    ``share_ctas`` CTAs a head block and shares of ``min_share`` positions
+    at least."""
+    launcher.launch(
+        _merge_plan_kernel,
+        (batch_size,),
+        merge_plan,
+        qo_indptr,
+        kv_indptr,
+        batch_size,
+        share_ctas,
+        min_share,
+        BLOCK_B=PLAN_BLOCK,
+        TOKENS=hopper.TOKENS,
+        DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
+        FIELDS=MERGE_PLAN_FIELDS,
+        num_warps=4,
+        num_stages=1,
+        **COMPILE_OPTIONS,
+    )
+
+
+def launch(
+    o: torch.Tensor,
+    merge_plan: torch.Tensor,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    *,
+    batch_size: int,
+    draft_len: int,
+    column_blocks: int,
+    dependent: bool,
+    warps: int = MERGE_WARPS,
+) -> None:
+    """Stage 2 after the seesaw kernel, as ``kernel.launch_merge_shares``
+    launches it for a uniform batch (the same programs, the same columns a
+    program), each request's pieces read from ``merge_plan``
+    (``launch_plan``). Writes ``o`` [bs * draft_len, heads, d_v] where a
+    request's prefix was cut between CTAs."""
+    num_heads, d_v = o.shape[1], o.shape[2]
+    l_pad = triton.next_power_of_2(draft_len)
+    wide_rows = MERGE_WIDE_PIECES * l_pad
+    wide_blocks = d_v // min(d_v, MERGE_SHARES_WIDE_TILE // wide_rows)
+    launcher.launch(
+        _planned_merge_kernel,
+        (batch_size, num_heads, column_blocks),
+        o,
+        merge_plan,
+        part_o,
+        part_lse,
+        o.stride(0),
+        o.stride(1),
+        num_heads,
+        DRAFT_LEN=draft_len,
+        L_PAD=l_pad,
+        ROWS=max(l_pad, MERGE_SHARES_TILE * column_blocks // d_v),
+        D_BLOCK=d_v // column_blocks,
+        D_V=d_v,
+        FIELDS=MERGE_PLAN_FIELDS,
+        WIDE_PIECES=MERGE_WIDE_PIECES,
+        WIDE_BLOCKS=wide_blocks if wide_blocks < column_blocks else 0,
+        WIDE_ROWS=wide_rows,
+        WAIT_PRIOR=dependent,
+        num_warps=warps,
+        num_stages=1,
+        **COMPILE_OPTIONS,
+        **_dependent_options(dependent),
+    )
