@@ -14,6 +14,11 @@ cut alike, so the same pieces for every head): the slot of its first
 partial, the slot of the CTA that holds its first position (the later
 pieces are every second slot on), and how many CTAs hold it. One piece:
 stage 1 wrote the request's output, and stage 2 leaves it.
+
+The plan's arithmetic and the merge's branches repeat
+``_merge_shares_kernel``'s, not shared with it: kernel.py's code is
+hashed (code_hash.py), and a helper moved there would stale every tuned
+record of the Hopper kernel.
 """
 
 from __future__ import annotations
