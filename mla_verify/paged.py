@@ -321,9 +321,15 @@ def _prepare(
     seesaw = None
     if seesaw_serves(q, kv_cache, block_table):
         seesaw = _seesaw_launch(*q.shape[:3], kv_cache)
-    # The indices' programs; one a sequence where only the indptrs or the
-    # drafts are written.
-    num_chunks = 1 if seesaw or metadata else translate.chunks(max_tokens)
+    # The translation's programs a sequence: one where it writes the indptrs
+    # alone (for the seesaw kernel); else one a draft at least, so that each
+    # draft's copy waits on its own two dependent loads (the table's entry,
+    # then the row), where one program's loop over the drafts chained them
+    # L times (4.9-5.3 us at L = 8 on an H100: RESULTS.md, "Stage 2 from the
+    # step's plan"); and where it writes the indices, one a BLOCK_P
+    # positions of the table's reach (translate.chunks).
+    index_chunks = 1 if metadata else translate.chunks(max_tokens)
+    num_chunks = 1 if seesaw else max(q.shape[1], index_chunks)
     return _PagedCall(
         sm_scale, k_scale, v_scale, max_tokens, num_chunks, slot_stride, slots_per_block, seesaw
     )
