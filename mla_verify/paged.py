@@ -571,7 +571,7 @@ def check_metadata_values(
     cache_seqlens: torch.Tensor,
 ) -> None:
     """Debug mode: ``metadata`` is the translation of this block table and
-    these lengths, and its seesaw plan theirs (synchronises)."""
+    these lengths, and its seesaw plans theirs (synchronises)."""
     tensors = ("qo_indptr", "kv_indptr", "kv_indices", "seesaw_plan", "seesaw_merge_plan")
     fresh = dataclasses.replace(
         metadata,
@@ -760,6 +760,7 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
     part_o, part_lse = get_workspace(q.device).views(launch.partial_rows, V_HEAD_DIM)
     o = out.view(bs * draft_len, num_heads, V_HEAD_DIM)
     planned = None if metadata is None else metadata.plan_for(launch)
+    shares_plan, pieces_plan = planned or (None, None)
     kernel_seesaw.launch(
         q.view(bs * draft_len, num_heads, QK_HEAD_DIM),
         token_pool(kv_cache)[:, 0],
@@ -780,12 +781,12 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
         v_scale=call.v_scale,
         wait_prior=launch.dependent and metadata is None,
         launch_dependents=launch.dependent,
-        plan=None if planned is None else planned[0],
+        plan=shares_plan,
     )
-    if planned is not None:
+    if pieces_plan is not None:
         seesaw_merge.launch(
             o,
-            planned[1],
+            pieces_plan,
             part_o,
             part_lse,
             batch_size=bs,
