@@ -1274,14 +1274,10 @@ def launch_merge_shares(
     (some request may have fewer than ``draft_len`` drafts). ``warps``: a
     program's (fewer after paged's seesaw kernel: ``paged._seesaw_merge_warps``)."""
     num_heads, d_v = o.shape[1], o.shape[2]
-    blocks = column_blocks
-    l_pad = triton.next_power_of_2(draft_len)
     head_blocks = hopper.head_blocks(num_heads, block_h)
-    wide_rows = MERGE_WIDE_PIECES * l_pad
-    wide_blocks = d_v // min(d_v, MERGE_SHARES_WIDE_TILE // wide_rows)
     launcher.launch(
         _merge_shares_kernel,
-        (batch_size, num_heads, blocks),
+        (batch_size, num_heads, column_blocks),
         o,
         qo_indptr,
         kv_indptr,
@@ -1297,24 +1293,36 @@ def launch_merge_shares(
         DRAFT_LEN=draft_len,
         TILE_ROWS=block_h * draft_len,
         HEAD_BLOCKS=hopper.plan_width(head_blocks),
-        L_PAD=l_pad,
-        ROWS=max(l_pad, MERGE_SHARES_TILE * blocks // d_v),
-        D_BLOCK=d_v // blocks,
-        D_V=d_v,
         TOKENS=hopper.TOKENS,
         DRAFT_POSITIONS=hopper.DRAFT_POSITIONS,
         BLOCK_B=hopper.plan_requests(head_blocks, PLAN_BLOCK),
         RAGGED=ragged,
-        # Wide merges only where they need fewer blocks than the grid has.
-        WIDE_PIECES=MERGE_WIDE_PIECES,
-        WIDE_BLOCKS=wide_blocks if wide_blocks < blocks else 0,
-        WIDE_ROWS=wide_rows,
         WAIT_PRIOR=dependent,
         num_warps=warps,
         num_stages=1,
+        **merge_shares_tiles(draft_len, d_v, column_blocks),
         **COMPILE_OPTIONS,
         **_dependent_options(dependent),
     )
+
+
+def merge_shares_tiles(draft_len: int, d_v: int, column_blocks: int) -> dict[str, int]:
+    """The tile constexprs of stage 2 after the shares (``_merge_shares_kernel``,
+    and ``seesaw_merge``'s planned merge), ``column_blocks`` programs a
+    (request, head): a program's rows (L_PAD a piece) and columns, and the
+    wide merge's, only where it needs fewer blocks than the grid has."""
+    l_pad = triton.next_power_of_2(draft_len)
+    wide_rows = MERGE_WIDE_PIECES * l_pad
+    wide_blocks = d_v // min(d_v, MERGE_SHARES_WIDE_TILE // wide_rows)
+    return {
+        "L_PAD": l_pad,
+        "ROWS": max(l_pad, MERGE_SHARES_TILE * column_blocks // d_v),
+        "D_BLOCK": d_v // column_blocks,
+        "D_V": d_v,
+        "WIDE_PIECES": MERGE_WIDE_PIECES,
+        "WIDE_BLOCKS": wide_blocks if wide_blocks < column_blocks else 0,
+        "WIDE_ROWS": wide_rows,
+    }
 
 
 def _dependent_options(dependent: bool) -> dict[str, bool]:

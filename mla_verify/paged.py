@@ -413,9 +413,11 @@ def paged_metadata(
             plan_numel = kernel_seesaw.plan_numel(launch.ctas)
             out = dataclasses.replace(
                 out,
-                seesaw_plan=block_table.new_empty(plan_numel),
+                # Zeroed: the plans' rows are padded, and the pads, which
+                # no launch writes, must compare equal in the debug check.
+                seesaw_plan=block_table.new_zeros(plan_numel),
                 seesaw_grid=(launch.block_h, launch.ctas, launch.min_share),
-                seesaw_merge_plan=block_table.new_empty(seesaw_merge.plan_numel(bs)),
+                seesaw_merge_plan=block_table.new_zeros(seesaw_merge.plan_numel(bs)),
             )
     else:
         check_metadata(out, kv_cache, block_table, draft_len, name="out")
@@ -576,7 +578,7 @@ def check_metadata_values(
     fresh = dataclasses.replace(
         metadata,
         **{
-            name: torch.empty_like(getattr(metadata, name))
+            name: torch.zeros_like(getattr(metadata, name))  # the plans' pads: paged_metadata's
             for name in tensors
             if getattr(metadata, name) is not None
         },

@@ -34,18 +34,18 @@ from triton.language.extra.cuda import gdc_wait
 from . import hopper, launcher
 from .config import COMPILE_OPTIONS
 from .kernel import (
-    MERGE_SHARES_TILE,
-    MERGE_SHARES_WIDE_TILE,
     MERGE_WARPS,
-    MERGE_WIDE_PIECES,
     PLAN_BLOCK,
     _dependent_options,
     _merge_request_columns,
     _share_count,
     _share_positions,
+    merge_shares_tiles,
 )
 
-MERGE_PLAN_FIELDS = 4  # int32s a request's pieces take (three, padded)
+# int32s a request's pieces take: three, padded (the pad stays as
+# allocated: paged_metadata zeroes the plan).
+MERGE_PLAN_FIELDS = 4
 
 
 def plan_numel(batch_size: int) -> int:
@@ -83,10 +83,10 @@ def _merge_plan_kernel(
     # CTA c0's part is its last segment (slot 2 c0 + 1) where an earlier
     # request has work in its range, else its first.
     first = slot0 + (start0 <= base - drafts).to(tl.int32)
-    fields = tl.arange(0, FIELDS)
-    pieces = (c1 - c0 + 1).to(tl.int32)
-    row = tl.where(fields == 0, first, tl.where(fields == 1, slot0, pieces))
-    tl.store(MERGE_PLAN + req * FIELDS + fields, tl.where(fields < 3, row, 0))
+    row = MERGE_PLAN + req * FIELDS
+    tl.store(row, first)
+    tl.store(row + 1, slot0)
+    tl.store(row + 2, (c1 - c0 + 1).to(tl.int32))
 
 
 @triton.jit
@@ -191,9 +191,6 @@ def launch(
     (``launch_plan``). Writes ``o`` [bs * draft_len, heads, d_v] where a
     request's prefix was cut between CTAs."""
     num_heads, d_v = o.shape[1], o.shape[2]
-    l_pad = triton.next_power_of_2(draft_len)
-    wide_rows = MERGE_WIDE_PIECES * l_pad
-    wide_blocks = d_v // min(d_v, MERGE_SHARES_WIDE_TILE // wide_rows)
     launcher.launch(
         _planned_merge_kernel,
         (batch_size, num_heads, column_blocks),
@@ -205,17 +202,11 @@ def launch(
         o.stride(1),
         num_heads,
         DRAFT_LEN=draft_len,
-        L_PAD=l_pad,
-        ROWS=max(l_pad, MERGE_SHARES_TILE * column_blocks // d_v),
-        D_BLOCK=d_v // column_blocks,
-        D_V=d_v,
         FIELDS=MERGE_PLAN_FIELDS,
-        WIDE_PIECES=MERGE_WIDE_PIECES,
-        WIDE_BLOCKS=wide_blocks if wide_blocks < column_blocks else 0,
-        WIDE_ROWS=wide_rows,
         WAIT_PRIOR=dependent,
         num_warps=warps,
         num_stages=1,
+        **merge_shares_tiles(draft_len, d_v, column_blocks),
         **COMPILE_OPTIONS,
         **_dependent_options(dependent),
     )

@@ -618,6 +618,27 @@ def test_gpu_seesaw_matches_reference(heads, draft_len, lens, page_size, scales,
 
 
 @pytest.mark.gpu
+def test_gpu_debug_mode_checks_the_seesaw_plans(monkeypatch):
+    """The debug mode passes a step's metadata whose seesaw plans (the
+    shares and each request's pieces, padded rows) are this call's, and
+    refuses it once a length changed."""
+    monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows: True)
+    batch = make_paged_batch(16, 2, [3000, 70, 1500], page_size=64, device="cuda", seed=8)
+    if not paged.seesaw_serves(batch.q, batch.kv_cache, batch.block_table):
+        pytest.skip("the seesaw kernel needs an sm90 GPU and Gluon")
+    metadata = batch.metadata(num_heads=16)
+    assert metadata.seesaw_merge_plan is not None
+    set_debug(True)
+    try:
+        check_close(batch.run(metadata=metadata), batch.reference(), what="debug, seesaw plans")
+        batch.cache_seqlens[0] -= 100
+        with pytest.raises(ValueError, match="metadata"):
+            batch.run(metadata=metadata)
+    finally:
+        set_debug(False)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "page_size,kv,seesaw,step",
     [(64, "bf16", False, False), (64, "fp8", False, False), (1, "bf16", False, False)]
