@@ -282,6 +282,7 @@ class _SeesawLaunch:
     dependent: bool
     merge_blocks: int
     merge_warps: int
+    rows_merge: bool
 
 
 @dataclass(frozen=True)
@@ -674,6 +675,19 @@ SEESAW_MERGE_MAX_ROWS = 32
 SEESAW_MERGE_WARPS_ONE_SEQUENCE = 1
 SEESAW_MERGE_MAX_ROWS_ONE_SEQUENCE = 64
 
+# Stage 2 from a step's plan over each request's rows, of several heads a
+# program (seesaw_merge.launch_rows), for batches of 2 to
+# ROWS_MERGE_MAX_BATCH sequences of ROWS_MERGE_MIN_ROWS to
+# ROWS_MERGE_MAX_ROWS query rows. On an H100 (RESULTS.md, "Stage 2 over a
+# request's rows"), against one program a head: at batch 8, 1.02-1.06x
+# with 2K contexts and 1.005-1.02x with 16K; at batch 2-4 0.997-1.026x;
+# 8 rows lost up to 6% at batch 2-4 (more pieces than a load holds), and
+# batches of 16-64 lost 1-3%, 128 rows at batch 8 up to 11%: the rest keep
+# seesaw_merge.launch.
+ROWS_MERGE_MAX_BATCH = 8
+ROWS_MERGE_MIN_ROWS = 16
+ROWS_MERGE_MAX_ROWS = 32
+
 
 def seesaw_shape(batch_size: int, rows: int) -> bool:
     """The rule's part that reads the shape alone: a batch of
@@ -738,6 +752,17 @@ def _seesaw_launch(
         plan.dependent_launch(kv_cache.device),
         plan.merge_column_blocks(batch_size, num_heads, draft_len, ctas),
         _seesaw_merge_warps(batch_size, num_heads * draft_len),
+        _rows_merge(batch_size, num_heads * draft_len),
+    )
+
+
+def _rows_merge(batch_size: int, rows: int) -> bool:
+    """Whether stage 2 from a step's plan runs over each request's rows
+    (seesaw_merge.launch_rows) for a batch of ``batch_size`` sequences of
+    ``rows`` query rows each."""
+    return (
+        1 < batch_size <= ROWS_MERGE_MAX_BATCH
+        and ROWS_MERGE_MIN_ROWS <= rows <= ROWS_MERGE_MAX_ROWS
     )
 
 
@@ -785,6 +810,18 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
         launch_dependents=launch.dependent,
         plan=shares_plan,
     )
+    if pieces_plan is not None and launch.rows_merge:
+        seesaw_merge.launch_rows(
+            o,
+            pieces_plan,
+            part_o,
+            part_lse,
+            batch_size=bs,
+            draft_len=draft_len,
+            share_ctas=launch.ctas,
+            dependent=launch.dependent,
+        )
+        return
     if pieces_plan is not None:
         seesaw_merge.launch(
             o,

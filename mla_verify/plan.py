@@ -159,14 +159,14 @@ def merge_column_blocks(
     power of two."""
     pieces = max(1, share_ctas // batch_size)
     elements = pieces * triton.next_power_of_2(draft_len) * v_dim
-    by_work = _pow2_at_most(elements // MERGE_PROGRAM_ELEMENTS)
+    by_work = pow2_at_most(elements // MERGE_PROGRAM_ELEMENTS)
     by_request = triton.next_power_of_2(-(-MERGE_REQUEST_PROGRAMS // num_heads))
-    most = _pow2_at_most(MERGE_MAX_PROGRAMS // (batch_size * num_heads))
+    most = pow2_at_most(MERGE_MAX_PROGRAMS // (batch_size * num_heads))
     # MERGE_MAX_BLOCKS for MLA's 512 columns: blocks of 32 columns at least.
     return min(MERGE_MAX_BLOCKS * v_dim // V_HEAD_DIM, most, max(by_work, by_request))
 
 
-def _pow2_at_most(n: int) -> int:
+def pow2_at_most(n: int) -> int:
     """The largest power of two <= n, and 1 for n < 1."""
     return 1 << (max(1, n).bit_length() - 1)
 

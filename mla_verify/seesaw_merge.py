@@ -37,15 +37,34 @@ from .kernel import (
     MERGE_WARPS,
     PLAN_BLOCK,
     _dependent_options,
+    _merge_pieces,
     _merge_request_columns,
     _share_count,
     _share_positions,
     merge_shares_tiles,
 )
+from .plan import pow2_at_most
 
 # int32s a request's pieces take: three, padded (the pad stays as
 # allocated: paged_metadata zeroes the plan).
 MERGE_PLAN_FIELDS = 4
+
+# Stage 2 over a request's rows (``launch_rows``): a program merges up to
+# ROWS_MERGE_MAX_ROWS query rows of one request, of any heads, in loads of
+# ROWS_MERGE_TILE elements (pieces x rows x columns), as many pieces a load
+# as a request holds on average up to ROWS_MERGE_MAX_PIECES; the columns
+# are what is left. At H16 L1 B8 that is 128 programs of 8 warps where
+# ``launch`` (one head a program) makes 512 of 2. With 2K contexts the
+# seesaw kernel leaves a third of the SMs free at batch 8 (its least
+# share), where stage 2's programs that fit can start before stage 1 is
+# done (a prediction: RESULTS.md, "Where H16 L1 B8 with 2K contexts
+# goes"). Measured on an H100, fewer and wider programs made such calls
+# 1.02-1.06x faster, and batches of 16-64, whose shares fill every SM,
+# 1-3% slower (paged._rows_merge says where it runs).
+ROWS_MERGE_TILE = 8192
+ROWS_MERGE_MAX_ROWS = 16
+ROWS_MERGE_MAX_PIECES = 16
+ROWS_MERGE_WARPS = 8
 
 
 def plan_numel(batch_size: int) -> int:
@@ -139,6 +158,119 @@ def _planned_merge_kernel(
         _merge_request_columns(
             request, partials, pieces_at, block * D_BLOCK, L_PAD, ROWS, D_BLOCK, D_V
         )
+
+
+@triton.jit
+def _rows_merge_kernel(
+    O,
+    MERGE_PLAN,
+    PART_O,
+    PART_LSE,
+    stride_o_tok,
+    stride_o_head,
+    num_rows,
+    DRAFT_LEN: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    PIECES: tl.constexpr,
+    D_BLOCK: tl.constexpr,
+    D_V: tl.constexpr,
+    FIELDS: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr,
+):
+    # Columns of block program_id(2) of request program_id(0)'s query rows
+    # program_id(1) * BLOCK_R on, counted head by head (row h L + i: head h,
+    # draft i), as stage 1 lays a slot's partial rows out: PIECES pieces a
+    # load.
+    req = tl.program_id(0)
+    r0 = tl.program_id(1) * BLOCK_R
+    col0 = tl.program_id(2) * D_BLOCK
+    row = MERGE_PLAN + req * FIELDS
+    pieces = tl.load(row + 2)
+    if pieces > 1:
+        first = tl.load(row)
+        slot0 = tl.load(row + 1)
+        if WAIT_PRIOR:  # the partials are stage 1's (a dependent launch)
+            gdc_wait()
+        # _merge_pieces' "drafts" are this program's rows here: a slot's
+        # rows r0 .. r0 + BLOCK_R - 1, of which num_rows - r0 are the
+        # request's.
+        _, l_i, acc = _merge_pieces(
+            PART_O,
+            PART_LSE,
+            num_rows,
+            r0,
+            first,
+            slot0,
+            2,
+            pieces,
+            num_rows - r0,
+            col0,
+            BLOCK_R,
+            PIECES * BLOCK_R,
+            D_BLOCK,
+            D_V,
+        )
+        offs_r = r0 + tl.arange(0, BLOCK_R)
+        head = offs_r // DRAFT_LEN
+        q_row = (req * DRAFT_LEN + offs_r % DRAFT_LEN).to(tl.int64)
+        offs_d = col0 + tl.arange(0, D_BLOCK)
+        ptr_o = O + (q_row * stride_o_tok + head * stride_o_head)[:, None] + offs_d[None, :]
+        # A row a mask hid every key from has sum 0 and output 0.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_r < num_rows)[:, None])
+
+
+def rows_merge_tiles(batch_size: int, rows: int, share_ctas: int, d_v: int) -> dict[str, int]:
+    """The tile constexprs of stage 2 over a request's rows
+    (``launch_rows``), for a batch of ``batch_size`` requests of ``rows``
+    query rows each (heads x drafts) cut over ``share_ctas`` CTAs a head
+    block: a program's rows, the pieces a load (a request's average: its
+    share of the CTAs, and one more where its cuts fall mid-share), and the
+    columns that leave the load ROWS_MERGE_TILE elements."""
+    block_r = min(triton.next_power_of_2(rows), ROWS_MERGE_MAX_ROWS)
+    average = share_ctas // batch_size + 1
+    pieces = min(triton.next_power_of_2(average), ROWS_MERGE_MAX_PIECES)
+    d_block = min(d_v, pow2_at_most(ROWS_MERGE_TILE // (pieces * block_r)))
+    return {"BLOCK_R": block_r, "PIECES": pieces, "D_BLOCK": d_block, "D_V": d_v}
+
+
+def launch_rows(
+    o: torch.Tensor,
+    merge_plan: torch.Tensor,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    *,
+    batch_size: int,
+    draft_len: int,
+    share_ctas: int,
+    dependent: bool,
+) -> None:
+    """Stage 2 after the seesaw kernel as ``launch``, each program over up
+    to ROWS_MERGE_MAX_ROWS query rows of a request, of any heads (a
+    uniform batch cuts every head alike: ``rows_merge_tiles``)."""
+    num_heads, d_v = o.shape[1], o.shape[2]
+    rows = num_heads * draft_len
+    tiles = rows_merge_tiles(batch_size, rows, share_ctas, d_v)
+    grid = (batch_size, triton.cdiv(rows, tiles["BLOCK_R"]), d_v // tiles["D_BLOCK"])
+    launcher.launch(
+        _rows_merge_kernel,
+        grid,
+        o,
+        merge_plan,
+        part_o,
+        part_lse,
+        o.stride(0),
+        o.stride(1),
+        rows,
+        DRAFT_LEN=draft_len,
+        FIELDS=MERGE_PLAN_FIELDS,
+        WAIT_PRIOR=dependent,
+        num_warps=ROWS_MERGE_WARPS,
+        num_stages=1,
+        **tiles,
+        **COMPILE_OPTIONS,
+        **_dependent_options(dependent),
+    )
 
 
 def launch_plan(

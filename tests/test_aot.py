@@ -384,7 +384,8 @@ def test_seesaw_plan_kernel_compiles():
 def test_seesaw_merge_kernels_compile():
     """The kernels of stage 2 from a step's plan (seesaw_merge: the plan
     for the metadata, the merge as H16 L1 at batch 8 launches it after the
-    seesaw kernel, in 2 warps) compile for sm90 without spilling."""
+    seesaw kernel, in 2 warps, and the merge over a request's rows at
+    H16 L1 B8, H8 L4 B8 and H16 L1 B2) compile for sm90 without spilling."""
     out = _run_script(
         textwrap.dedent(
             """
@@ -405,14 +406,24 @@ def test_seesaw_merge_kernels_compile():
                      WIDE_PIECES=kernel.MERGE_WIDE_PIECES, WIDE_BLOCKS=0, WIDE_ROWS=4,
                      WAIT_PRIOR=True),
             )
-            for src, warps in ((plan_src, 4), (merge_src, 2)):
+            rows_srcs = [
+                aot._signature(
+                    seesaw_merge._rows_merge_kernel, pointers, set(),
+                    dict(DRAFT_LEN=draft_len, FIELDS=seesaw_merge.MERGE_PLAN_FIELDS,
+                         WAIT_PRIOR=True,
+                         **seesaw_merge.rows_merge_tiles(batch, heads * draft_len, 132, 512)),
+                )
+                for batch, heads, draft_len in ((8, 16, 1), (8, 8, 4), (2, 16, 1))
+            ]
+            rows = [(src, seesaw_merge.ROWS_MERGE_WARPS) for src in rows_srcs]
+            for src, warps in ((plan_src, 4), (merge_src, 2), *rows):
                 target = aot.TARGETS["sm90"][0]
                 compiled = triton.compile(src, target=target, options={"num_warps": warps})
                 print(aot.resources(compiled, "sm90").scratch)
             """
         )
     )
-    assert out.split() == ["0", "0"], out
+    assert out.split() == ["0"] * 5, out
 
 
 def test_kernels_keep_fma_contraction_where_triton_defaults_it_off():

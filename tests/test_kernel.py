@@ -629,17 +629,7 @@ def test_merge_from_a_step_plan(
     beside short ones (wide tiles), many short ones."""
     heads = 3
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
-    merge_plan = torch.full(
-        (seesaw_merge.plan_numel(batch.batch_size),), -1, dtype=torch.int32, device=device
-    )
-    seesaw_merge.launch_plan(
-        merge_plan,
-        batch.qo_indptr,
-        batch.kv_indptr,
-        batch_size=batch.batch_size,
-        share_ctas=ctas,
-        min_share=min_share,
-    )
+    merge_plan = _step_merge_plan(batch, ctas, min_share)
     rows = merge_plan.view(batch.batch_size, -1).tolist()
     for b, slots in enumerate(plan.share_plan(prefix_lens, ctas, min_share).pieces()):
         first, slot0, pieces, _ = rows[b]
@@ -664,6 +654,60 @@ def test_merge_from_a_step_plan(
     )
     assert torch.equal(out.isnan(), expected.isnan()), "the rows stage 2 leaves to stage 1"
     assert torch.equal(out.nan_to_num(), expected.nan_to_num())
+
+
+@pytest.mark.parametrize(
+    "heads,draft_len,ctas,min_share,prefix_lens",
+    [
+        (3, 3, 12, 1, [2000]),
+        (6, 3, 20, 3, [3000, 100, 200]),
+        (8, 1, 17, 2, [64] * 32),
+        (20, 1, 24, 3, [700, 900]),
+    ],
+)
+def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens, device):
+    """Stage 2 from a step's plan over a request's rows, several heads a
+    program (seesaw_merge.launch_rows), writes what stage 2 a head a
+    program writes: rows of three heads in one program; a head's drafts
+    across two programs (6 heads of 3 drafts: rows 15-17); many short
+    requests; a request's 20 rows in two programs."""
+    batch = make_batch(heads, draft_len, prefix_lens, device=device)
+    merge_plan = _step_merge_plan(batch, ctas, min_share)
+    gen = torch.Generator(device=device).manual_seed(0)
+    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
+    expected = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
+    out = batch.new_output()
+    seesaw_merge.launch_rows(
+        out,
+        merge_plan,
+        part_o,
+        part_lse,
+        batch_size=batch.batch_size,
+        draft_len=draft_len,
+        share_ctas=ctas,
+        dependent=plan.dependent_launch(out.device),
+    )
+    assert torch.equal(out.isnan(), expected.isnan()), "the rows stage 2 leaves to stage 1"
+    # The pieces a load differ, so the sums' order does too.
+    check_close(out.nan_to_num(), expected.nan_to_num().float(), what="stage 2 over rows")
+
+
+def _step_merge_plan(batch, ctas, min_share):
+    """A step's merge plan (seesaw_merge.launch_plan) for ``batch`` cut over
+    ``ctas`` CTAs, in a tensor poisoned beforehand."""
+    merge_plan = torch.full(
+        (seesaw_merge.plan_numel(batch.batch_size),), -1, dtype=torch.int32, device=batch.q.device
+    )
+    seesaw_merge.launch_plan(
+        merge_plan,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        batch_size=batch.batch_size,
+        share_ctas=ctas,
+        min_share=min_share,
+    )
+    return merge_plan
 
 
 def _check_merge_after_shares(

@@ -531,7 +531,19 @@ SEESAW_SHAPES = [
     (64, 4, [65536 - 4], 64),
     (20, 4, [1000, 300, 59], 64),
     (128, 8, [16384, 16384], 128),
+    # Stage 2 over each request's rows (paged._rows_merge): 32 rows; 18
+    # rows, head 5's drafts in two of its programs.
+    (8, 4, [3000, 2048, 65, 0, 700, 1, 4000, 129], 64),
+    (6, 3, [2500, 100, 64, 1900], 64),
 ]
+
+
+def test_rows_merge_rule_takes_batches_of_two_to_eight_of_16_to_32_rows():
+    """paged._rows_merge: stage 2 over each request's rows for batches of 2
+    to 8 sequences of 16 to 32 query rows, and for nothing else."""
+    assert paged._rows_merge(2, 16) and paged._rows_merge(8, 32)
+    assert not paged._rows_merge(1, 16) and not paged._rows_merge(9, 16)
+    assert not paged._rows_merge(8, 15) and not paged._rows_merge(8, 33)
 
 
 def test_seesaw_rule_takes_batch_one_wide_and_small_sequences():
