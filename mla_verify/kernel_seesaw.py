@@ -341,6 +341,11 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
+        # The query columns' loads first: issued after the first tiles'
+        # copies, they queued behind every CTA's copies and arrived 4.3 us
+        # after them (RESULTS.md, "The seesaw's left query columns
+        # first"). Stored once the copies are issued.
+        q_left = _load_q(q_args, request, head_block, num_heads, 0, HALF, BLOCK_H, DRAFT_LEN)
         # Both stages are free: the right's last products are done (SUMS),
         # and its stores have read stage 1 (SPENT).
         if b > b0:
@@ -350,7 +355,6 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
                 slot = _slot(src, t)
                 for group in gl.static_range(GROUPS):
                     _issue(src, slot, t, group, ring, ready)
-        q_left = _load_q(q_args, request, head_block, num_heads, 0, HALF, BLOCK_H, DRAFT_LEN)
         q_nope.index(0).slice(0, HALF, dim=1).store(q_left)
         _q_ready(hand, b - b0)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
