@@ -166,16 +166,6 @@ def _issue(src, slot, tile, group: gl.constexpr, ring, ready):
 
 
 @gluon.jit
-def _first_tiles(src, n_tiles, ring, ready):
-    # A segment's tiles 0 and 1, where it has them, into stages 0 and 1.
-    for t in gl.static_range(2):
-        if t < n_tiles:
-            slot = _slot(src, t)
-            for group in gl.static_range(GROUPS):
-                _issue(src, slot, t, group, ring, ready)
-
-
-@gluon.jit
 def _load_q(
     q_args,
     request,
@@ -339,9 +329,9 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
 
 
 @gluon.jit
-def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, PLANNED: gl.constexpr):
+def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, first_slots = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -360,19 +350,11 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, PLANNED: gl.cons
         # and its stores have read stage 1 (SPENT).
         if b > b0:
             mbarrier.wait(hand.index(SPENT), (b - b0 - 1) & 1)
-        if PLANNED:
-            if b == b0:
-                # Their slots from the step's plan: no block-table load
-                # (0.8 us before the first copy, RESULTS.md, "The first
-                # tiles' slots in the plan").
-                for t in gl.static_range(2):
-                    if first_slots[t] >= 0:
-                        for group in gl.static_range(GROUPS):
-                            _issue(src, first_slots[t], t, group, ring, ready)
-            else:
-                _first_tiles(src, n_tiles, ring, ready)
-        else:
-            _first_tiles(src, n_tiles, ring, ready)
+        for t in gl.static_range(2):
+            if t < n_tiles:
+                slot = _slot(src, t)
+                for group in gl.static_range(GROUPS):
+                    _issue(src, slot, t, group, ring, ready)
         q_nope.index(0).slice(0, HALF, dim=1).store(q_left)
         _q_ready(hand, b - b0)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
@@ -466,7 +448,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
 @gluon.jit
 def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 256-511; tile B of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, _ = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -721,9 +703,7 @@ def _store_half(
 
 # --- the plan -----------------------------------------------------------------------
 
-# int32s a CTA's planned share takes: _plan's seven, then the slots of its
-# first segment's tiles 0 and 1 (-1 where it has none), padded.
-PLAN_FIELDS = gl.constexpr(16)
+PLAN_FIELDS = gl.constexpr(8)  # int32s a CTA's planned share takes (_plan's seven, padded)
 
 
 @gluon.jit
@@ -758,10 +738,9 @@ def _plan(KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B: gl.constexp
 
 @gluon.jit
 def _planned(PLAN, cta):
-    # _plan's answer for CTA cta, as _plan_kernel stored it, and the slots
-    # of its first segment's tiles 0 and 1.
+    # _plan's answer for CTA cta, as _plan_kernel stored it.
     row = PLAN + cta * PLAN_FIELDS
-    share = (
+    return (
         gl.load(row),
         gl.load(row + 1),
         gl.load(row + 2),
@@ -770,43 +749,18 @@ def _planned(PLAN, cta):
         gl.load(row + 5),
         gl.load(row + 6),
     )
-    return share, (gl.load(row + 7), gl.load(row + 8))
 
 
-@gluon.jit(do_not_specialize=["batch_size", "min_share", "page_shift", "slots_per_block"])
-def _plan_kernel(
-    PLAN,
-    QO_INDPTR,
-    KV_INDPTR,
-    BLOCK_TABLE,
-    stride_table,
-    page_shift,
-    slots_per_block,
-    batch_size,
-    min_share,
-    DRAFT_LEN: gl.constexpr,
-    BLOCK_B: gl.constexpr,
-):
+@gluon.jit(do_not_specialize=["batch_size", "min_share"])
+def _plan_kernel(PLAN, QO_INDPTR, KV_INDPTR, batch_size, min_share, BLOCK_B: gl.constexpr):
     # Each CTA's share of the seesaw kernel's grid (1 x its CTAs a head
     # block: the plan is the same for every head block), for a step's
     # metadata: the seesaw kernel then reads it (PLANNED) instead of
-    # planning at its start. With it, the pool slots of its first
-    # segment's tiles 0 and 1, found as the kernel's _left finds them
-    # (_segment_window, _slot), so that it copies them at once.
+    # planning at its start.
     cta = gl.program_id(1)
     ctas, b0, b1, base0, s0, s1, drafts = _plan(
         KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B
     )
-    slot0 = cta * 0 - 1  # int32 values, not constants: the branch below may set them
-    slot1 = cta * 0 - 1
-    if (cta < ctas) & (b0 <= b1):
-        share = ((KV_INDPTR, QO_INDPTR, 0, QO_INDPTR, 0), b0, b1, base0, s0, s1, drafts)
-        pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, 0)  # no descriptors
-        _, n_tiles, _, src, _, _, _ = _segment_window(share, b0, base0, pages, DRAFT_LEN)
-        if n_tiles > 0:
-            slot0 = _slot(src, 0)
-        if n_tiles > 1:
-            slot1 = _slot(src, 1)
     row = PLAN + cta * PLAN_FIELDS
     gl.store(row, ctas)
     gl.store(row + 1, b0)
@@ -815,8 +769,6 @@ def _plan_kernel(
     gl.store(row + 4, s0)
     gl.store(row + 5, s1)
     gl.store(row + 6, drafts)
-    gl.store(row + 7, slot0)
-    gl.store(row + 8, slot1)
 
 
 # --- the kernel --------------------------------------------------------------------
@@ -902,10 +854,8 @@ def _seesaw_kernel(
         _launch_dependents()
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    first_slots = (-1, -1)
     if PLANNED:  # a step's metadata holds each CTA's share (_plan_kernel)
-        planned_share, first_slots = _planned(PLAN, cta)
-        ctas, b0, b1, base0, s0, s1, drafts = planned_share
+        ctas, b0, b1, base0, s0, s1, drafts = _planned(PLAN, cta)
     else:
         ctas, b0, b1, base0, s0, s1, drafts = _plan(
             KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B
@@ -917,9 +867,9 @@ def _seesaw_kernel(
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
         pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
-        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero, first_slots)
+        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
         gl.warp_specialize(
-            [(_left, (both, BLOCK_H, DRAFT_LEN, PLANNED)), (_right, (both, BLOCK_H, DRAFT_LEN))],
+            [(_left, (both, BLOCK_H, DRAFT_LEN)), (_right, (both, BLOCK_H, DRAFT_LEN))],
             [WARPGROUP],
             [REGS],
         )
@@ -1032,39 +982,19 @@ def plan_numel(ctas: int) -> int:
     return ctas * PLAN_FIELDS.value
 
 
-def launch_plan(
-    plan,
-    qo_indptr,
-    kv_indptr,
-    block_table,
-    *,
-    page_size: int,
-    slots_per_block: int,
-    batch_size: int,
-    draft_len: int,
-    ctas: int,
-    min_share: int,
-):
+def launch_plan(plan, qo_indptr, kv_indptr, *, batch_size: int, ctas: int, min_share: int):
     """Each CTA's share of ``launch``'s grid (``ctas`` CTAs a head block,
     shares of ``min_share`` positions at least) into ``plan``
-    [plan_numel(ctas)] int32, from the indptrs, and the pool slots of its
-    first two tiles, from ``block_table`` (pages of ``page_size`` tokens,
-    block n's from slot n * ``slots_per_block``): for a step's metadata,
-    so that every layer's launch reads its share instead of planning it,
-    and copies its first tiles at once."""
+    [plan_numel(ctas)] int32, from the indptrs: for a step's metadata, so
+    that every layer's launch reads its share instead of planning it."""
     launcher.launch(
         _plan_kernel,
         (1, ctas),
         plan,
         qo_indptr,
         kv_indptr,
-        block_table,
-        block_table.stride(0),
-        page_size.bit_length() - 1,  # page_shift
-        slots_per_block,
         batch_size,
         min_share,
-        DRAFT_LEN=draft_len,
         BLOCK_B=PLAN_BLOCK,
         num_warps=4,
         **COMPILE_OPTIONS,

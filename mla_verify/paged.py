@@ -483,11 +483,7 @@ def write_metadata(
             metadata.seesaw_plan,
             metadata.qo_indptr,
             metadata.kv_indptr,
-            block_table,
-            page_size=kv_cache.shape[1],
-            slots_per_block=slots_per_block,
             batch_size=metadata.batch_size,
-            draft_len=metadata.draft_len,
             ctas=ctas,
             min_share=min_share,
         )
