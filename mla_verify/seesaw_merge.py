@@ -252,25 +252,8 @@ def launch_rows(
     rows = num_heads * draft_len
     tiles = rows_merge_tiles(batch_size, rows, share_ctas, d_v)
     grid = (batch_size, triton.cdiv(rows, tiles["BLOCK_R"]), d_v // tiles["D_BLOCK"])
-    launcher.launch(
-        _rows_merge_kernel,
-        grid,
-        o,
-        merge_plan,
-        part_o,
-        part_lse,
-        o.stride(0),
-        o.stride(1),
-        rows,
-        DRAFT_LEN=draft_len,
-        FIELDS=MERGE_PLAN_FIELDS,
-        WAIT_PRIOR=dependent,
-        num_warps=ROWS_MERGE_WARPS,
-        num_stages=1,
-        **tiles,
-        **COMPILE_OPTIONS,
-        **_dependent_options(dependent),
-    )
+    operands = (o, merge_plan, part_o, part_lse, rows)
+    _launch_merge(_rows_merge_kernel, grid, operands, draft_len, dependent, ROWS_MERGE_WARPS, tiles)
 
 
 def launch_plan(
@@ -323,22 +306,33 @@ def launch(
     (``launch_plan``). Writes ``o`` [bs * draft_len, heads, d_v] where a
     request's prefix was cut between CTAs."""
     num_heads, d_v = o.shape[1], o.shape[2]
+    grid = (batch_size, num_heads, column_blocks)
+    tiles = merge_shares_tiles(draft_len, d_v, column_blocks)
+    operands = (o, merge_plan, part_o, part_lse, num_heads)
+    _launch_merge(_planned_merge_kernel, grid, operands, draft_len, dependent, warps, tiles)
+
+
+def _launch_merge(kernel, grid, operands, draft_len, dependent, warps, tiles) -> None:
+    """One of the planned merges (``launch``, ``launch_rows``): ``operands``
+    the output, the merge plan, the partials and the count the kernel
+    takes after the output's strides."""
+    o, merge_plan, part_o, part_lse, count = operands
     launcher.launch(
-        _planned_merge_kernel,
-        (batch_size, num_heads, column_blocks),
+        kernel,
+        grid,
         o,
         merge_plan,
         part_o,
         part_lse,
         o.stride(0),
         o.stride(1),
-        num_heads,
+        count,
         DRAFT_LEN=draft_len,
         FIELDS=MERGE_PLAN_FIELDS,
         WAIT_PRIOR=dependent,
         num_warps=warps,
         num_stages=1,
-        **merge_shares_tiles(draft_len, d_v, column_blocks),
+        **tiles,
         **COMPILE_OPTIONS,
         **_dependent_options(dependent),
     )

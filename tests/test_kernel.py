@@ -636,9 +636,7 @@ def test_merge_from_a_step_plan(
         later = [slot0 + 2 * j for j in range(1, pieces)]
         assert [first, *later] == slots, f"request {b}: plan {rows[b]}, the rule's slots {slots}"
 
-    gen = torch.Generator(device=device).manual_seed(0)
-    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
-    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
+    part_o, part_lse = _random_partials(ctas, heads, draft_len, device)
     expected = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, warps=warps)
     out = batch.new_output()
     seesaw_merge.launch(
@@ -673,9 +671,7 @@ def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens,
     requests; a request's 20 rows in two programs."""
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     merge_plan = _step_merge_plan(batch, ctas, min_share)
-    gen = torch.Generator(device=device).manual_seed(0)
-    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
-    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
+    part_o, part_lse = _random_partials(ctas, heads, draft_len, device)
     expected = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
     out = batch.new_output()
     seesaw_merge.launch_rows(
@@ -691,6 +687,15 @@ def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens,
     assert torch.equal(out.isnan(), expected.isnan()), "the rows stage 2 leaves to stage 1"
     # The pieces a load differ, so the sums' order does too.
     check_close(out.nan_to_num(), expected.nan_to_num().float(), what="stage 2 over rows")
+
+
+def _random_partials(ctas, heads, draft_len, device):
+    """Stage 1's partials of ``ctas`` CTAs (two slots each), seeded: values
+    [slots, heads, drafts, 512] and log2-sum-exps [slots, heads, drafts]."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
+    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
+    return part_o, part_lse
 
 
 def _step_merge_plan(batch, ctas, min_share):
@@ -717,9 +722,7 @@ def _check_merge_after_shares(
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     # The host-side model of the share rule, which stage 2 must follow.
     pieces = plan.share_plan(prefix_lens, ctas, min_share).pieces()
-    gen = torch.Generator(device=device).manual_seed(0)
-    part_o = torch.randn(2 * ctas, heads, draft_len, 512, generator=gen, device=device)
-    part_lse = 4 * torch.randn(2 * ctas, heads, draft_len, generator=gen, device=device)
+    part_o, part_lse = _random_partials(ctas, heads, draft_len, device)
     out = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, warps=warps)
 
     for b, slots in enumerate(pieces):
