@@ -679,8 +679,8 @@ SEESAW_MERGE_MAX_ROWS_ONE_SEQUENCE = 64
 # program (seesaw_merge.launch_rows), for batches of 2 to
 # ROWS_MERGE_MAX_BATCH sequences of ROWS_MERGE_MIN_ROWS to
 # ROWS_MERGE_MAX_ROWS query rows. On an H100 (RESULTS.md, "Stage 2 over a
-# request's rows"), against one program a head: at batch 8, 1.02-1.06x
-# with 2K contexts and 1.005-1.02x with 16K; at batch 2-4 0.997-1.026x;
+# request's rows"), against one program a head: at batch 8, 1.01-1.07x
+# with 2K contexts and 1.00-1.02x with 16K; at batch 2-4 0.99-1.03x;
 # 8 rows lost up to 6% at batch 2-4 (more pieces than a load holds), and
 # batches of 16-64 lost 1-3%, 128 rows at batch 8 up to 11%: the rest keep
 # seesaw_merge.launch.

@@ -18,6 +18,11 @@ partial, the slot of the CTA that holds its first position (the later
 pieces are every second slot on), and how many CTAs hold it. One piece:
 stage 1 wrote the request's output, and stage 2 leaves it.
 
+``launch`` runs one program a (request, head, column block), as
+``_merge_shares_kernel`` does; ``launch_rows`` one a (request, block of up
+to 16 query rows of any heads, column block), where fewer, wider programs
+pay (paged._rows_merge).
+
 The plan's arithmetic and the merge's branches repeat
 ``_merge_shares_kernel``'s, not shared with it: kernel.py's code is
 hashed (code_hash.py), and a helper moved there would stale every tuned
@@ -59,7 +64,7 @@ MERGE_PLAN_FIELDS = 4
 # share), where stage 2's programs that fit can start before stage 1 is
 # done (a prediction: RESULTS.md, "Where H16 L1 B8 with 2K contexts
 # goes"). Measured on an H100, fewer and wider programs made such calls
-# 1.02-1.06x faster, and batches of 16-64, whose shares fill every SM,
+# 1.01-1.07x faster, and batches of 16-64, whose shares fill every SM,
 # 1-3% slower (paged._rows_merge says where it runs).
 ROWS_MERGE_TILE = 8192
 ROWS_MERGE_MAX_ROWS = 16
