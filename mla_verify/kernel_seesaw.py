@@ -11,18 +11,12 @@ warpgroup's softmax with the other's products. Its probe
 (scripts/probe_seesaw_pages.py) ran stage 1 at 1.07-1.11x the paged
 kernel's speed on the H200; this kernel, with the plan, the segments, the
 masks and stage 2, runs 0.93-1.13x the translated call (RESULTS.md, "The
-seesaw kernel on pages"); with its last pair peeled it is ahead at batch 1,
-at batch 8-128 where a sequence holds 256 query rows or more, and at batch
-128-256 where it holds 512 or more, so paged.seesaw_serves sends it those
-calls (RESULTS.md, "The seesaw kernel at every batch" and "The seesaw
-kernel past batch 64"). Its right warpgroup adding P_A A_R before B's
-softmax, so that tile A is reloaded by mid-pair, made it 1.04x faster again
-on an H100 (RESULTS.md, "The seesaw's right warpgroup adds P_A A_R before
-B's softmax"); since then it also serves 128-row sequences at batch 16-128
-(RESULTS.md, "The seesaw kernel at 128 rows a sequence"), and now those
-from batch 8, sequences of 32 rows or fewer at batch 8-64 and of 16 or
-fewer at batch 2-64 (RESULTS.md, "The seesaw kernel on small and 128-row
-sequences").
+seesaw kernel on pages"); with its last pair peeled, its right warpgroup
+adding P_A A_R before B's softmax (so that tile A is reloaded by mid-pair),
+and its fixed part and stage 2 cut since, it runs ahead of the translated
+call at every row count up to batch 512, so paged.seesaw_serves sends it
+every bf16 call on pages of 64 or 128 (RESULTS.md, "The seesaw kernel at
+every shape").
 
 Each CTA holds 64 query rows (BLOCK_H heads x L drafts) in two
 warpgroups of 240 registers. The left holds output columns 0-255, the right

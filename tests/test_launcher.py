@@ -200,8 +200,9 @@ def test_nested_calls_keep_their_own_recordings(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads", [16, 128])  # the translated call; the seesaw kernel's
-def test_gpu_replayed_calls_compute_their_own_inputs(monkeypatch, heads):
+# Pages of 16 take the translated paged call, pages of 64 the seesaw kernel.
+@pytest.mark.parametrize("heads,page_size", [(16, 16), (128, 64)])
+def test_gpu_replayed_calls_compute_their_own_inputs(monkeypatch, heads, page_size):
     """verify_mla_fwd and verify_mla_paged called again with new values: only
     the first call of each forms launch signatures, and every output matches
     its own reference."""
@@ -214,7 +215,7 @@ def test_gpu_replayed_calls_compute_their_own_inputs(monkeypatch, heads):
     makers = [
         lambda seed: make_batch(heads, 2, [300, 70, 1000, 0], device="cuda", seed=seed),
         lambda seed: make_paged_batch(
-            heads, 2, [300, 70, 1000, 0], page_size=64, device="cuda", seed=seed
+            heads, 2, [300, 70, 1000, 0], page_size=page_size, device="cuda", seed=seed
         ),
     ]
     for make in makers:

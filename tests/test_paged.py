@@ -546,54 +546,32 @@ def test_rows_merge_rule_takes_batches_of_two_to_eight_of_16_to_32_rows():
     assert not paged._rows_merge(8, 15) and not paged._rows_merge(8, 33)
 
 
-def test_seesaw_rule_takes_batch_one_wide_and_small_sequences():
-    """paged.seesaw_shape: batch 1 at any size, batches of up to 128 whose
-    sequences hold 256 query rows (heads x drafts) or more, batches of 8 to
-    128 whose sequences hold 128 or more, batches of 8 to 64 whose
-    sequences hold 32 or fewer, batches of up to 64 whose sequences hold 16
-    or fewer, batches of up to 256 (the largest measured) whose sequences
-    hold 512 or more, nothing else."""
-    assert paged.seesaw_shape(1, 1) and paged.seesaw_shape(1, 128)
-    assert paged.seesaw_shape(8, 256) and paged.seesaw_shape(128, 256)
-    assert paged.seesaw_shape(8, 128) and paged.seesaw_shape(128, 128)
-    assert paged.seesaw_shape(8, 32) and paged.seesaw_shape(64, 32)
-    assert paged.seesaw_shape(2, 16) and paged.seesaw_shape(7, 8)
-    assert paged.seesaw_shape(129, 512) and paged.seesaw_shape(256, 1024)
-    assert not paged.seesaw_shape(2, 255) and not paged.seesaw_shape(64, 127)
-    assert not paged.seesaw_shape(8, 33) and not paged.seesaw_shape(64, 64)
-    assert not paged.seesaw_shape(7, 128) and not paged.seesaw_shape(129, 128)
-    assert not paged.seesaw_shape(7, 32) and not paged.seesaw_shape(2, 17)
-    assert not paged.seesaw_shape(65, 8) and not paged.seesaw_shape(65, 32)
-    assert not paged.seesaw_shape(129, 256) and not paged.seesaw_shape(256, 511)
-    assert not paged.seesaw_shape(257, 512) and not paged.seesaw_shape(1024, 1024)
+def test_seesaw_rule_takes_every_row_count_up_to_the_largest_batch_measured():
+    """paged.seesaw_shape: batches of 1 to SEESAW_MAX_BATCH (512) sequences
+    at any number of query rows (heads x drafts); larger batches stay on the
+    translated call."""
+    assert paged.SEESAW_MAX_BATCH == 512
+    for rows in (1, 8, 16, 17, 32, 33, 64, 127, 128, 255, 256, 511, 512, 1024):
+        for batch_size in (1, 2, 7, 8, 64, 65, 128, 129, 256, 257, 512):
+            assert paged.seesaw_shape(batch_size, rows), (batch_size, rows)
+        assert not paged.seesaw_shape(513, rows) and not paged.seesaw_shape(4096, rows)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the seesaw kernel runs on sm90")
 def test_gpu_seesaw_serves_by_the_rule():
-    """On Hopper the shipped rule sends a batch of 256-row sequences to the
-    seesaw kernel and a batch of 64-row ones to the translated call; 128-row
-    and 32-row sequences to the seesaw kernel at batch 8, not at 7; past
-    batch 128, sequences of 512 rows to the seesaw kernel and of 256 to the
-    translated call."""
-    wide = make_paged_batch(64, 4, [300] * 8, page_size=64, device="cuda")
-    narrow = make_paged_batch(16, 4, [300] * 8, page_size=64, device="cuda")
-    assert paged.seesaw_serves(wide.q, wide.kv_cache, wide.block_table)
-    assert not paged.seesaw_serves(narrow.q, narrow.kv_cache, narrow.block_table)
-    _check(wide, "H64 L4 batch 8 by the rule")
-    lens_8 = [1 + (53 * b) % 900 for b in range(8)]
-    for heads, drafts in (32, 4), (8, 4):
-        eight = make_paged_batch(heads, drafts, lens_8, page_size=64, device="cuda")
-        seven = make_paged_batch(heads, drafts, [300] * 7, page_size=64, device="cuda")
-        assert paged.seesaw_serves(eight.q, eight.kv_cache, eight.block_table)
-        assert not paged.seesaw_serves(seven.q, seven.kv_cache, seven.block_table)
-        _check(eight, f"H{heads} L{drafts} batch 8 by the rule")
+    """On Hopper the shipped rule sends bf16 calls on pages of 64 to the
+    seesaw kernel at every row count, batch 2 to 130 among them; fp8 calls
+    and pages of 16 stay on the translated call."""
     lens = [1 + (37 * b) % 700 for b in range(130)]
-    wider = make_paged_batch(128, 4, lens, page_size=64, device="cuda")
-    past = make_paged_batch(64, 4, lens, page_size=64, device="cuda")
-    assert paged.seesaw_serves(wider.q, wider.kv_cache, wider.block_table)
-    assert not paged.seesaw_serves(past.q, past.kv_cache, past.block_table)
-    _check(wider, "H128 L4 batch 130 by the rule")
+    for heads, drafts, batch_size in (64, 4, 8), (16, 4, 8), (32, 4, 7), (8, 4, 2), (64, 4, 130):
+        batch = make_paged_batch(heads, drafts, lens[:batch_size], page_size=64, device="cuda")
+        assert paged.seesaw_serves(batch.q, batch.kv_cache, batch.block_table)
+        _check(batch, f"H{heads} L{drafts} batch {batch_size} by the rule")
+    small_pages = make_paged_batch(16, 4, [300] * 8, page_size=16, device="cuda")
+    fp8 = make_paged_batch(16, 4, [300] * 8, page_size=64, device="cuda", **GPU_KV["fp8"])
+    for batch in small_pages, fp8:
+        assert not paged.seesaw_serves(batch.q, batch.kv_cache, batch.block_table)
 
 
 @pytest.mark.gpu
@@ -652,19 +630,25 @@ def test_gpu_debug_mode_checks_the_seesaw_plans(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "page_size,kv,seesaw,step",
-    [(64, "bf16", False, False), (64, "fp8", False, False), (1, "bf16", False, False)]
-    + [(1, "fp8", False, False), (64, "bf16", True, False)]
-    + [(64, "bf16", True, True), (1, "bf16", False, True)],
+    "page_size,kv,seesaw,step,heads,draft_len",
+    [(64, "bf16", False, False, 16, 4), (64, "fp8", False, False, 16, 4)]
+    + [(1, "bf16", False, False, 16, 4), (1, "fp8", False, False, 16, 4)]
+    + [(64, "bf16", True, False, 16, 4), (64, "bf16", True, True, 16, 4)]
+    + [(1, "bf16", False, True, 16, 4), (64, "bf16", True, True, 8, 2)]
+    + [(64, "bf16", True, True, 8, 4)],
 )
-def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, step, monkeypatch):
+def test_gpu_graph_replay_after_lengths_change(
+    page_size, kv, seesaw, step, heads, draft_len, monkeypatch
+):
     """Capture once with out= given; the engine then rewrites lengths, the
     block table and the cache in place (same shapes); replay gives the new
     answer, and nothing was allocated during capture. ``seesaw``: the
     batch runs the seesaw kernel (paged.SEESAW_MAX_BATCH opened to it).
     ``step``: the graph also rewrites the step's metadata (out=), made for
-    the heads (the seesaw's shares planned there), which the call reads."""
-    heads, draft_len, bs = 16, 4, 8
+    the heads (the seesaw's shares planned there), which the call reads.
+    16 and 32 rows a sequence take stage 2 over each request's rows
+    (paged._rows_merge); 64 rows take a program a head."""
+    bs = 8
     monkeypatch.setattr(paged, "SEESAW_MAX_BATCH", bs if seesaw else 0)
     pages = -(-(9000 + draft_len) // page_size)
     shapes = dict(max_blocks=pages + 2, num_blocks=pages * bs + 2, page_size=page_size)
@@ -691,6 +675,8 @@ def test_gpu_graph_replay_after_lengths_change(page_size, kv, seesaw, step, monk
     if step and ON_HOPPER:
         assert (metadata.seesaw_plan is not None) == seesaw
         assert (metadata.seesaw_merge_plan is not None) == seesaw
+    if seesaw:
+        assert paged._rows_merge(bs, heads * draft_len) == (heads * draft_len <= 32)
 
     def run() -> None:
         if step:
