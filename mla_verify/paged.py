@@ -610,14 +610,13 @@ def check_metadata_values(
 # call keeps larger batches, and the calls the seesaw cannot serve (fp8 or
 # fp16, other page sizes, rows TMA cannot copy).
 # Side by side against the rule it replaced, each given its step's metadata,
-# on an H100 at 361ea73 (RESULTS.md, "The seesaw kernel at every shape"):
-# the shapes that rule left on the translated call ran 1.05x faster on the
-# seesaw at 64 rows a sequence and batch 2-64 (1.11x with 2K contexts, none
-# below 0.995), 1.14x at 32 and 128 rows and batch 2-4 (1.05-1.25x), 1.01x
-# at 8-128 rows and batch 128-256, 1.09x at 256 rows and batch 128-256 (up
-# to 1.20x) and 1.06x at batch 512 (0.99-1.24x). The rule had been drawn on
-# older seesaw kernels, since made faster (its stage 2 and its fixed part).
-# The context is not known on the host, so the rule cannot weigh it.
+# on an H100 at 361ea73 (RESULTS.md, "The seesaw kernel at every shape"),
+# on the shapes that rule left on the translated call: 64 rows a sequence
+# at batch 2-64 1.05x (1.06-1.18x with 2K contexts, none below 0.995); 32
+# and 128 rows at batch 2-4 1.14x (1.05-1.32x); 128 rows at batch 256
+# 1.03-1.08x and 256 rows at batch 256-512 1.13-1.24x; 8-64 rows at batch
+# 128-512 at parity (0.99-1.04x). The rule had been drawn on older seesaw
+# kernels, since made faster (its fixed part and its stage 2).
 SEESAW_MAX_BATCH = 512
 
 # The seesaw's least share, in 64-token positions, whatever the tuned entry
