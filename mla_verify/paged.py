@@ -647,16 +647,20 @@ SEESAW_MERGE_MAX_ROWS_ONE_SEQUENCE = 64
 
 # Stage 2 from a step's plan over each request's rows, of several heads a
 # program (seesaw_merge.launch_rows), for batches of 2 to
-# ROWS_MERGE_MAX_BATCH sequences of ROWS_MERGE_MIN_ROWS to
-# ROWS_MERGE_MAX_ROWS query rows. On an H100 (RESULTS.md, "Stage 2 over a
-# request's rows"), against one program a head: at batch 8, 1.01-1.07x
-# with 2K contexts and 1.00-1.02x with 16K; at batch 2-4 0.99-1.03x;
-# 8 rows lost up to 6% at batch 2-4 (more pieces than a load holds), and
-# batches of 16-64 lost 1-3%, 128 rows at batch 8 up to 11%: the rest keep
+# ROWS_MERGE_MAX_BATCH sequences of ROWS_MERGE_MIN_ROWS query rows or more,
+# ROWS_MERGE_MAX_STEP_ROWS in all at most (batch x rows). On an H100
+# (RESULTS.md, "Stage 2 over each request's rows"), against one program a
+# head: 16-32 rows at batch 8 1.01-1.07x with 2K contexts and 1.00-1.02x
+# with 16K, at batch 2-4 0.99-1.03x; 8 rows lost up to 6% at batch 2-4
+# (more pieces than a load holds), and batches of 16-64 lost 1-3%. Since
+# the seesaw serves every row count ("Stage 2 over each request's rows at 64
+# and 128 rows"): 64 and 128 rows at batch 2 1.04-1.19x with 16K-64K
+# contexts (0.996-1.07x with 2K), 64 rows at batch 4 1.02-1.08x; 128 rows
+# at batch 4 and 64 at batch 8, 512 rows in all, 0.96-1.03x: they keep
 # seesaw_merge.launch.
 ROWS_MERGE_MAX_BATCH = 8
 ROWS_MERGE_MIN_ROWS = 16
-ROWS_MERGE_MAX_ROWS = 32
+ROWS_MERGE_MAX_STEP_ROWS = 256
 
 
 def seesaw_shape(batch_size: int, rows: int) -> bool:
@@ -722,7 +726,8 @@ def _rows_merge(batch_size: int, rows: int) -> bool:
     ``rows`` query rows each."""
     return (
         1 < batch_size <= ROWS_MERGE_MAX_BATCH
-        and ROWS_MERGE_MIN_ROWS <= rows <= ROWS_MERGE_MAX_ROWS
+        and rows >= ROWS_MERGE_MIN_ROWS
+        and batch_size * rows <= ROWS_MERGE_MAX_STEP_ROWS
     )
 
 

@@ -532,18 +532,23 @@ SEESAW_SHAPES = [
     (20, 4, [1000, 300, 59], 64),
     (128, 8, [16384, 16384], 128),
     # Stage 2 over each request's rows (paged._rows_merge): 32 rows; 18
-    # rows, head 5's drafts in two of its programs.
+    # rows, head 5's drafts in two of its programs; 128 rows at batch 2.
     (8, 4, [3000, 2048, 65, 0, 700, 1, 4000, 129], 64),
     (6, 3, [2500, 100, 64, 1900], 64),
+    (32, 4, [9000, 129], 64),
 ]
 
 
-def test_rows_merge_rule_takes_batches_of_two_to_eight_of_16_to_32_rows():
+def test_rows_merge_rule_takes_batches_of_two_to_eight_up_to_256_rows_in_all():
     """paged._rows_merge: stage 2 over each request's rows for batches of 2
-    to 8 sequences of 16 to 32 query rows, and for nothing else."""
+    to 8 sequences of 16 query rows or more, 256 rows in all at most, and
+    for nothing else."""
     assert paged._rows_merge(2, 16) and paged._rows_merge(8, 32)
+    assert paged._rows_merge(2, 128) and paged._rows_merge(4, 64) and paged._rows_merge(3, 85)
     assert not paged._rows_merge(1, 16) and not paged._rows_merge(9, 16)
     assert not paged._rows_merge(8, 15) and not paged._rows_merge(8, 33)
+    assert not paged._rows_merge(2, 129) and not paged._rows_merge(4, 65)
+    assert not paged._rows_merge(2, 8)
 
 
 def test_seesaw_rule_takes_every_row_count_up_to_the_largest_batch_measured():
