@@ -37,10 +37,9 @@ apply to the drafts' P V in fp32: no scaled value is rounded before the
 output. (Drafts' rows scaled and rounded to q's dtype put an output past
 the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
-On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1, of 256
-query rows a sequence or more (heads x drafts) at batch 2-128, of 128 or
-more at batch 8-128, of 32 or fewer at batch 8-64 (16 or fewer from batch
-1), or of 512 or more at batch 129-256, run a native paged kernel instead
+On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1-512, any
+number of query rows a sequence (heads x drafts), run a native paged kernel
+instead
 (``seesaw_serves``, kernel_seesaw.py): the translation then writes the
 indptrs alone, the seesaw kernel reads the pages and the drafts' rows where
 the cache holds them (v_scale scales its output, in fp32), and stage 2
