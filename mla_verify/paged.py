@@ -39,8 +39,7 @@ the tests' tolerance: RESULTS.md.) ``v_scale`` must be nonzero.
 
 On Hopper, bf16 calls on pages of 64 or 128 tokens at batch 1-512, any
 number of query rows a sequence (heads x drafts), run a native paged kernel
-instead
-(``seesaw_serves``, kernel_seesaw.py): the translation then writes the
+instead (``seesaw_serves``, kernel_seesaw.py): the translation then writes the
 indptrs alone, the seesaw kernel reads the pages and the drafts' rows where
 the cache holds them (v_scale scales its output, in fp32), and stage 2
 merges its partials as the Hopper kernel's. The seesaw kernel is the
