@@ -661,6 +661,7 @@ def test_merge_from_a_step_plan(
         (6, 3, 20, 3, [3000, 100, 200]),
         (8, 1, 17, 2, [64] * 32),
         (20, 1, 24, 3, [700, 900]),
+        (16, 4, 12, 3, [2000, 300]),
     ],
 )
 def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens, device):
@@ -668,7 +669,8 @@ def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens,
     program (seesaw_merge.launch_rows), writes what stage 2 a head a
     program writes: rows of three heads in one program; a head's drafts
     across two programs (6 heads of 3 drafts: rows 15-17); many short
-    requests; a request's 20 rows in two programs."""
+    requests; a request's 20 rows in two programs; 64 rows a request at
+    batch 2 (paged._rows_merge's 128 rows in all), in four programs."""
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     merge_plan = _step_merge_plan(batch, ctas, min_share)
     part_o, part_lse = _random_partials(ctas, heads, draft_len, device)
