@@ -405,7 +405,7 @@ def paged_metadata(
         # The seesaw's shares: not inside torch.compile, whose op writes the
         # indptrs and indices alone (the calls then plan their own).
         planned = num_heads is not None and not torch.compiler.is_compiling()
-        if planned and _seesaw_serves_cache(bs, num_heads * draft_len, kv_cache, block_table):
+        if planned and _seesaw_serves_cache(bs, kv_cache, block_table):
             from . import kernel_seesaw  # Gluon: only where the seesaw kernel serves
 
             launch = _seesaw_launch(bs, draft_len, num_heads, kv_cache)
@@ -661,12 +661,11 @@ ROWS_MERGE_MIN_ROWS = 16
 ROWS_MERGE_MAX_STEP_ROWS = 256
 
 
-def seesaw_shape(batch_size: int, rows: int) -> bool:
+def seesaw_shape(batch_size: int) -> bool:
     """The rule's part that reads the shape alone: a batch of
-    ``batch_size`` sequences of ``rows`` query rows each (heads x drafts).
-    Every row count is admitted (measured ahead at each, see
-    SEESAW_MAX_BATCH); the benchmark and tests replace this function to
-    force either path."""
+    ``batch_size`` sequences, whatever their query rows (heads x drafts:
+    measured ahead at each, see SEESAW_MAX_BATCH). The benchmark and tests
+    replace this function to force either path."""
     return batch_size <= SEESAW_MAX_BATCH
 
 
@@ -676,21 +675,21 @@ def seesaw_serves(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     device, bf16 q and cache, pages of a multiple of 64 tokens, rows TMA can
     copy, a block table int32 offsets reach. Metadata only."""
     return (
-        _seesaw_serves_cache(q.shape[0], q.shape[1] * q.shape[2], kv_cache, block_table)
+        _seesaw_serves_cache(q.shape[0], kv_cache, block_table)
         and q.dtype == torch.bfloat16
         and hopper.copy_aligned(q)
     )
 
 
 def _seesaw_serves_cache(
-    batch_size: int, rows: int, kv_cache: torch.Tensor, block_table: torch.Tensor
+    batch_size: int, kv_cache: torch.Tensor, block_table: torch.Tensor
 ) -> bool:
     """``seesaw_serves``' part that q does not decide: whether the seesaw
-    kernel would compute calls of ``batch_size`` sequences of ``rows`` query
-    rows on this cache and block table, given a bf16 q whose rows TMA can
-    copy (what ``paged_metadata`` plans for)."""
+    kernel would compute calls of ``batch_size`` sequences on this cache and
+    block table, given a bf16 q whose rows TMA can copy (what
+    ``paged_metadata`` plans for)."""
     return (
-        seesaw_shape(batch_size, rows)
+        seesaw_shape(batch_size)
         and block_table.numel() < 2**31  # the kernel offsets into it in int32
         and hopper.available()
         and not INTERPRETED

@@ -249,7 +249,7 @@ def paged_contender(
     out4 = out.view(bs, L, H, V_DIM)
     config, source = package.resolve_config(H, L, bs, batch.k_buffer.dtype, arch)
 
-    def forced_rule(batch_size: int, rows: int) -> bool:
+    def forced_rule(batch_size: int) -> bool:
         # One function for every launch: the package keeps a call's host
         # work per rule in force (mla_verify.prepared).
         return seesaw

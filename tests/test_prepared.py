@@ -161,5 +161,5 @@ def test_a_replaced_seesaw_rule_starts_a_new_signature(monkeypatch):
     batch = make_paged_batch(H, L, [70, 5], page_size=16, seed=1)
     tensors = (batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, None)
     before = prepared.signature(tensors, (None, 1.0, 1.0, paged.seesaw_shape))
-    monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size, rows: True)
+    monkeypatch.setattr(paged, "seesaw_shape", lambda batch_size: True)
     assert prepared.signature(tensors, (None, 1.0, 1.0, paged.seesaw_shape)) != before
