@@ -772,30 +772,15 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
         launch_dependents=launch.dependent,
         plan=shares_plan,
     )
-    if pieces_plan is not None and launch.rows_merge:
-        seesaw_merge.launch_rows(
-            o,
-            pieces_plan,
-            part_o,
-            part_lse,
-            batch_size=bs,
-            draft_len=draft_len,
-            share_ctas=launch.ctas,
-            dependent=launch.dependent,
-        )
-        return
-    if pieces_plan is not None:
-        seesaw_merge.launch(
-            o,
-            pieces_plan,
-            part_o,
-            part_lse,
-            batch_size=bs,
-            draft_len=draft_len,
-            column_blocks=launch.merge_blocks,
-            dependent=launch.dependent,
-            warps=launch.merge_warps,
-        )
+    if pieces_plan is not None:  # stage 2 reads each request's pieces from the plan
+        planned_merge = dict(batch_size=bs, draft_len=draft_len, dependent=launch.dependent)
+        if launch.rows_merge:
+            merge = seesaw_merge.launch_rows
+            planned_merge.update(share_ctas=launch.ctas)
+        else:
+            merge = seesaw_merge.launch
+            planned_merge.update(column_blocks=launch.merge_blocks, warps=launch.merge_warps)
+        merge(o, pieces_plan, part_o, part_lse, **planned_merge)
         return
     launch_merge_shares(
         o,
