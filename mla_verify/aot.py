@@ -396,7 +396,7 @@ def compile_seesaw(draft_len: int, arch: str = "sm90", planned: bool = False):
     fn = kernel_seesaw._seesaw_kernel
     pointers = {name: "*bf16" for name in ("Q", "O")}
     pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "BLOCK_TABLE", "PLAN")}
-    pointers |= {"PART_O": "*fp32", "PART_LSE": "*fp32", "TIMES": "*i64"}
+    pointers |= {"PART_O": "*fp32", "PART_LSE": "*fp32"}
     for name, (_, _, box, layout) in zip(("nope_desc", "rope_desc"), kernel_seesaw.page_layouts()):
         pointers[name] = f"tensordesc<bf16[{hopper.TOKENS}, {box}],{layout!r}>"
     constexprs = dict(

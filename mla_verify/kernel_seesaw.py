@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -127,19 +126,6 @@ SUMS = gl.constexpr(3)  # the right's row sums, then their total
 Q_READY = gl.constexpr(4)  # both halves of the segment's query rows
 SPENT = gl.constexpr(5)  # the right's output stores have read stage 1 (_store_half)
 HANDS = gl.constexpr(6)
-
-STAMP_SLOTS = gl.constexpr(48)  # a CTA's row: 16 points, then the left's first 32 pairs' ends
-
-
-@gluon.jit
-def _stamp(st, k, on):
-    # Measurement only: the global timer (ns) into slot k of this CTA's
-    # row, where `on`; a masked store, no branch.
-    TIMES, row = st
-    now = gl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [row], dtype=gl.int64, is_pure=False, pack=1
-    )
-    gl.store(TIMES + row * STAMP_SLOTS + k, now, mask=on)
 
 
 # --- loads -----------------------------------------------------------------------
@@ -339,7 +325,7 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
 @gluon.jit
 def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, st = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -349,8 +335,6 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         first, n_tiles, window, src, whole, request, base = _segment_window(
             share, b, base, pages, DRAFT_LEN
         )
-        on = b == b0
-        _stamp(st, 2, on)
         # The query columns' loads first: issued after the first tiles'
         # copies, they queued behind every CTA's copies and arrived 4.3 us
         # after them (RESULTS.md, "The seesaw's left query columns
@@ -365,12 +349,8 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
                 slot = _slot(src, t)
                 for group in gl.static_range(GROUPS):
                     _issue(src, slot, t, group, ring, ready)
-        _stamp(st, 3, on)
-        _stamp(st, 7, b == b0 + 1)
         q_nope.index(0).slice(0, HALF, dim=1).store(q_left)
-        _stamp(st, 4, on)
         _q_ready(hand, b - b0)
-        _stamp(st, 5, on)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=S_ROWS)
         l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
@@ -378,18 +358,12 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         pairs = (n_tiles + 1) // 2
         for pair in range(pairs - 1):
             acc, m_i, l_i = _left_pair(acc, m_i, l_i, pair, seg, bufs, False, DRAFT_LEN)
-            _stamp(st, 6, on & (pair == 0))
-            _stamp(st, 16 + pairs_done + pair, pairs_done + pair < 32)
-        _stamp(st, 8, on)
         if pairs > 0:
             acc, m_i, l_i = _left_pair(acc, m_i, l_i, pairs - 1, seg, bufs, True, DRAFT_LEN)
-            _stamp(st, 15 + pairs_done + pairs, pairs_done + pairs - 1 < 32)
-        _stamp(st, 9, on)
         pairs_done += pairs
         b_done += n_tiles // 2
         # The right's row sums are at the same max: add them.
         mbarrier.wait(hand.index(SUMS), 0)
-        _stamp(st, 10, on)
         l_i = l_i + xchg[4].load(S_ROWS)
         xchg[5].store(l_i)
         _warps_barrier()
@@ -398,8 +372,6 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_half(out, 0, dest, ring[0], 0, BLOCK_H, DRAFT_LEN)
-        _stamp(st, 11, on)
-    _stamp(st, 14, True)
 
 
 @gluon.jit
@@ -470,7 +442,7 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
 @gluon.jit
 def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 256-511; tile B of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, st = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -484,7 +456,6 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         q_pe = _load_q(q_args, request, head_block, num_heads, D_NOPE, D_ROPE, BLOCK_H, DRAFT_LEN)
         q_nope.index(0).slice(HALF, HALF, dim=1).store(q_right)
         q_rope.index(0).store(q_pe)
-        _stamp(st, 12, b == b0)
         _q_ready(hand, b - b0)
         acc = gl.zeros([ROWS, HALF], gl.float32, layout=O_LAYOUT)
         l_i = gl.zeros([ROWS], gl.float32, layout=S_ROWS)
@@ -505,8 +476,6 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_half(out, HALF, dest, ring[0], 1, BLOCK_H, DRAFT_LEN)
         mbarrier.arrive(hand.index(SPENT), count=1)
-        _stamp(st, 13, b == b0)
-    _stamp(st, 15, True)
 
 
 @gluon.jit
@@ -823,7 +792,6 @@ def _seesaw_kernel(
     PART_O,
     PART_LSE,
     PLAN,
-    TIMES,
     nope_desc,
     rope_desc,
     stride_q_tok,
@@ -875,8 +843,6 @@ def _seesaw_kernel(
         mbarrier.init(hand.index(i), count=2 if i == Q_READY else 1)
     fence_async_shared()
     _warps_barrier()
-    st = (TIMES, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0))
-    _stamp(st, 0, True)
     if WAIT_PRIOR:
         # The indptrs are the translation's, and this grid its dependent
         # launch: the CTA was placed and set up while it ran.
@@ -894,14 +860,13 @@ def _seesaw_kernel(
             KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B
         )
     share_block = (KV_INDPTR, QO_INDPTR, 0, QO_INDPTR, head_block * BLOCK_H * DRAFT_LEN)
-    _stamp(st, 1, True)
     if cta < ctas:
         share = (share_block, b0, b1, base0, s0, s1, drafts)
         q_args = (Q, stride_q_tok, stride_q_head)
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
         pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
-        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero, st)
+        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
         gl.warp_specialize(
             [(_left, (both, BLOCK_H, DRAFT_LEN)), (_right, (both, BLOCK_H, DRAFT_LEN))],
             [WARPGROUP],
@@ -984,7 +949,6 @@ def launch(
         part_o,
         part_lse,
         kv_indptr if plan is None else plan,  # PLAN: not read unless planned
-        _times(head_blocks * ctas, q.device),
         nope_desc,
         rope_desc,
         q.stride(0),
@@ -1009,16 +973,6 @@ def launch(
         **_dependent_options(wait_prior),
         **LAUNCH_OPTIONS,
     )
-
-
-TIMES = {}
-
-
-def _times(rows, device):
-    # Measurement only: a [rows, STAMP_SLOTS] int64 buffer of stamps, kept per size.
-    if rows not in TIMES:
-        TIMES[rows] = torch.zeros(rows * STAMP_SLOTS.value, dtype=torch.int64, device=device)
-    return TIMES[rows]
 
 
 def plan_numel(ctas: int) -> int:
