@@ -374,7 +374,7 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, COUNTED: gl.cons
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_half(out, 0, dest, ring[0], 0, BLOCK_H, DRAFT_LEN)
         if COUNTED:
-            _piece_stored(counts, b, whole)
+            _piece_stored(counts, b, whole, window)
 
 
 @gluon.jit
@@ -480,7 +480,7 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, COUNTED: gl.con
         _store_half(out, HALF, dest, ring[0], 1, BLOCK_H, DRAFT_LEN)
         mbarrier.arrive(hand.index(SPENT), count=1)
         if COUNTED:
-            _piece_stored(counts, b, whole)
+            _piece_stored(counts, b, whole, window)
 
 
 @gluon.jit
@@ -706,12 +706,20 @@ def _store_half(
 
 
 @gluon.jit
-def _piece_stored(counts, b, whole):
+def _piece_stored(counts, b, whole, window):
     # Sequence b's piece of this warpgroup's columns is stored (its warps
     # are past _store_half's barrier): where stage 2 merges it, one thread
     # raises the request's count, released at GPU scope, so that stage 2,
     # acquiring the count, reads the stores (seesaw_merge's docstring).
-    if not whole:
+    # Stage 2 counts the CTAs that hold the sequence's prefix tokens or its
+    # drafts' first position (seesaw_merge._merge_plan_kernel); a share
+    # that holds only the drafts' later positions (a batch of unequal
+    # lengths weighs the drafts as DRAFT_POSITIONS) has an empty segment
+    # (lo = visible_to), no piece to it, and raises nothing: raised, the
+    # count ran past pieces x signals, a ticket reset it before every
+    # program had read it, and the rest waited for ever.
+    lo, visible_to, _, _ = window
+    if (not whole) and (lo < visible_to):
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPGROUP], [0])
         lane = gl.arange(0, 32 * WARPGROUP, layout=layout)
         count = counts + b * COUNT_STRIDE + lane * 0
