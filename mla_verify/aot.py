@@ -390,14 +390,12 @@ def _compile_hopper_kernel(
 def compile_seesaw(draft_len: int, arch: str = "sm90", planned: bool = False):
     """The paged seesaw kernel (kernel_seesaw.py) for ``draft_len`` drafts,
     compiled for ``arch`` as a launch on a bf16 cache would build it;
-    ``planned``: as a call given a step's planned metadata builds it (its
-    shares read, its requests' counts raised)."""
+    ``planned``: as a call given a step's planned metadata builds it."""
     from . import kernel_seesaw
 
     fn = kernel_seesaw._seesaw_kernel
     pointers = {name: "*bf16" for name in ("Q", "O")}
-    indices = ("QO_INDPTR", "KV_INDPTR", "BLOCK_TABLE", "PLAN", "COUNTS")
-    pointers |= {name: "*i32" for name in indices}
+    pointers |= {name: "*i32" for name in ("QO_INDPTR", "KV_INDPTR", "BLOCK_TABLE", "PLAN")}
     pointers |= {"PART_O": "*fp32", "PART_LSE": "*fp32"}
     for name, (_, _, box, layout) in zip(("nope_desc", "rope_desc"), kernel_seesaw.page_layouts()):
         pointers[name] = f"tensordesc<bf16[{hopper.TOKENS}, {box}],{layout!r}>"
@@ -408,7 +406,6 @@ def compile_seesaw(draft_len: int, arch: str = "sm90", planned: bool = False):
         WAIT_PRIOR=not planned,  # as on a CUDA device after the translation
         LAUNCH_DEPENDENTS=True,
         PLANNED=planned,
-        COUNTED=planned,
     )
     # A block table's row stride is any int (a launch's own table).
     aligned = _launch_aligned(fn, pointers) - {"stride_table"}

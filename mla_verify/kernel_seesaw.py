@@ -78,7 +78,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
 
-from . import hopper, launcher, problem, seesaw_merge
+from . import hopper, launcher, problem
 from .config import COMPILE_OPTIONS
 from .kernel import PLAN_BLOCK, _dependent_options
 from .kernel_sm90 import (
@@ -103,7 +103,6 @@ HALF = gl.constexpr(problem.D_NOPE // 2)  # output columns a warpgroup
 GROUPS = gl.constexpr(3)  # column groups a stage: latent left, latent right, rope
 WARPGROUP = gl.constexpr(hopper.WARPGROUP)
 DRAFT_POSITIONS = gl.constexpr(hopper.DRAFT_POSITIONS)
-COUNT_STRIDE = gl.constexpr(seesaw_merge.MERGE_PLAN_FIELDS)  # a request's counts apart
 REGS = gl.constexpr(240)  # each warpgroup's: no producer partition holds any
 LAUNCH_OPTIONS = {"num_warps": 4, "maxnreg": REGS.value, **COMPILE_OPTIONS}
 # Each warpgroup's layouts: a score tile, its half of the output, and P as
@@ -324,9 +323,9 @@ def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
 
 
 @gluon.jit
-def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, COUNTED: gl.constexpr):
+def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, counts = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -373,8 +372,6 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, COUNTED: gl.cons
         _store_lse(m_i, l_i, dest, BLOCK_H, DRAFT_LEN)
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_half(out, 0, dest, ring[0], 0, BLOCK_H, DRAFT_LEN)
-        if COUNTED:
-            _piece_stored(counts, b, whole, window)
 
 
 @gluon.jit
@@ -443,9 +440,9 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
 
 
 @gluon.jit
-def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, COUNTED: gl.constexpr):
+def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 256-511; tile B of each pair.
-    share, q_args, out_args, bufs, pages, scale, v_scale, zero, counts = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -479,8 +476,6 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, COUNTED: gl.con
         out = acc * gl.convert_layout(v_scale / l_i, O_ROWS)[:, None]
         _store_half(out, HALF, dest, ring[0], 1, BLOCK_H, DRAFT_LEN)
         mbarrier.arrive(hand.index(SPENT), count=1)
-        if COUNTED:
-            _piece_stored(counts, b, whole, window)
 
 
 @gluon.jit
@@ -705,28 +700,6 @@ def _store_half(
     _warps_barrier()
 
 
-@gluon.jit
-def _piece_stored(counts, b, whole, window):
-    # Sequence b's piece of this warpgroup's columns is stored (its warps
-    # are past _store_half's barrier): where stage 2 merges it, one thread
-    # raises the request's count, released at GPU scope, so that stage 2,
-    # acquiring the count, reads the stores (seesaw_merge's docstring).
-    # Stage 2 counts the CTAs that hold the sequence's prefix tokens or its
-    # drafts' first position (seesaw_merge._merge_plan_kernel); a share
-    # that holds only the drafts' later positions (a batch of unequal
-    # lengths weighs the drafts as DRAFT_POSITIONS) has an empty segment
-    # (lo = visible_to), no piece to it, and raises nothing: raised, the
-    # count ran past pieces x signals, a ticket reset it before every
-    # program had read it, and the rest waited for ever.
-    lo, visible_to, _, _ = window
-    if (not whole) and (lo < visible_to):
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPGROUP], [0])
-        lane = gl.arange(0, 32 * WARPGROUP, layout=layout)
-        count = counts + b * COUNT_STRIDE + lane * 0
-        one = gl.full_like(lane, 1)
-        gl.atomic_add(count, one, mask=lane == 0, sem="release", scope="gpu")
-
-
 # --- the plan -----------------------------------------------------------------------
 
 PLAN_FIELDS = gl.constexpr(8)  # int32s a CTA's planned share takes (_plan's seven, padded)
@@ -819,7 +792,6 @@ def _seesaw_kernel(
     PART_O,
     PART_LSE,
     PLAN,
-    COUNTS,
     nope_desc,
     rope_desc,
     stride_q_tok,
@@ -841,7 +813,6 @@ def _seesaw_kernel(
     WAIT_PRIOR: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr,
     PLANNED: gl.constexpr,
-    COUNTED: gl.constexpr,
 ):
     nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_NOPE], gl.bfloat16)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_ROPE], gl.bfloat16)
@@ -895,12 +866,9 @@ def _seesaw_kernel(
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
         pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
-        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero, COUNTS)
+        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
         gl.warp_specialize(
-            [
-                (_left, (both, BLOCK_H, DRAFT_LEN, COUNTED)),
-                (_right, (both, BLOCK_H, DRAFT_LEN, COUNTED)),
-            ],
+            [(_left, (both, BLOCK_H, DRAFT_LEN)), (_right, (both, BLOCK_H, DRAFT_LEN))],
             [WARPGROUP],
             [REGS],
         )
@@ -953,7 +921,6 @@ def launch(
     wait_prior: bool,
     launch_dependents: bool,
     plan=None,
-    merge_plan=None,
 ) -> None:
     """Stage 1 over a paged cache, ``pool`` its token rows [slots, 576]
     (block n's page from slot n * ``slots_per_block``), on ``ctas`` CTAs a
@@ -966,10 +933,7 @@ def launch(
     before the plan reads them. ``launch_dependents``: stage 2 is one of
     this kernel, let go once the indptrs are readable. ``plan``: each CTA's
     share as ``launch_plan`` wrote it for this grid, read instead of
-    planned. ``merge_plan``: the step's for stage 2
-    (seesaw_merge.launch_plan), whose counts the kernel raises as each
-    request's pieces are stored (``piece_signals`` a piece), for a stage 2
-    told so."""
+    planned."""
     if page_size & (page_size - 1):  # the kernel finds pages by a shift
         raise ValueError(f"page_size: expected a power of two, got {page_size}")
     head_blocks = hopper.head_blocks(q.shape[1], block_h)
@@ -985,8 +949,6 @@ def launch(
         part_o,
         part_lse,
         kv_indptr if plan is None else plan,  # PLAN: not read unless planned
-        # COUNTS: not written unless counted
-        kv_indptr if merge_plan is None else merge_plan[seesaw_merge.COUNT_FIELD.value :],
         nope_desc,
         rope_desc,
         q.stride(0),
@@ -1008,16 +970,9 @@ def launch(
         WAIT_PRIOR=wait_prior,
         LAUNCH_DEPENDENTS=launch_dependents,
         PLANNED=plan is not None,
-        COUNTED=merge_plan is not None,
         **_dependent_options(wait_prior),
         **LAUNCH_OPTIONS,
     )
-
-
-def piece_signals(num_heads: int, block_h: int) -> int:
-    """Raises of a request's count a piece (``launch``'s ``merge_plan``):
-    one by each warpgroup of each head block's CTA that holds it."""
-    return 2 * hopper.head_blocks(num_heads, block_h)
 
 
 def plan_numel(ctas: int) -> int:

@@ -771,15 +771,9 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
         wait_prior=launch.dependent and metadata is None,
         launch_dependents=launch.dependent,
         plan=shares_plan,
-        merge_plan=pieces_plan,
     )
     if pieces_plan is not None:  # stage 2 reads each request's pieces from the plan
-        planned_merge = dict(
-            batch_size=bs,
-            draft_len=draft_len,
-            dependent=launch.dependent,
-            signals=kernel_seesaw.piece_signals(num_heads, launch.block_h),
-        )
+        planned_merge = dict(batch_size=bs, draft_len=draft_len, dependent=launch.dependent)
         if launch.rows_merge:
             merge = seesaw_merge.launch_rows
             planned_merge.update(share_ctas=launch.ctas)

@@ -23,20 +23,6 @@ stage 1 wrote the request's output, and stage 2 leaves it.
 to 16 query rows of any heads, column block), where fewer, wider programs
 pay (paged._rows_merge).
 
-When a request's pieces are in. Without ``signals``, a program waits for
-the whole of stage 1 (griddepcontrol.wait). With them, stage 1 counts each
-request's stored pieces in the plan's fourth field (kernel_seesaw: each of
-its warpgroups raises the count once its half of a piece is stored,
-released at GPU scope), and a program merges as soon as its request's count
-reaches pieces x signals (acquired), while later CTAs still run: at batch
-8-32 with 2K contexts the last CTAs of stage 1 ended 4-5 us after the
-median (RESULTS.md, "Issue 26's grid after the partials' L2 hint"). The
-count is reset by the request's last program to pass it, each taking a
-ticket, so it is 0 again when the next call's stage 1 starts: that launch
-waits for this grid (it is no dependent launch). Two calls sharing a plan
-on two streams at once would break the count, as they would already share
-the workspace's partials.
-
 The plan's arithmetic and the merge's branches repeat
 ``_merge_shares_kernel``'s, not shared with it: kernel.py's code is
 hashed (code_hash.py), and a helper moved there would stale every tuned
@@ -64,10 +50,9 @@ from .kernel import (
 )
 from .plan import pow2_at_most
 
-# int32s a request's pieces take: three, and the count of its stored
-# pieces (COUNT_FIELD), 0 between calls (paged_metadata zeroes the plan).
+# int32s a request's pieces take: three, padded (the pad stays as
+# allocated: paged_metadata zeroes the plan).
 MERGE_PLAN_FIELDS = 4
-COUNT_FIELD = tl.constexpr(3)
 
 # Stage 2 over a request's rows (``launch_rows``): a program merges up to
 # ROWS_MERGE_MAX_ROWS query rows of one request, of any heads, in loads of
@@ -90,37 +75,6 @@ ROWS_MERGE_WARPS = 8
 def plan_numel(batch_size: int) -> int:
     """int32s of a batch's merge plan (``launch_plan``)."""
     return batch_size * MERGE_PLAN_FIELDS
-
-
-@triton.jit
-def _await_pieces(row, pieces, readers, SIGNALS: tl.constexpr, WAIT_PRIOR: tl.constexpr):
-    # Until a request's pieces are stored (module docstring): its count
-    # (plan row `row`) at pieces x SIGNALS, read without an atomic while
-    # it climbs; then a ticket, acquired (the stores it counts are this
-    # program's to read), the last of `readers` resetting the count.
-    # Without SIGNALS, until stage 1 is done (a dependent launch).
-    if SIGNALS > 0:
-        count = row + COUNT_FIELD
-        stored = pieces * SIGNALS
-        seen = tl.load(count, volatile=True)
-        while seen < stored:
-            seen = tl.load(count, volatile=True)
-        ticket = tl.atomic_add(count, 1, sem="acquire", scope="gpu")
-        if ticket == stored + readers - 1:
-            tl.store(count, 0)
-    elif WAIT_PRIOR:
-        gdc_wait()
-
-
-@triton.jit
-def _end_after_prior(SIGNALS: tl.constexpr, WAIT_PRIOR: tl.constexpr):
-    # Merging on the counts, no program need wait for the whole of stage
-    # 1; one does, so that this grid ends after stage 1's, as one that
-    # waited would: the next kernel in the stream waits for this one.
-    if SIGNALS > 0 and WAIT_PRIOR:
-        first = tl.program_id(0) + tl.program_id(1) + tl.program_id(2) == 0
-        if first:
-            gdc_wait()
 
 
 @triton.jit(do_not_specialize=["batch_size", "share_ctas", "min_share"])
@@ -177,14 +131,13 @@ def _planned_merge_kernel(
     WIDE_PIECES: tl.constexpr,
     WIDE_BLOCKS: tl.constexpr,
     WIDE_ROWS: tl.constexpr,
-    SIGNALS: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
     # Columns of block program_id(2) of request program_id(0)'s head
     # program_id(1), merged from the pieces the plan gives; a request of
     # at most WIDE_PIECES pieces by the first WIDE_BLOCKS blocks alone,
     # each D_V // WIDE_BLOCKS columns wide (WIDE_BLOCKS 0: by every block),
-    # as _merge_shares_kernel. Each waits for them (_await_pieces).
+    # as _merge_shares_kernel.
     req = tl.program_id(0)
     head = tl.program_id(1)
     block = tl.program_id(2)
@@ -198,18 +151,18 @@ def _planned_merge_kernel(
     pieces_at = (first, slot0, pieces)
     if WIDE_BLOCKS > 0 and pieces <= WIDE_PIECES:
         if pieces > 1 and block < WIDE_BLOCKS:
-            _await_pieces(row, pieces, tl.num_programs(1) * WIDE_BLOCKS, SIGNALS, WAIT_PRIOR)
+            if WAIT_PRIOR:  # the partials are stage 1's (a dependent launch)
+                gdc_wait()
             D_WIDE: tl.constexpr = D_V // WIDE_BLOCKS
             _merge_request_columns(
                 request, partials, pieces_at, block * D_WIDE, L_PAD, WIDE_ROWS, D_WIDE, D_V
             )
     elif pieces > 1:
-        readers = tl.num_programs(1) * tl.num_programs(2)
-        _await_pieces(row, pieces, readers, SIGNALS, WAIT_PRIOR)
+        if WAIT_PRIOR:
+            gdc_wait()
         _merge_request_columns(
             request, partials, pieces_at, block * D_BLOCK, L_PAD, ROWS, D_BLOCK, D_V
         )
-    _end_after_prior(SIGNALS, WAIT_PRIOR)
 
 
 @triton.jit
@@ -227,13 +180,12 @@ def _rows_merge_kernel(
     D_BLOCK: tl.constexpr,
     D_V: tl.constexpr,
     FIELDS: tl.constexpr,
-    SIGNALS: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
     # Columns of block program_id(2) of request program_id(0)'s query rows
     # program_id(1) * BLOCK_R on, counted head by head (row h L + i: head h,
     # draft i), as stage 1 lays a slot's partial rows out: PIECES pieces a
-    # load, once they are stored (_await_pieces).
+    # load.
     req = tl.program_id(0)
     r0 = tl.program_id(1) * BLOCK_R
     col0 = tl.program_id(2) * D_BLOCK
@@ -242,8 +194,8 @@ def _rows_merge_kernel(
     if pieces > 1:
         first = tl.load(row)
         slot0 = tl.load(row + 1)
-        readers = tl.num_programs(1) * tl.num_programs(2)
-        _await_pieces(row, pieces, readers, SIGNALS, WAIT_PRIOR)
+        if WAIT_PRIOR:  # the partials are stage 1's (a dependent launch)
+            gdc_wait()
         # _merge_pieces' "drafts" are this program's rows here: a slot's
         # rows r0 .. r0 + BLOCK_R - 1, of which num_rows - r0 are the
         # request's.
@@ -271,7 +223,6 @@ def _rows_merge_kernel(
         # A row a mask hid every key from has sum 0 and output 0.
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(ptr_o, out.to(O.dtype.element_ty), mask=(offs_r < num_rows)[:, None])
-    _end_after_prior(SIGNALS, WAIT_PRIOR)
 
 
 def rows_merge_tiles(batch_size: int, rows: int, share_ctas: int, d_v: int) -> dict[str, int]:
@@ -298,7 +249,6 @@ def launch_rows(
     draft_len: int,
     share_ctas: int,
     dependent: bool,
-    signals: int = 0,
 ) -> None:
     """Stage 2 after the seesaw kernel as ``launch``, each program over up
     to ROWS_MERGE_MAX_ROWS query rows of a request, of any heads (a
@@ -308,8 +258,7 @@ def launch_rows(
     tiles = rows_merge_tiles(batch_size, rows, share_ctas, d_v)
     grid = (batch_size, triton.cdiv(rows, tiles["BLOCK_R"]), d_v // tiles["D_BLOCK"])
     operands = (o, merge_plan, part_o, part_lse, rows)
-    waits = (dependent, signals)
-    _launch_merge(_rows_merge_kernel, grid, operands, draft_len, waits, ROWS_MERGE_WARPS, tiles)
+    _launch_merge(_rows_merge_kernel, grid, operands, draft_len, dependent, ROWS_MERGE_WARPS, tiles)
 
 
 def launch_plan(
@@ -355,32 +304,24 @@ def launch(
     column_blocks: int,
     dependent: bool,
     warps: int = MERGE_WARPS,
-    signals: int = 0,
 ) -> None:
     """Stage 2 after the seesaw kernel, as ``kernel.launch_merge_shares``
     launches it for a uniform batch (the same programs, the same columns a
     program), each request's pieces read from ``merge_plan``
     (``launch_plan``). Writes ``o`` [bs * draft_len, heads, d_v] where a
-    request's prefix was cut between CTAs. ``dependent``: a programmatic
-    dependent launch of stage 1. ``signals``: the raises of its request's
-    count that stage 1 makes a piece (kernel_seesaw.piece_signals), each
-    program merging once its request's count is full; 0: stage 1 counts
-    nothing, and programs wait for the whole of it (module docstring)."""
+    request's prefix was cut between CTAs."""
     num_heads, d_v = o.shape[1], o.shape[2]
     grid = (batch_size, num_heads, column_blocks)
     tiles = merge_shares_tiles(draft_len, d_v, column_blocks)
     operands = (o, merge_plan, part_o, part_lse, num_heads)
-    waits = (dependent, signals)
-    _launch_merge(_planned_merge_kernel, grid, operands, draft_len, waits, warps, tiles)
+    _launch_merge(_planned_merge_kernel, grid, operands, draft_len, dependent, warps, tiles)
 
 
-def _launch_merge(kernel, grid, operands, draft_len, waits, warps, tiles) -> None:
+def _launch_merge(kernel, grid, operands, draft_len, dependent, warps, tiles) -> None:
     """One of the planned merges (``launch``, ``launch_rows``): ``operands``
     the output, the merge plan, the partials and the count the kernel
-    takes after the output's strides; ``waits`` its ``dependent`` and
-    ``signals``."""
+    takes after the output's strides."""
     o, merge_plan, part_o, part_lse, count = operands
-    dependent, signals = waits
     launcher.launch(
         kernel,
         grid,
@@ -393,7 +334,6 @@ def _launch_merge(kernel, grid, operands, draft_len, waits, warps, tiles) -> Non
         count,
         DRAFT_LEN=draft_len,
         FIELDS=MERGE_PLAN_FIELDS,
-        SIGNALS=signals,
         WAIT_PRIOR=dependent,
         num_warps=warps,
         num_stages=1,

@@ -385,8 +385,7 @@ def test_seesaw_merge_kernels_compile():
     """The kernels of stage 2 from a step's plan (seesaw_merge: the plan
     for the metadata, the merge as H16 L1 at batch 8 launches it after the
     seesaw kernel, in 2 warps, and the merge over a request's rows at
-    H16 L1 B8, H8 L4 B8 and H16 L1 B2; all but the last on stage 1's
-    counts) compile for sm90 without spilling."""
+    H16 L1 B8, H8 L4 B8 and H16 L1 B2) compile for sm90 without spilling."""
     out = _run_script(
         textwrap.dedent(
             """
@@ -405,18 +404,16 @@ def test_seesaw_merge_kernels_compile():
                 dict(DRAFT_LEN=1, L_PAD=1, ROWS=16, D_BLOCK=128, D_V=512,
                      FIELDS=seesaw_merge.MERGE_PLAN_FIELDS,
                      WIDE_PIECES=kernel.MERGE_WIDE_PIECES, WIDE_BLOCKS=0, WIDE_ROWS=4,
-                     SIGNALS=2, WAIT_PRIOR=True),
+                     WAIT_PRIOR=True),
             )
             rows_srcs = [
                 aot._signature(
                     seesaw_merge._rows_merge_kernel, pointers, set(),
                     dict(DRAFT_LEN=draft_len, FIELDS=seesaw_merge.MERGE_PLAN_FIELDS,
-                         SIGNALS=signals, WAIT_PRIOR=True,
+                         WAIT_PRIOR=True,
                          **seesaw_merge.rows_merge_tiles(batch, heads * draft_len, 132, 512)),
                 )
-                for batch, heads, draft_len, signals in (
-                    (8, 16, 1, 2), (8, 8, 4, 2), (2, 16, 1, 0)
-                )
+                for batch, heads, draft_len in ((8, 16, 1), (8, 8, 4), (2, 16, 1))
             ]
             rows = [(src, seesaw_merge.ROWS_MERGE_WARPS) for src in rows_srcs]
             for src, warps in ((plan_src, 4), (merge_src, 2), *rows):

@@ -615,30 +615,18 @@ def test_merge_after_shares_in_fewer_warps(
     _check_merge_after_shares(draft_len, ctas, 1, prefix_lens, column_blocks, device, warps=warps)
 
 
+@pytest.mark.parametrize("warps", [1, 4])
 @pytest.mark.parametrize(
-    "draft_len,ctas,min_share,prefix_lens,column_blocks,warps,signals",
-    [
-        *(
-            (*case, warps, 0)
-            for case in [
-                (3, 12, 1, [2000], 4),
-                (4, 20, 3, [3000, 100, 200], 16),
-                (1, 17, 2, [64] * 32, 1),
-            ]
-            for warps in (1, 4)
-        ),
-        (3, 12, 1, [2000], 4, 1, 6),
-        (4, 20, 3, [3000, 100, 200], 16, 4, 2),
-    ],
+    "draft_len,ctas,min_share,prefix_lens,column_blocks",
+    [(3, 12, 1, [2000], 4), (4, 20, 3, [3000, 100, 200], 16), (1, 17, 2, [64] * 32, 1)],
 )
 def test_merge_from_a_step_plan(
-    draft_len, ctas, min_share, prefix_lens, column_blocks, warps, signals, device
+    draft_len, ctas, min_share, prefix_lens, column_blocks, warps, device
 ):
     """A step's merge plan (seesaw_merge) holds each request's pieces as
     the share rule cuts them, and stage 2 reading it writes what stage 2
     planning its own writes: one request over many shares, a long one
-    beside short ones (wide tiles), many short ones. Merging on stage 1's
-    counts (``signals`` raises a piece), it leaves each count it read at 0."""
+    beside short ones (wide tiles), many short ones."""
     heads = 3
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     merge_plan = _step_merge_plan(batch, ctas, min_share)
@@ -650,7 +638,6 @@ def test_merge_from_a_step_plan(
 
     part_o, part_lse = _random_partials(ctas, heads, draft_len, device)
     expected = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks, warps=warps)
-    counts_after = _count_stored_pieces(merge_plan, signals)
     out = batch.new_output()
     seesaw_merge.launch(
         out,
@@ -662,38 +649,32 @@ def test_merge_from_a_step_plan(
         column_blocks=column_blocks,
         dependent=plan.dependent_launch(out.device),
         warps=warps,
-        signals=signals,
     )
     assert torch.equal(out.isnan(), expected.isnan()), "the rows stage 2 leaves to stage 1"
     assert torch.equal(out.nan_to_num(), expected.nan_to_num())
-    assert torch.equal(_counts(merge_plan), counts_after), "the counts stage 2 resets"
 
 
 @pytest.mark.parametrize(
-    "heads,draft_len,ctas,min_share,prefix_lens,signals",
+    "heads,draft_len,ctas,min_share,prefix_lens",
     [
-        (3, 3, 12, 1, [2000], 0),
-        (6, 3, 20, 3, [3000, 100, 200], 0),
-        (8, 1, 17, 2, [64] * 32, 0),
-        (20, 1, 24, 3, [700, 900], 0),
-        (16, 4, 12, 3, [2000, 300], 0),
-        (6, 3, 20, 3, [3000, 100, 200], 2),
-        (20, 1, 24, 3, [700, 900], 4),
+        (3, 3, 12, 1, [2000]),
+        (6, 3, 20, 3, [3000, 100, 200]),
+        (8, 1, 17, 2, [64] * 32),
+        (20, 1, 24, 3, [700, 900]),
+        (16, 4, 12, 3, [2000, 300]),
     ],
 )
-def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens, signals, device):
+def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens, device):
     """Stage 2 from a step's plan over a request's rows, several heads a
     program (seesaw_merge.launch_rows), writes what stage 2 a head a
     program writes: rows of three heads in one program; a head's drafts
     across two programs (6 heads of 3 drafts: rows 15-17); many short
     requests; a request's 20 rows in two programs; 64 rows a request at
-    batch 2 (paged._rows_merge's 128 rows in all), in four programs; and
-    two of them merging on stage 1's counts, each count it read left at 0."""
+    batch 2 (paged._rows_merge's 128 rows in all), in four programs."""
     batch = make_batch(heads, draft_len, prefix_lens, device=device)
     merge_plan = _step_merge_plan(batch, ctas, min_share)
     part_o, part_lse = _random_partials(ctas, heads, draft_len, device)
     expected = _merge_shares(batch, part_o, part_lse, ctas, min_share, column_blocks=4)
-    counts_after = _count_stored_pieces(merge_plan, signals)
     out = batch.new_output()
     seesaw_merge.launch_rows(
         out,
@@ -704,32 +685,10 @@ def test_merge_over_request_rows(heads, draft_len, ctas, min_share, prefix_lens,
         draft_len=draft_len,
         share_ctas=ctas,
         dependent=plan.dependent_launch(out.device),
-        signals=signals,
     )
     assert torch.equal(out.isnan(), expected.isnan()), "the rows stage 2 leaves to stage 1"
     # The pieces a load differ, so the sums' order does too.
     check_close(out.nan_to_num(), expected.nan_to_num().float(), what="stage 2 over rows")
-    assert torch.equal(_counts(merge_plan), counts_after), "the counts stage 2 resets"
-
-
-def _counts(merge_plan):
-    """The counts of each request's stored pieces in a step's merge plan."""
-    return merge_plan.view(-1, seesaw_merge.MERGE_PLAN_FIELDS)[:, seesaw_merge.COUNT_FIELD.value]
-
-
-def _count_stored_pieces(merge_plan, signals):
-    """Each request's count as stage 1 leaves it when ``signals`` > 0 (its
-    pieces x signals where stage 2 merges it: two pieces or more), and what
-    stage 2 must leave in the counts: 0 where it merged, the rest as they
-    were (the poison of ``_step_merge_plan``)."""
-    counts = _counts(merge_plan)
-    if signals:
-        pieces = merge_plan.view(-1, seesaw_merge.MERGE_PLAN_FIELDS)[:, 2]
-        merged = pieces > 1
-        assert merged.any(), "a batch with no request to merge tests no count"
-        counts[merged] = pieces[merged] * signals
-        return torch.where(merged, 0, counts)
-    return counts.clone()
 
 
 def _random_partials(ctas, heads, draft_len, device):
