@@ -785,15 +785,17 @@ def _plan_kernel(PLAN, QO_INDPTR, KV_INDPTR, batch_size, min_share, BLOCK_B: gl.
     # planning at its start. Then the share's first segment, as _segment
     # finds it: lo, hi, its flags (1: with the drafts, 2: the whole
     # request), the request's first query row, row count and prefix
-    # length, and where the next request's positions begin; zeros for a
-    # CTA that holds no share, as a fresh plan's pads are
+    # length, and where the next request's positions begin. Zeros for a
+    # CTA with nothing to do: no share, or one that holds drafts' later
+    # positions alone (b1 < b0, where b0 may be the batch size and its
+    # indptrs past the end), as a fresh plan's pads are
     # (paged.check_metadata_values).
     cta = gl.program_id(1)
     planned = _plan(KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B)
     row = PLAN + cta * PLAN_FIELDS
     _store_fields(row, planned)
     ctas, b0, b1, base0, s0, s1, drafts = planned
-    if cta < ctas:
+    if (cta < ctas) & (b0 <= b1):
         share_block = (KV_INDPTR, QO_INDPTR, 0, QO_INDPTR, 0)
         share = (share_block, b0, b1, base0, s0, s1, drafts)
         _, lo, hi, with_drafts, whole, request, next_base = _segment(share, b0, base0)
