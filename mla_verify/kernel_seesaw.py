@@ -290,30 +290,12 @@ def _tile_scores(q, ring, ready, stage, phase, zero_s, window, tile_first, DRAFT
 
 
 @gluon.jit
-def _segment_of(share, b, base, plan_row, PLANNED: gl.constexpr):
-    # kernel_sm90._segment's answer for sequence b, less kv_start; for the
-    # share's first sequence, given a step's metadata, the plan's
-    # (_plan_kernel). Those loads wait for nothing: the indptrs' wait for
-    # the plan's b0, one more dependent load before the first copies.
-    if PLANNED and b == share[1]:
-        lo, hi, flags, q_first, num_rows, kv_len, next_base = _fields(plan_row + SEGMENT_FIELD)
-        with_drafts = (flags & 1) != 0
-        whole = (flags & 2) != 0
-    else:
-        _, lo, hi, with_drafts, whole, request, next_base = _segment(share, b, base)
-        q_first, num_rows, kv_len, _, _ = request
-    return lo, hi, with_drafts, whole, (q_first.to(gl.int32), num_rows, kv_len, b, 0), next_base
-
-
-@gluon.jit
-def _segment_window(
-    share, b, base, pages, plan_row, PLANNED: gl.constexpr, DRAFT_LEN: gl.constexpr
-):
-    # Sequence b's segment of the share (_segment_of): its first
+def _segment_window(share, b, base, pages, DRAFT_LEN: gl.constexpr):
+    # Sequence b's segment of the share (kernel_sm90._segment): its first
     # tile's position and tile count, its window (module docstring: lo, visible_to, causal, the
     # sequence's end n), where its tiles come from (_issue), and the rest
     # of _segment's answer.
-    lo, hi, with_drafts, whole, request, base = _segment_of(share, b, base, plan_row, PLANNED)
+    kv_start, lo, hi, with_drafts, whole, request, base = _segment(share, b, base)
     BLOCK_TABLE, stride_table, page_shift, slots_per_block, descs = pages
     prefix = request[2]
     seq_end = prefix + DRAFT_LEN
@@ -341,9 +323,9 @@ def _segment_window(
 
 
 @gluon.jit
-def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, PLANNED: gl.constexpr):
+def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 0-255 and the log2-sum-exp; tile A of each pair.
-    share, plan_row, q_args, out_args, bufs, pages, scale, v_scale, zero = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -351,7 +333,7 @@ def _left(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, PLANNED: gl.cons
     b_done = 0  # B tiles of earlier segments: stage 1's and P_B's phases
     for b in range(b0, b1 + 1):
         first, n_tiles, window, src, whole, request, base = _segment_window(
-            share, b, base, pages, plan_row, PLANNED, DRAFT_LEN
+            share, b, base, pages, DRAFT_LEN
         )
         # The query columns' loads first: issued after the first tiles'
         # copies, they queued behind every CTA's copies and arrived 4.3 us
@@ -458,9 +440,9 @@ def _left_pair(acc, m_i, l_i, pair, seg, bufs, LAST: gl.constexpr, DRAFT_LEN: gl
 
 
 @gluon.jit
-def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, PLANNED: gl.constexpr):
+def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr):
     # Output columns 256-511; tile B of each pair.
-    share, plan_row, q_args, out_args, bufs, pages, scale, v_scale, zero = both
+    share, q_args, out_args, bufs, pages, scale, v_scale, zero = both
     q_nope, q_rope, ring, ready, xchg, hand = bufs
     _, _, _, _, _, _, head_block, num_heads = out_args
     _, b0, b1, base, _, _, _ = share
@@ -468,7 +450,7 @@ def _right(both, BLOCK_H: gl.constexpr, DRAFT_LEN: gl.constexpr, PLANNED: gl.con
     b_done = 0
     for b in range(b0, b1 + 1):
         first, n_tiles, window, src, whole, request, base = _segment_window(
-            share, b, base, pages, plan_row, PLANNED, DRAFT_LEN
+            share, b, base, pages, DRAFT_LEN
         )
         q_right = _load_q(q_args, request, head_block, num_heads, HALF, HALF, BLOCK_H, DRAFT_LEN)
         q_pe = _load_q(q_args, request, head_block, num_heads, D_NOPE, D_ROPE, BLOCK_H, DRAFT_LEN)
@@ -720,10 +702,7 @@ def _store_half(
 
 # --- the plan -----------------------------------------------------------------------
 
-# int32s a CTA's plan takes (_plan_kernel): _plan's seven, then its first
-# segment's, padded to 64 bytes.
-PLAN_FIELDS = gl.constexpr(16)
-SEGMENT_FIELD = gl.constexpr(7)  # where the first segment's fields begin
+PLAN_FIELDS = gl.constexpr(8)  # int32s a CTA's planned share takes (_plan's seven, padded)
 
 
 @gluon.jit
@@ -757,9 +736,9 @@ def _plan(KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B: gl.constexp
 
 
 @gluon.jit
-def _fields(row):
-    # Seven int32s of a plan row from row on: _plan's answer for a CTA at
-    # the row's start, its first segment's at SEGMENT_FIELD (_plan_kernel).
+def _planned(PLAN, cta):
+    # _plan's answer for CTA cta, as _plan_kernel stored it.
+    row = PLAN + cta * PLAN_FIELDS
     return (
         gl.load(row),
         gl.load(row + 1),
@@ -771,39 +750,24 @@ def _fields(row):
     )
 
 
-@gluon.jit
-def _store_fields(row, fields):
-    for k in gl.static_range(7):
-        gl.store(row + k, fields[k])
-
-
 @gluon.jit(do_not_specialize=["batch_size", "min_share"])
 def _plan_kernel(PLAN, QO_INDPTR, KV_INDPTR, batch_size, min_share, BLOCK_B: gl.constexpr):
     # Each CTA's share of the seesaw kernel's grid (1 x its CTAs a head
     # block: the plan is the same for every head block), for a step's
     # metadata: the seesaw kernel then reads it (PLANNED) instead of
-    # planning at its start. Then the share's first segment, as _segment
-    # finds it: lo, hi, its flags (1: with the drafts, 2: the whole
-    # request), the request's first query row, row count and prefix
-    # length, and where the next request's positions begin. Zeros for a
-    # CTA with nothing to do: no share, or one that holds drafts' later
-    # positions alone (b1 < b0, where b0 may be the batch size and its
-    # indptrs past the end), as a fresh plan's pads are
-    # (paged.check_metadata_values).
+    # planning at its start.
     cta = gl.program_id(1)
-    planned = _plan(KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B)
+    ctas, b0, b1, base0, s0, s1, drafts = _plan(
+        KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B
+    )
     row = PLAN + cta * PLAN_FIELDS
-    _store_fields(row, planned)
-    ctas, b0, b1, base0, s0, s1, drafts = planned
-    if (cta < ctas) & (b0 <= b1):
-        share_block = (KV_INDPTR, QO_INDPTR, 0, QO_INDPTR, 0)
-        share = (share_block, b0, b1, base0, s0, s1, drafts)
-        _, lo, hi, with_drafts, whole, request, next_base = _segment(share, b0, base0)
-        flags = with_drafts.to(gl.int32) + 2 * whole.to(gl.int32)
-        segment = (lo, hi, flags, request[0], request[1], request[2], next_base)
-        _store_fields(row + SEGMENT_FIELD, segment)
-    else:
-        _store_fields(row + SEGMENT_FIELD, (0, 0, 0, 0, 0, 0, 0))
+    gl.store(row, ctas)
+    gl.store(row + 1, b0)
+    gl.store(row + 2, b1)
+    gl.store(row + 3, base0)
+    gl.store(row + 4, s0)
+    gl.store(row + 5, s1)
+    gl.store(row + 6, drafts)
 
 
 # --- the kernel --------------------------------------------------------------------
@@ -889,9 +853,8 @@ def _seesaw_kernel(
         _launch_dependents()
     head_block = gl.program_id(0)
     cta = gl.program_id(1)
-    plan_row = PLAN + cta * PLAN_FIELDS
     if PLANNED:  # a step's metadata holds each CTA's share (_plan_kernel)
-        ctas, b0, b1, base0, s0, s1, drafts = _fields(plan_row)
+        ctas, b0, b1, base0, s0, s1, drafts = _planned(PLAN, cta)
     else:
         ctas, b0, b1, base0, s0, s1, drafts = _plan(
             KV_INDPTR, QO_INDPTR, batch_size, min_share, cta, BLOCK_B
@@ -903,12 +866,9 @@ def _seesaw_kernel(
         out_args = (O, stride_o_tok, stride_o_head, PART_O, PART_LSE, cta, head_block, num_heads)
         bufs = (q_nope, q_rope, (nope_ring, rope_ring), ready, xchg, hand)
         pages = (BLOCK_TABLE, stride_table, page_shift, slots_per_block, (nope_desc, rope_desc))
-        both = (share, plan_row, q_args, out_args, bufs, pages, scale, v_scale, zero)
+        both = (share, q_args, out_args, bufs, pages, scale, v_scale, zero)
         gl.warp_specialize(
-            [
-                (_left, (both, BLOCK_H, DRAFT_LEN, PLANNED)),
-                (_right, (both, BLOCK_H, DRAFT_LEN, PLANNED)),
-            ],
+            [(_left, (both, BLOCK_H, DRAFT_LEN)), (_right, (both, BLOCK_H, DRAFT_LEN))],
             [WARPGROUP],
             [REGS],
         )
