@@ -43,11 +43,13 @@ once the right has read its stage (SPENT).
 The plan is kernel_sm90's, to the position (its helpers, imported): one
 wave of CTAs a head block, the batch's positions (each sequence's prefix
 tiles, then one for its drafts) cut into equal shares. So stage 2
-(kernel._merge_shares_kernel) merges these partials unchanged. The plan
-reads the indptrs paged's translation writes: this kernel is that
-kernel's programmatic dependent launch (WAIT_PRIOR), set up while it
-runs; or, given a step's metadata, it reads the metadata's and waits for
-nothing. A segment of sequence b (its part of the CTA's share: prefix
+(kernel._merge_shares_kernel) merges these partials unchanged. This
+kernel is a programmatic dependent launch (WAIT_PRIOR), placed and set up
+while the kernel before it runs, and it waits for that kernel before it
+reads anything: paged's translation, which writes the indptrs the plan
+reads; or, given a step's metadata (the plan read from it), whatever the
+caller launched last, stage 2 of the layer before among them, which lets
+it go as its programs start. A segment of sequence b (its part of the CTA's share: prefix
 tokens lo .. hi - 1, and its drafts where the share holds their
 position) reads the 64-token tiles of the sequence that meet lo .. hi - 1,
 and with its drafts every tile up to the sequence's end n = prefix + L,
@@ -844,8 +846,8 @@ def _seesaw_kernel(
     fence_async_shared()
     _warps_barrier()
     if WAIT_PRIOR:
-        # The indptrs are the translation's, and this grid its dependent
-        # launch: the CTA was placed and set up while it ran.
+        # The kernel before may write what this one reads (the indptrs, q,
+        # the drafts' rows): the CTA was placed and set up while it ran.
         _grid_wait()
     if LAUNCH_DEPENDENTS:
         # Stage 2 may launch from here (kernel_sm90's reason), not before
@@ -929,8 +931,9 @@ def launch(
     ``q`` [bs * L, H, 576] and ``o`` [bs * L, H, 512]; ``kv_indptr`` holds
     the prefix lengths (cache_seqlens - L) prefix-summed. ``score_scale``
     is in the log2 domain. ``wait_prior``: a programmatic dependent launch
-    of the kernel that writes the indptrs (paged's translation), waited for
-    before the plan reads them. ``launch_dependents``: stage 2 is one of
+    of the kernel before it (paged's translation, which writes the
+    indptrs, or any other), waited for before anything is read.
+    ``launch_dependents``: stage 2 is one of
     this kernel, let go once the indptrs are readable. ``plan``: each CTA's
     share as ``launch_plan`` wrote it for this grid, read instead of
     planned."""

@@ -768,7 +768,7 @@ def _seesaw_forward(q, kv_cache, block_table, out, views, call: _PagedCall, meta
         min_share=launch.min_share,
         score_scale=call.sm_scale * call.k_scale * LOG2E,
         v_scale=call.v_scale,
-        wait_prior=launch.dependent and metadata is None,
+        wait_prior=launch.dependent,
         launch_dependents=launch.dependent,
         plan=shares_plan,
     )

@@ -23,6 +23,11 @@ stage 1 wrote the request's output, and stage 2 leaves it.
 to 16 query rows of any heads, column block), where fewer, wider programs
 pay (paged._rows_merge).
 
+A dependent launch (after the seesaw kernel), each program lets the
+kernel after it launch as it starts: the next layer's seesaw kernel, a
+dependent launch too, is then placed and set up while this grid ends, and
+waits for it before it reads anything.
+
 The plan's arithmetic and the merge's branches repeat
 ``_merge_shares_kernel``'s, not shared with it: kernel.py's code is
 hashed (code_hash.py), and a helper moved there would stale every tuned
@@ -34,7 +39,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import hopper, launcher
 from .config import COMPILE_OPTIONS
@@ -138,6 +143,8 @@ def _planned_merge_kernel(
     # at most WIDE_PIECES pieces by the first WIDE_BLOCKS blocks alone,
     # each D_V // WIDE_BLOCKS columns wide (WIDE_BLOCKS 0: by every block),
     # as _merge_shares_kernel.
+    if WAIT_PRIOR:
+        gdc_launch_dependents()  # the next kernel may be placed (module docstring)
     req = tl.program_id(0)
     head = tl.program_id(1)
     block = tl.program_id(2)
@@ -186,6 +193,8 @@ def _rows_merge_kernel(
     # program_id(1) * BLOCK_R on, counted head by head (row h L + i: head h,
     # draft i), as stage 1 lays a slot's partial rows out: PIECES pieces a
     # load.
+    if WAIT_PRIOR:
+        gdc_launch_dependents()  # the next kernel may be placed (module docstring)
     req = tl.program_id(0)
     r0 = tl.program_id(1) * BLOCK_R
     col0 = tl.program_id(2) * D_BLOCK
