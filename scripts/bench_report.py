@@ -53,6 +53,12 @@ CONTEXTS = {"uniform": "{ctx}", "lognormal": "lognormal", "long": "one long amon
 SAME_PROBLEM = ("tree", "treefull", "ragged", "ragged-tree")
 
 
+def same_commit(recorded: str, asked: str) -> bool:
+    """Whether a row's ``git_commit`` names the commit asked for: rows hold
+    a short hash or a full one, and either may be asked for."""
+    return recorded.startswith(asked) or asked.startswith(recorded)
+
+
 def load_rows(path: Path, commit: str, runs: Sequence[str]) -> list[dict]:
     """The ok rows of ``commit`` from the runs that started at ``runs``
     (every run of it where empty)."""
@@ -60,7 +66,7 @@ def load_rows(path: Path, commit: str, runs: Sequence[str]) -> list[dict]:
         return [
             row
             for row in csv.DictReader(f)
-            if row["git_commit"] == commit
+            if row["git_commit"] and same_commit(row["git_commit"], commit)
             and row["status"] == "ok"
             and (not runs or row["date_utc"] in runs)
         ]

@@ -96,6 +96,13 @@ def test_picks_the_runs_rows_and_classes_them(results):
     }
 
 
+def test_a_commit_is_named_by_its_short_or_full_hash(results):
+    # the rows hold "abc1234"; a bench run outside git records the full hash
+    assert len(bench_report.load_rows(results, "abc1234ffee", [RUN])) == 15
+    assert bench_report.same_commit("abc1234ffee", "abc1234")
+    assert not bench_report.same_commit("abc1234", "abc1235")
+
+
 def test_report_prints_rates_winners_and_ratios(results, capsys):
     assert bench_report.main(["--commit", "abc1234", "--run", RUN, "--csv", str(results)]) == 0
     text = capsys.readouterr().out
