@@ -56,7 +56,7 @@ SAME_PROBLEM = ("tree", "treefull", "ragged", "ragged-tree")
 def same_commit(recorded: str, asked: str) -> bool:
     """Whether a row's ``git_commit`` names the commit asked for: rows hold
     a short hash or a full one, and either may be asked for."""
-    return recorded.startswith(asked) or asked.startswith(recorded)
+    return bool(recorded) and (recorded.startswith(asked) or asked.startswith(recorded))
 
 
 def load_rows(path: Path, commit: str, runs: Sequence[str]) -> list[dict]:
@@ -66,7 +66,7 @@ def load_rows(path: Path, commit: str, runs: Sequence[str]) -> list[dict]:
         return [
             row
             for row in csv.DictReader(f)
-            if row["git_commit"] and same_commit(row["git_commit"], commit)
+            if same_commit(row["git_commit"], commit)
             and row["status"] == "ok"
             and (not runs or row["date_utc"] in runs)
         ]

@@ -101,6 +101,7 @@ def test_a_commit_is_named_by_its_short_or_full_hash(results):
     assert len(bench_report.load_rows(results, "abc1234ffee", [RUN])) == 15
     assert bench_report.same_commit("abc1234ffee", "abc1234")
     assert not bench_report.same_commit("abc1234", "abc1235")
+    assert not bench_report.same_commit("", "abc1234")  # a row outside git
 
 
 def test_report_prints_rates_winners_and_ratios(results, capsys):
