@@ -75,14 +75,17 @@ each at most once, name the kind of call (names print them in this order):
   visible (``skip_prefix_custom_mask=True``); ``-treefull``: the same tree
   with every prefix bit set and read (``skip_prefix_custom_mask=False``),
   so the cost of the prefix mask bits shows against ``-tree``;
+- ``-i64``: the token-indexed call's ``kv_indices`` in int64 rather than
+  int32, on the same slots as the plain row (issue 23: within 3% of its
+  time);
 - ``-page{1,16,32,64,128}``: the paged entry point, ``verify_mla_paged``,
   on a cache of that page size holding each request's prefix and then its
   L drafts' K, pages scattered (MLA, uniform causal drafts, bf16 only);
 - ``-fp8``: the KV cache in fp8 e4m3 (k_scale = v_scale = 1; q, the drafts
   and the output stay bf16). FlashInfer and FlashMLA are timed on bf16 KV only.
 
-A shape's tree, ragged, head-dim and paged variants get its plain row's
-prefix lengths. Work per shape (``shape_work``): bytes are the prefix KV
+A shape's tree, ragged, head-dim, int64 and paged variants get its plain
+row's prefix lengths. Work per shape (``shape_work``): bytes are the prefix KV
 read once (Dqk elements a token), q, the output, the drafts' K and V (the
 drafts' cache rows on -page rows) and the custom mask bytes the kernel must
 read; FLOPs are 2 H sum_b(E_b P_b) (Dqk + Dv).

@@ -286,8 +286,9 @@ def build_batch(
         v_pool = kv_pool(slots, spec.head_dims[1], kv_dtype, device, seed + 4)
         first = dataclasses.replace(first, v_buffer=v_pool)
     lens = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
+    index_dtype = torch.int64 if spec.int64_indices else torch.int32
     sets = [
-        dataclasses.replace(first, kv_indices=perm[r, :prefix].to(torch.int32))
+        dataclasses.replace(first, kv_indices=perm[r, :prefix].to(index_dtype))
         for r in range(rotations)
     ]
     batch = Batch(spec, list(prefix_lens), sets, None, [], None)

@@ -587,6 +587,7 @@ def not_applicable(name: str, spec: ShapeSpec) -> str | None:
             (f"head dims {spec.head_dims[0]}/{spec.head_dims[1]}", not spec.mla),
             ("ragged drafts", spec.ragged),
             (f"{spec.mask} mask", spec.mask != "causal"),
+            ("int64 kv_indices", spec.int64_indices),
         )
         if on
     )

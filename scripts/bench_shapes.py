@@ -99,7 +99,9 @@ class ShapeSpec:
     ``ragged``: request b has E_b drafts, 1..L (``draft_counts``);
     ``mask``: 'causal' (no custom mask), 'tree' (SGLang's tree mask, the
     prefix visible: skip_prefix_custom_mask=True) or 'treefull' (the same
-    tree, every prefix bit set and read); ``page_size``: 0 for the
+    tree, every prefix bit set and read); ``int64_indices``: the
+    token-indexed call's ``kv_indices`` in int64, as engines whose pools
+    pass 2^31 elements may give them; ``page_size``: 0 for the
     token-indexed entry point, else the paged one's page."""
 
     num_heads: int
@@ -112,6 +114,7 @@ class ShapeSpec:
     head_dims: tuple[int, int] = MLA_DIMS
     ragged: bool = False
     mask: str = "causal"  # a key of MASKS
+    int64_indices: bool = False
     page_size: int = 0
 
     @property
@@ -129,6 +132,7 @@ class ShapeSpec:
             + HEAD_DIM_SUFFIXES.get(self.head_dims, "")
             + ("-ragged" if self.ragged else "")
             + MASKS[self.mask]
+            + ("-i64" if self.int64_indices else "")
             + (f"-page{self.page_size}" if self.page_size else "")
             + KV_CACHE_DTYPES[self.kv_dtype].suffix
         )
@@ -144,9 +148,9 @@ class ShapeSpec:
 
     @property
     def plain(self) -> bool:
-        """Absorbed MLA, every request L causal drafts: the call FlashInfer
-        and FlashMLA compute too."""
-        return self.mla and not self.ragged and self.mask == "causal"
+        """Absorbed MLA, every request L causal drafts, int32 indices: the
+        call FlashInfer and FlashMLA compute too."""
+        return self.mla and not self.ragged and self.mask == "causal" and not self.int64_indices
 
 
 _SPEC_RE = re.compile(
@@ -156,7 +160,9 @@ _SPEC_RE = re.compile(
     re.IGNORECASE,
 )
 SUFFIXES = (
-    "-d256, -d128, -ragged, -tree, -treefull, -page{" + ",".join(map(str, PAGE_SIZES)) + "}, -fp8"
+    "-d256, -d128, -ragged, -tree, -treefull, -i64, -page{"
+    + ",".join(map(str, PAGE_SIZES))
+    + "}, -fp8"
 )
 
 
@@ -180,6 +186,8 @@ def _suffixes(text: str, given: str) -> dict[str, Any]:
             field_name, value = "ragged", True
         elif suffix in ("-tree", "-treefull"):
             field_name, value = "mask", token
+        elif suffix == "-i64":
+            field_name, value = "int64_indices", True
         elif re.fullmatch(r"page\d+", token) and int(token[4:]) in PAGE_SIZES:
             field_name, value = "page_size", int(token[4:])
         else:
@@ -219,8 +227,8 @@ def parse_shape(text: str) -> ShapeSpec:
     if spec.page_size and not spec.plain:
         raise ValueError(
             f"shape {text!r}: -page{spec.page_size} is the paged entry point "
-            "(verify_mla_paged): absorbed MLA 576/512, L causal drafts a request; "
-            "it takes no -d256/-d128, -ragged, -tree or -treefull"
+            "(verify_mla_paged): absorbed MLA 576/512, L causal drafts a request, "
+            "int32 block tables; it takes no -d256/-d128, -ragged, -tree, -treefull or -i64"
         )
     if spec.page_size and spec.kv_dtype != "bf16":
         raise ValueError(
@@ -251,7 +259,7 @@ def plain_name(spec: ShapeSpec) -> str:
     random lengths, so a shape's tree, ragged, head-dim and paged rows get
     the prefix lengths of its plain row."""
     return dataclasses.replace(
-        spec, head_dims=MLA_DIMS, ragged=False, mask="causal", page_size=0
+        spec, head_dims=MLA_DIMS, ragged=False, mask="causal", int64_indices=False, page_size=0
     ).name
 
 

@@ -353,6 +353,8 @@ BAD_KINDS = {
     "H16L4B32C16K-ragged-page1": "-page1 is the paged entry point",
     "H16L4B32C16K-d256-page16": "-page16 is the paged entry point",
     "H16L4B32C16K-page64-fp8": "paged rows are bf16",
+    "H16L4B32C16K-i64-i64": "-i64 given twice",
+    "H16L4B32C16K-page64-i64": "-page64 is the paged entry point",
     "H16L4B32C16K-tree-": "expected H<heads>",
 }
 
@@ -380,8 +382,17 @@ def test_extra_set_parses_and_lists(capsys):
         bench.parse_args(["--extra", "--quick"])
 
 
+def test_int64_indices_are_a_kind_of_the_token_indexed_call():
+    spec = bench_shapes.parse_shape("h8l2b64c64k-I64")
+    assert spec.int64_indices and spec.name == "H8L2B64C65536-i64"
+    assert bench_shapes.parse_shape(spec.name) == spec
+    assert not spec.plain  # FlashInfer and FlashMLA take no int64 indices here
+    assert bench_shapes.plain_name(spec) == "H8L2B64C65536"
+    assert bench_shapes.parse_shape("H16L4B32C16K-tree-i64").name == "H16L4B32C16384-tree-i64"
+
+
 def test_kinds_share_their_plain_shapes_lengths_and_draw_fixed_ragged_counts():
-    for suffix in ("-tree", "-ragged", "-d256", "-page64"):
+    for suffix in ("-tree", "-ragged", "-d256", "-i64", "-page64"):
         spec = bench_shapes.parse_shape(f"H16L4B32Rlognormal2048{suffix}")
         assert bench_shapes.prefix_lengths(spec) == bench_shapes.prefix_lengths(
             bench_shapes.parse_shape("H16L4B32Rlognormal2048")
@@ -463,6 +474,7 @@ SMOKE = {
     "H2L2B2C9-treefull": ("tuned", "torch_ref"),
     "H2L2B2C9-d256": ("tuned", "torch_ref"),
     "H2L2B2C9-d128-fp8": ("tuned",),
+    "H2L2B2Rlognormal9-i64": ("tuned", "triton", "torch_ref"),
     "H2L2B2Rlong70x3-page64": ("tuned", "paged", "paged_seesaw", "paged_translated"),
     "H2L2B2C5-page1": ("paged",),
 }
@@ -488,6 +500,8 @@ def test_each_kind_of_call_is_checked_against_the_reference(text, device):
     )
     assert batch.q.shape[0] == sum(bench_shapes.draft_counts(spec))
     assert batch.k_buffer.shape[-1] == spec.head_dims[0]
+    index_dtype = torch.int64 if spec.int64_indices else torch.int32
+    assert all(vb.kv_indices.dtype == index_dtype for vb in batch.sets)
     assert (batch.sets[0].custom_mask is not None) == (spec.mask != "causal")
     assert batch.sets[0].skip_prefix_custom_mask == (spec.mask != "treefull")
     assert len(batch.paged) == (rotations if spec.page_size else 0)
@@ -639,6 +653,7 @@ def test_contenders_run_only_where_they_compute_the_call():
         assert runs(f"H16L4B32C16K{kind}") == package, kind
     for kind in ("-d256", "-d128"):  # SGLang's kernel takes shared-KV head dims
         assert runs(f"H16L4B32C16K{kind}") == package | {"sglang"}, kind
+    assert runs("H16L4B32C16K-i64") == package | {"sglang"}
     assert runs("H16L4B32C16K-page64") == paged | {"tuned", "flashmla"}
     assert runs("H16L4B32C16K-page128") == paged | {"tuned"}
     for page in (1, 16, 32):
