@@ -602,8 +602,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     which.add_argument(
         "--extra",
         action="store_true",
-        help=f"the {len(EXTRA_SHAPES)}-shape set of tree, ragged, 256/256 and paged rows "
-        "(about 4 minutes at --rep-ms 10 --rounds 2, most of it first compiles)",
+        help=f"the {len(EXTRA_SHAPES)}-shape set of tree, ragged, 256/256, int64-index and "
+        "paged rows (about 4 minutes at --rep-ms 10 --rounds 2, most of it first compiles)",
     )
     which.add_argument("--shapes", nargs="+", metavar="SPEC", help="explicit shape specs")
     parser.add_argument(

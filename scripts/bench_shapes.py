@@ -74,6 +74,8 @@ EXTRA_SHAPES = (
     "H128L4B32C16384-page1",
     "H8L2B64C65536-page64",
     "H8L2B64C65536-page1",
+    "H8L2B64C65536-i64",  # int64 kv_indices against the -page rows' tuned (int32)
+    "H128L4B32C16384-i64",
 )
 GRID_HEADS = (8, 16, 32, 64, 128)
 GRID_DRAFTS = (1, 2, 4, 8)
