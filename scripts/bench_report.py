@@ -49,8 +49,9 @@ RIVALS = ("flashmla", "flashinfer")
 BELOW = {"flashmla": 0.85, "flashinfer": 0.9}  # issue 23: no row below these
 CONTEXTS = {"uniform": "{ctx}", "lognormal": "lognormal", "long": "one long among short"}
 # Kinds that compute the plain shape's problem another way (a mask, fewer
-# drafts, pages): their efficiency is set against the plain shape's.
-SAME_PROBLEM = ("tree", "treefull", "ragged", "ragged-tree")
+# drafts, int64 indices, pages): their efficiency is set against the plain
+# shape's.
+SAME_PROBLEM = ("tree", "treefull", "ragged", "ragged-tree", "i64")
 
 
 def same_commit(recorded: str, asked: str) -> bool:

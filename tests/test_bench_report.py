@@ -66,6 +66,7 @@ def results(tmp_path):
         _row("H64L4B32C16384-page64", "paged", 90.0),
         _row("H64L4B32C16384-page64", "flashmla", 72.0),
         _row("H64L4B32C16384-page64", "tuned", 95.0),
+        _row("H64L4B32C16384-i64", "tuned", 104.0),
         # left out: another commit, another run, a failed row
         _row("H64L4B32C16384", "flashmla", 1.0, commit="other"),
         _row("H64L4B32C16384", "flashmla", 1.0, run="2026-12-04T13:00:00+00:00"),
@@ -81,7 +82,7 @@ def results(tmp_path):
 
 def test_picks_the_runs_rows_and_classes_them(results):
     rows = bench_report.load_rows(results, "abc1234", [RUN])
-    assert len(rows) == 15
+    assert len(rows) == 16
     table = bench_output._by_shape(rows)
     assert table["H64L4B32C16384"]["flashmla"]["median_us"] == "80.0"
     classes = {s: bench_report.bound_class(per["tuned"]) for s, per in table.items()}
@@ -93,12 +94,13 @@ def test_picks_the_runs_rows_and_classes_them(results):
         "H16L4B32C16384-tree": None,  # not plain
         "H64L4B32C16384-ragged": None,
         "H64L4B32C16384-page64": None,
+        "H64L4B32C16384-i64": None,
     }
 
 
 def test_a_commit_is_named_by_its_short_or_full_hash(results):
     # the rows hold "abc1234"; a bench run outside git records the full hash
-    assert len(bench_report.load_rows(results, "abc1234ffee", [RUN])) == 15
+    assert len(bench_report.load_rows(results, "abc1234ffee", [RUN])) == 16
     assert bench_report.same_commit("abc1234ffee", "abc1234")
     assert not bench_report.same_commit("abc1234", "abc1235")
     assert not bench_report.same_commit("", "abc1234")  # a row outside git
@@ -125,10 +127,11 @@ def test_report_prints_rates_winners_and_ratios(results, capsys):
     assert "| 32 | 0.80 (0.80) / 1.10 (1.10) | 0.50 (0.50) |" in text
     # The other kinds: the paged call on the -page row, with FlashMLA and the
     # token-indexed call beside it; efficiencies against the plain row's
-    # (the same work in 100 us): 100 / 125 and 100 / 90. The tree row's
+    # (the same work in 100 us): 100 / 125, 100 / 104 and 100 / 90. The tree row's
     # plain shape is not in the run.
     assert "| H64L4B32C16384-page64 | paged | 90.0 | 50.0 | 72.0 | 95.0 | 1.111 |" in text
     assert "| H64L4B32C16384-ragged | tuned | 125.0 | 50.0 |  |  | 0.800 |" in text
+    assert "| H64L4B32C16384-i64 | tuned | 104.0 | 50.0 |  |  | 0.962 |" in text
     assert "| H16L4B32C16384-tree | tuned | 100.0 | 50.0 |  |  |  |" in text
 
 
