@@ -44,20 +44,21 @@ The plan is kernel_sm90's, to the position (its helpers, imported): one
 wave of CTAs a head block, the batch's positions (each sequence's prefix
 tiles, then one for its drafts) cut into equal shares. So stage 2
 (kernel._merge_shares_kernel) merges these partials unchanged. This
-kernel is a programmatic dependent launch (WAIT_PRIOR), placed and set up
-while the kernel before it runs, and it waits for that kernel before it
-reads anything: paged's translation, which writes the indptrs the plan
-reads; or, given a step's metadata (the plan read from it), whatever the
-caller launched last, stage 2 of the layer before among them, which lets
-it go as its programs start. A segment of sequence b (its part of the CTA's share: prefix
-tokens lo .. hi - 1, and its drafts where the share holds their
-position) reads the 64-token tiles of the sequence that meet lo .. hi - 1,
-and with its drafts every tile up to the sequence's end n = prefix + L,
-where the drafts live in the cache. Draft i sees key p where
-lo <= p < hi, or with the drafts p < prefix + 1 + i (bottom-right causal);
-tiles that reach outside that window are masked. Rows of the last tile at n or past are not the
-sequence's: each warpgroup zeroes them in its half of V before its
-product (P is 0 there, but the rows may hold anything, NaN included).
+kernel is a programmatic dependent launch (WAIT_PRIOR), placed and set
+up while the kernel before it runs, and it waits for that kernel before
+it reads anything: paged's translation, which writes the indptrs the
+plan reads; or, given a step's metadata (the plan read from it),
+whatever the caller launched last, stage 2 of the layer before among
+them, which lets it go as its programs start. A segment of sequence b
+(its part of the CTA's share: prefix tokens lo .. hi - 1, and its drafts
+where the share holds their position) reads the 64-token tiles of the
+sequence that meet lo .. hi - 1, and with its drafts every tile up to
+the sequence's end n = prefix + L, where the drafts live in the cache.
+Draft i sees key p where lo <= p < hi, or with the drafts
+p < prefix + 1 + i (bottom-right causal); tiles that reach outside that
+window are masked. Rows of the last tile at n or past are not the sequence's: each
+warpgroup zeroes them in its half of V before its product (P is 0 there,
+but the rows may hold anything, NaN included).
 
 Limits (paged.seesaw_serves): MLA, bf16 q and cache, pages of a multiple
 of 64 tokens, token rows TMA can copy, every sequence with L drafts.
