@@ -236,28 +236,34 @@ def paged_vs_flashmla(rows: Sequence[dict[str, Any]]) -> list[tuple[str, float]]
     return out
 
 
+def plain_rows(table: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The tuned row that stands for each plain shape in ``table`` (shape ->
+    contender -> row): the plain shape's own row, else the tuned row of one
+    of its -page rows, the same call on the same values."""
+    plain: dict[str, dict[str, Any]] = {}
+    for shape, c in table.items():
+        row, spec = c.get("tuned"), parse_shape(shape)
+        if spec.plain and _measured(row) and (plain_name(spec) not in plain or not spec.page_size):
+            plain[plain_name(spec)] = row
+    return plain
+
+
+def _measured(row: dict[str, Any] | None) -> bool:
+    return bool(row and row["status"] == "ok" and row["frac_roofline"])
+
+
 def kind_vs_plain(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, float]]:
     """(shape, plain shape, its tuned % roofline over the plain row's) for
-    every tree or ragged shape whose plain row ran (the plain shape's own
-    row, or the tuned row of one of its -page rows: the same call on the
-    same values); 1 means as efficient (issue 25: within 10%)."""
-    tuned = {
-        shape: c["tuned"]
-        for shape, c in _by_shape(rows).items()
-        if "tuned" in c and c["tuned"]["status"] == "ok" and c["tuned"]["frac_roofline"]
-    }
-    plain: dict[str, dict[str, Any]] = {}
-    for shape, row in tuned.items():
-        spec = parse_shape(shape)
-        if spec.plain:
-            plain.setdefault(plain_name(spec), row)
+    every tree, ragged or int64-index shape whose plain row ran
+    (``plain_rows``); 1 means as efficient (issue 25: within 10%)."""
+    table = _by_shape(rows)
+    plain = plain_rows(table)
     out = []
-    for shape, row in tuned.items():
-        spec = parse_shape(shape)
+    for shape, c in table.items():
+        row, spec = c.get("tuned"), parse_shape(shape)
         base = plain.get(plain_name(spec))
-        if spec.mla and not spec.plain and base is not None:
-            ratio = row["frac_roofline"] / base["frac_roofline"]
-            out.append((shape, base["shape"], ratio))
+        if spec.mla and not spec.plain and base and _measured(row):
+            out.append((shape, base["shape"], row["frac_roofline"] / base["frac_roofline"]))
     return out
 
 

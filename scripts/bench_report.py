@@ -236,6 +236,7 @@ def every_kind(table: dict[str, dict[str, dict]], copy: float, matmul: float) ->
         "| efficiency / plain's |",
         "|---|---|---|---|---|---|---|",
     ]
+    plain_rows = bench_output.plain_rows(table)
     for shape in sorted(s for s in table if not is_plain(s)):
         per = table[shape]
         plain_shape, kind = shape.split("-", 1)
@@ -248,8 +249,8 @@ def every_kind(table: dict[str, dict[str, dict]], copy: float, matmul: float) ->
         cols.append(f"{float(per['flashmla']['median_us']):.1f}" if "flashmla" in per else "")
         token = per.get(BASELINE) if name != BASELINE else None
         cols.append(f"{float(token['median_us']):.1f}" if token else "")
-        plain = table.get(plain_shape, {}).get(BASELINE)
-        if plain and (kind in SAME_PROBLEM or kind.startswith("page")):
+        plain = plain_rows.get(plain_shape)
+        if plain and plain is not row and (kind in SAME_PROBLEM or kind.startswith("page")):
             ratio = efficiency(row, copy, matmul) / efficiency(plain, copy, matmul)
             cols.append(f"{ratio:.3f}")
         else:

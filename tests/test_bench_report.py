@@ -106,6 +106,22 @@ def test_a_commit_is_named_by_its_short_or_full_hash(results):
     assert not bench_report.same_commit("", "abc1234")  # a row outside git
 
 
+def test_a_page_rows_token_indexed_call_stands_for_a_missing_plain_row():
+    # The extra set runs H8L2B64C64K's -page64 row, not its plain row: the
+    # -i64 row is set against the -page row's tuned call (the same call on
+    # the same values), as the bench's own summary sets it.
+    table = bench_output._by_shape(
+        [
+            _row("H8L2B64C65536-page64", "paged", 95.0),
+            _row("H8L2B64C65536-page64", "tuned", 100.0),
+            _row("H8L2B64C65536-i64", "tuned", 102.0),
+        ]
+    )
+    lines = bench_report.every_kind(table, copy=4.0e12, matmul=7.5e14)
+    assert "| H8L2B64C65536-i64 | tuned | 102.0 | 50.0 |  |  | 0.980 |" in lines
+    assert "| H8L2B64C65536-page64 | paged | 95.0 | 50.0 |  | 100.0 | 1.053 |" in lines
+
+
 def test_report_prints_rates_winners_and_ratios(results, capsys):
     assert bench_report.main(["--commit", "abc1234", "--run", RUN, "--csv", str(results)]) == 0
     text = capsys.readouterr().out
