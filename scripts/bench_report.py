@@ -236,7 +236,7 @@ def every_kind(table: dict[str, dict[str, dict]], copy: float, matmul: float) ->
         "| efficiency / plain's |",
         "|---|---|---|---|---|---|---|",
     ]
-    plain_rows = bench_output.plain_rows(table)
+    plain_by_shape = bench_output.plain_rows(table)
     for shape in sorted(s for s in table if not is_plain(s)):
         per = table[shape]
         plain_shape, kind = shape.split("-", 1)
@@ -249,7 +249,7 @@ def every_kind(table: dict[str, dict[str, dict]], copy: float, matmul: float) ->
         cols.append(f"{float(per['flashmla']['median_us']):.1f}" if "flashmla" in per else "")
         token = per.get(BASELINE) if name != BASELINE else None
         cols.append(f"{float(token['median_us']):.1f}" if token else "")
-        plain = plain_rows.get(plain_shape)
+        plain = plain_by_shape.get(plain_shape)
         if plain and plain is not row and (kind in SAME_PROBLEM or kind.startswith("page")):
             ratio = efficiency(row, copy, matmul) / efficiency(plain, copy, matmul)
             cols.append(f"{ratio:.3f}")
